@@ -1,0 +1,108 @@
+"""``Ctx``: the resolved symbols of DESIGN §1 that every live-set module reads.
+
+Numeric knobs may be Python ints or numpy arrays (one entry per search candidate); categorical
+choices (dispatch, vocab, optimizer, checkpoint, stack) are scalars, so the search groups candidates
+by them and vectorises over the rest.
+
+Legend (symbol → field): W world_size, L num_layers, L_b num_boundaries, H hidden_size,
+I expert_ffn, I_d dense_ffn, E num_experts, k top_k, V vocab_size, S seq_len, N tokens_per_rank,
+D seq_parallel, E_p expert_parallel, P vocab_parallel, B_v vocab_blocks, c token_budget,
+K_max max_chunks, K num_chunks, c_eff chunk_tokens, α llep_alpha, m llep_min_tokens,
+λ llep_lambda, n_import_max max_imports, β bucket_params, s staging_slots, Θ num_params,
+b act_bytes, n_off num_offloaded.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from planner.schema import ClusterSpec, ModelSpec
+
+Int = Any
+"""A Python int or a numpy integer array."""
+
+
+@dataclass(frozen=True)
+class Ctx:
+    """Everything a live-set module needs; see the module legend for the symbols."""
+
+    model: ModelSpec
+    cluster: ClusterSpec
+    stack: str                     # "composed" | "fsdp2"
+    # -- model ---------------------------------------------------------------------------------
+    num_layers: int                # L
+    num_boundaries: int            # L_b (2L composed; L for the FSDP2 per-layer baseline)
+    hidden_size: int               # H
+    expert_ffn: int                # I
+    dense_ffn: int                 # I_d
+    num_experts: int               # E
+    top_k: int                     # k
+    vocab_size: int                # V
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    v_head_dim: int
+    params: dict                   # ModelSpec.param_counts(): by owner
+    num_params: int                # Θ
+    # -- workload ------------------------------------------------------------------------------
+    seq_len: int                   # S
+    seqs_per_microbatch: int
+    tokens_per_rank: Int           # N
+    # -- plan: shared --------------------------------------------------------------------------
+    world_size: int                # W
+    act_bytes: int                 # b
+    routing: str                   # "balanced" | "worst" | "skew"
+    routing_hot_share: float       # r of R/H
+    routing_hot_experts: int       # h of R/H
+    routing_text: str
+    dispatch_bound: str            # "guarantee" | "expected"
+    # -- plan: composed ------------------------------------------------------------------------
+    dispatch: str = "pipelined_llep"
+    vocab: str = "ring_dtp"
+    optimizer: str = "stream_offload"
+    checkpoint: str = "sco"
+    seq_parallel: Int = 1          # D
+    expert_parallel: Int = 1       # E_p
+    vocab_parallel: Int = 1        # P
+    vocab_blocks: Int = 1          # B_v
+    token_budget: Int = 4096       # c
+    max_chunks: Int = 10           # K_max
+    num_chunks: Int = 1            # K
+    chunk_tokens: Int = 4096       # c_eff
+    llep_alpha: float = 1.0        # α
+    llep_min_tokens: int = 1024    # m
+    llep_lambda: float = 1.3       # λ
+    max_imports: Int = 4           # n_import_max
+    bucket_params: Int = 100_000_000  # β
+    staging_slots: Int = 2         # s
+    sco_host_bytes: Int = 0        # SCO budget, physical pinned bytes per rank
+    num_offloaded: Int = 0         # n_off: boundaries SCO offloads
+    # -- plan: FSDP2 baseline ------------------------------------------------------------------
+    tp: Int = 1
+    cp: Int = 1
+    dp_shard: Int = 1
+    ep: Int = 1
+    ac: str = "full"
+    cpu_offload: bool = False
+    # -- bookkeeping ---------------------------------------------------------------------------
+    notes: dict = field(default_factory=dict)
+
+    @property
+    def b(self) -> int:
+        """Bytes per activation scalar."""
+        return self.act_bytes
+
+    @property
+    def regions(self) -> tuple[str, ...]:
+        """Kinds of the checkpointed regions in forward order (``len == L_b``).
+
+        Composed stack: per layer an ``attention`` region then a ``moe`` or ``dense_mlp`` region.
+        FSDP2 baseline (one region per layer): the layer's FFN kind, with attention folded in.
+        """
+        dense = set(self.model.dense_layers) if self.model.is_moe else set(range(self.num_layers))
+        out: list[str] = []
+        for layer in range(self.num_layers):
+            ffn = "dense_mlp" if layer in dense else "moe"
+            out.extend(["attention", ffn] if self.stack == "composed" else [ffn])
+        return tuple(out)

@@ -1,0 +1,91 @@
+"""The fit frontier: largest context or batch that fits, by a whole-grid scan (DESIGN §3.4).
+
+The peak is not monotone in ``S`` (``K``/``c_eff`` jump, Ring-DTP changes branch at ``N = V/P``,
+SCO counts are floors), so bisection is wrong. The grid holds ``N`` in multiples of ``seq_step``
+up to ``max_seq_len/D`` with ``D``, ``E_p`` and ``P`` fixed at their resolved values, and is
+evaluated vectorised over the critical phases.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from planner.budget.build import make_context
+from planner.budget.host import host_budget
+from planner.budget.peak import capacity_bytes, evaluate
+from planner.budget.resolve import resolve_plan
+from planner.errors import InvalidPlan
+from planner.schema import PlanFile
+
+CHUNK = 4096
+"""Candidates evaluated per vectorised batch (bounds the scan's working memory)."""
+
+
+@dataclass
+class FrontierScan:
+    """Verdict at every grid point."""
+
+    values: np.ndarray
+    """Grid values (``seq_len`` or ``seqs_per_microbatch``)."""
+    tokens_per_rank: np.ndarray
+    """``N`` at each grid point."""
+    peak_bytes: np.ndarray
+    """Device peak at each point."""
+    host_bytes: np.ndarray
+    """Host bytes per node at each point."""
+    fits: np.ndarray
+    """HBM and host verdict at each point."""
+    capacity_bytes: int
+    """Usable HBM per rank."""
+    host_capacity_bytes: int
+    """Usable host RAM per node."""
+
+    @property
+    def best(self) -> int | None:
+        """Largest grid value that fits (``None`` if none does)."""
+        ok = np.nonzero(self.fits)[0]
+        return int(self.values[ok[-1]]) if ok.size else None
+
+    @property
+    def first_fail(self) -> int | None:
+        """Smallest grid value that does not fit."""
+        bad = np.nonzero(~self.fits)[0]
+        return int(self.values[bad[0]]) if bad.size else None
+
+
+def scan(pf: PlanFile, axis: str, values: np.ndarray) -> FrontierScan:
+    """Evaluate ``pf`` at each ``values`` of ``axis`` (``seq_len`` or ``seqs_per_microbatch``)."""
+    assert axis in ("seq_len", "seqs_per_microbatch"), axis
+    workload = pf.workload.model_copy(update={"global_batch_tokens": None})
+    plan = resolve_plan(pf.model, workload, pf.plan)
+    peaks, hosts, fits, tokens = [], [], [], []
+    cap = host_cap = 0
+    for lo in range(0, len(values), CHUNK):
+        v = np.asarray(values[lo:lo + CHUNK], dtype=np.int64)
+        ctx = make_context(pf.model, pf.cluster, workload, plan, resolved=True, overrides={axis: v})
+        ev = evaluate(ctx, critical=True)
+        host = host_budget(ctx)
+        cap, host_cap = capacity_bytes(ctx), host.capacity_bytes
+        peak = np.broadcast_to(ev.peak_bytes, v.shape)
+        hb = np.broadcast_to(host.bytes, v.shape)
+        peaks.append(peak)
+        hosts.append(hb)
+        fits.append((peak <= cap) & (hb <= host_cap))
+        tokens.append(np.broadcast_to(ctx.tokens_per_rank, v.shape))
+    return FrontierScan(np.asarray(values), np.concatenate(tokens), np.concatenate(peaks),
+                        np.concatenate(hosts), np.concatenate(fits), cap, host_cap)
+
+
+def seq_len_grid(pf: PlanFile, seq_step: int, max_seq_len: int) -> np.ndarray:
+    """``S = j·seq_step·D`` for ``j ≥ 1`` up to ``max_seq_len``: ``N = S/D`` runs over the multiples
+    of ``seq_step`` (``D`` = Ulysses degree, or ``cp`` for the baseline)."""
+    plan = resolve_plan(pf.model, pf.workload, pf.plan)
+    D = plan.composed.seq_parallel if plan.stack == "composed" else plan.baseline.cp
+    step_s = seq_step * D
+    n = max_seq_len // step_s
+    if n < 1:
+        raise InvalidPlan("--max-seq-len", max_seq_len, f"must be >= one grid step ({step_s})",
+                          "raise --max-seq-len or lower --seq-step")
+    return step_s * np.arange(1, n + 1, dtype=np.int64)

@@ -1,0 +1,82 @@
+"""Live set ``gathered``: ZeRO-3 / FSDP2 all-gathered weights and unreduced gradients (DESIGN §3.2).
+
+Composed stack:
+
+    region weights (bf16)      Θ_attn_region + Θ_mlp_region    current region + prefetched next
+    unreduced region grads     max(Θ_attn_region, Θ_mlp_region) backward, before reduce-scatter
+    embedding gather           V·H                              forward[1]
+    embedding grad (dense)     V·H                              backward[1], before reduce-scatter
+    head (ZeRO-3, P = 1)       V·H                              head
+
+FSDP2 baseline (``reshard_after_forward=True``, prefetch 1, ``MixedPrecisionPolicy(bf16, fp32)``):
+
+    layer params (bf16)        2·Θ_layer/tp      current + prefetched layer
+    unsharded layer grads      Θ_layer/tp        bf16, backward
+    fp32 reduce-scatter input  Θ_layer/tp        4 B, backward (reduce_dtype = fp32)
+    embedding / head units     V·H/tp            their own FSDP units
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from planner.budget import regions
+from planner.budget.context import Ctx
+from planner.budget.terms import FWD_BWD, Term
+from planner.units import ceil_div
+
+SOURCE = "DESIGN §2 MoP layout / FSDP2 layout, §3.2 Gathered"
+
+
+def _fsdp2_terms(ctx: Ctx) -> list[Term]:
+    m, tp, b = ctx.model, ctx.tp, ctx.act_bytes
+    VH = ctx.vocab_size * ctx.hidden_size
+    VH_tp = ceil_div(VH, tp)
+    out: list[Term] = []
+    kinds = [("moe", True)] if m.num_moe_layers else []
+    if m.num_dense_layers:
+        kinds.append(("dense_mlp", False))
+    for kind, moe in kinds:
+        n = regions.layer_params_local(m, tp=tp, ep=ctx.ep, moe=moe)
+        out += [
+            Term(f"{kind} layer params, current + prefetch (bf16)", "gathered", 2 * n, b,
+                 "2·Θ_layer/tp", FWD_BWD, regions=(kind,), source=SOURCE),
+            Term(f"{kind} layer unsharded grads (bf16)", "gathered", n, b, "Θ_layer/tp", ("backward",),
+                 regions=(kind,), source=SOURCE),
+            Term(f"{kind} layer fp32 reduce-scatter input", "gathered", n, 4, "Θ_layer/tp",
+                 ("backward",), regions=(kind,), source=SOURCE),
+        ]
+    out += [
+        Term("embedding unit (bf16)", "gathered", VH_tp, b, "V·H/tp", FWD_BWD, first_region_only=True,
+             source=SOURCE),
+        Term("embedding grad (dense, fp32 reduce)", "gathered", VH_tp, 4, "V·H/tp",
+             ("backward",), first_region_only=True, source=SOURCE),
+        Term("head unit (bf16)", "gathered", VH_tp, b, "V·H/tp", ("head",), source=SOURCE),
+    ]
+    return out
+
+
+def terms(ctx: Ctx) -> list[Term]:
+    """Gathered terms of one rank."""
+    if ctx.stack == "fsdp2":
+        return _fsdp2_terms(ctx)
+    m, b = ctx.model, ctx.act_bytes
+    VH = ctx.vocab_size * ctx.hidden_size
+    attn = regions.attention_region_params(m)
+    mlp = regions.mlp_region_dense_params(m)
+    out = [
+        Term("region weights, current + prefetched (bf16)", "gathered", attn + mlp, b,
+             "Θ_attn_region + Θ_mlp_region", FWD_BWD, source=SOURCE),
+        Term("unreduced region grads (bf16)", "gathered", max(attn, mlp), b,
+             "max(Θ_attn_region, Θ_mlp_region)", ("backward",), source=SOURCE),
+        Term("embedding gather (bf16)", "gathered", VH, b, "V·H", ("forward",), first_region_only=True,
+             source=SOURCE),
+        Term("embedding grad, dense before reduce-scatter", "gathered", VH, b, "V·H", ("backward",),
+             first_region_only=True, source=SOURCE),
+    ]
+    P = np.asarray(ctx.vocab_parallel)
+    if ctx.vocab == "dense" or bool(np.any(P == 1)):
+        rows = VH if ctx.vocab == "dense" else np.where(P == 1, VH, 0)
+        out.append(Term("head gather (ZeRO-3, P = 1)", "gathered", rows, b, "V·H if P = 1", ("head",),
+                        source=SOURCE))
+    return out

@@ -1,0 +1,119 @@
+"""Peak over phases, the usable capacity and the verdict's ingredients (DESIGN §3.1).
+
+``evaluate(ctx)`` sums every live set's terms in every phase (numpy-broadcast over candidates),
+takes the maximum and names the binding phase. Two invariants are checked on every evaluation
+(STYLE §9): every term is ≥ 0 in every phase, and the peak is ≥ every phase.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+
+import numpy as np
+
+from planner.budget.context import Ctx
+from planner.budget.phases import critical_phases, full_phases
+from planner.budget.terms import LIVE_SETS, Phase, Term
+
+MODULES = ("persistent", "gathered", "boundaries", "attention", "dispatch", "vocab", "optimizer",
+           "workspace")
+"""The live-set modules of ``planner.budget``; ``optimizer`` holds the ``optimizer_step`` live set."""
+
+
+def all_terms(ctx: Ctx) -> list[Term]:
+    """Every term of every live set for ``ctx``."""
+    out: list[Term] = []
+    for name in MODULES:
+        out.extend(importlib.import_module(f"planner.budget.{name}").terms(ctx))
+    return out
+
+
+@dataclass
+class Evaluation:
+    """Bytes of every live set in every phase, for one configuration or many candidates."""
+
+    ctx: Ctx
+    terms: list[Term]
+    phases: list[Phase]
+    term_bytes: np.ndarray
+    """``[n_terms, n_phases, *candidates]`` bytes of each term in each phase."""
+
+    @property
+    def by_phase(self) -> np.ndarray:
+        """``[n_phases, *candidates]`` total bytes per phase."""
+        return self.term_bytes.sum(axis=0)
+
+    def live_set_bytes(self, live_set: str) -> np.ndarray:
+        """``[n_phases, *candidates]`` bytes of one live set."""
+        idx = [i for i, t in enumerate(self.terms) if t.live_set == live_set]
+        if not idx:
+            return np.zeros(self.term_bytes.shape[1:], dtype=np.int64)
+        return self.term_bytes[idx].sum(axis=0)
+
+    @property
+    def peak_bytes(self) -> np.ndarray:
+        """Peak over phases, per candidate."""
+        return self.by_phase.max(axis=0)
+
+    @property
+    def binding_index(self) -> np.ndarray:
+        """Index into ``phases`` of the binding (first maximal) phase, per candidate."""
+        return self.by_phase.argmax(axis=0)
+
+
+def evaluate(ctx: Ctx, *, phases: list[Phase] | None = None, critical: bool = False) -> Evaluation:
+    """Evaluate every term in ``phases`` (default: all phases; ``critical=True``: the reduced set).
+
+    Raises:
+        AssertionError: a term is negative in some phase, or the peak is below some phase (bugs).
+    """
+    terms = all_terms(ctx)
+    if phases is None:
+        phases = critical_phases(ctx) if critical else full_phases(ctx)
+    rows = [np.stack(np.broadcast_arrays(*[t.bytes_in(p) for p in phases])) for t in terms]
+    tb = np.stack(np.broadcast_arrays(*rows)).astype(np.int64)
+    for t, row in zip(terms, tb):
+        assert (row >= 0).all(), f"term {t.name!r} of {t.live_set} is negative"
+    ev = Evaluation(ctx, terms, phases, tb)
+    assert (ev.peak_bytes >= ev.by_phase).all(), "peak below a phase"
+    assert set(t.live_set for t in terms) <= set(LIVE_SETS)
+    return ev
+
+
+def outside_allocator_bytes(ctx: Ctx) -> int:
+    """CUDA context + NCCL buffers (NCCL only when ``W > 1``): subtracted from the capacity."""
+    mem = ctx.cluster.memory
+    nccl = mem.nccl_buffer_bytes.value if ctx.world_size > 1 else 0
+    return int(mem.cuda_context_bytes.value + nccl)
+
+
+def reserve_fraction(ctx: Ctx) -> float:
+    """The fragmentation reserve: at least ``reserve_fraction``, never below the measured fragmentation."""
+    mem = ctx.cluster.memory
+    return max(mem.reserve_fraction.value, mem.fragmentation_fraction.value)
+
+
+def capacity_bytes(ctx: Ctx) -> int:
+    """Usable HBM per rank: HBM − (context + NCCL) − reserve (DESIGN §3.1 "What fits means")."""
+    usable = ctx.cluster.topology.hbm_bytes - outside_allocator_bytes(ctx)
+    return int(usable - int(np.ceil(usable * reserve_fraction(ctx))))
+
+
+def constants_used(ctx: Ctx) -> list[str]:
+    """The cluster constants this verdict used."""
+    used = ["cuda_context_bytes", "reserve_fraction", "fragmentation_fraction", "cublas_workspace_bytes",
+            "cublaslt_workspace_bytes", "flash_workspace_bytes_per_elem", "host_baseline_bytes_per_rank",
+            "host_reserve_fraction"]
+    if ctx.world_size > 1:
+        used.append("nccl_buffer_bytes")
+    return used
+
+
+def assumed_used(ctx: Ctx) -> list[str]:
+    """Assumed (not measured) constants this verdict used."""
+    mem = ctx.cluster.memory
+    out = [f"memory.{n}" for n in constants_used(ctx) if getattr(mem, n).status == "assumed"]
+    if ctx.cluster.topology.topology_status == "assumed":
+        out.append("topology (host RAM, cores)")
+    return out

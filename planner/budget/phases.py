@@ -1,0 +1,32 @@
+"""The phases of one training step with per-region checkpointing (DESIGN §3.1).
+
+``full_phases`` lists every ``forward[r]``, the ``head``, every ``backward[r]`` (``r = L_b … 1``)
+and the ``optimizer`` step. ``critical_phases`` keeps only the phases that can hold the peak:
+forward[1] and backward[1] (the embedding gather and its dense gradient), the last forward and
+backward region of each region kind (retained boundaries grow with ``r``; every other term depends
+only on the region kind), the head and the optimizer. A test checks the two agree.
+"""
+
+from __future__ import annotations
+
+from planner.budget.context import Ctx
+from planner.budget.terms import Phase
+
+
+def full_phases(ctx: Ctx) -> list[Phase]:
+    """Every phase of the step, in execution order."""
+    kinds = ctx.regions
+    fwd = [Phase("forward", r, kinds[r - 1]) for r in range(1, len(kinds) + 1)]
+    bwd = [Phase("backward", r, kinds[r - 1]) for r in range(len(kinds), 0, -1)]
+    return [*fwd, Phase("head"), *bwd, Phase("optimizer")]
+
+
+def critical_phases(ctx: Ctx) -> list[Phase]:
+    """The phases that can bind: region 1, the last region of each kind, head, optimizer."""
+    kinds = ctx.regions
+    keep = {1}
+    for kind in set(kinds):
+        keep.add(max(r for r in range(1, len(kinds) + 1) if kinds[r - 1] == kind))
+    rs = sorted(keep)
+    return ([Phase("forward", r, kinds[r - 1]) for r in rs] + [Phase("head")]
+            + [Phase("backward", r, kinds[r - 1]) for r in reversed(rs)] + [Phase("optimizer")])

@@ -1,0 +1,42 @@
+"""Live set ``workspace``: in-allocator kernel workspaces (DESIGN §3.1), measured per cluster.
+
+    cuBLAS + cuBLASLt workspaces   profile constants          every phase with matmuls
+    FlashAttention backward        w_fa · N·n_h·d_qk bytes    backward of attention regions
+                                   (fp32 dq_accum + softmax_d, per element of q)
+    GQA dk/dv expansion            N·n_h·(d_qk+d_v)·b         backward, when n_kv < n_h
+
+Each value comes from the cluster profile and is marked ``assumed`` there until measured.
+"""
+
+from __future__ import annotations
+
+from planner.budget.context import Ctx
+from planner.budget.terms import ALL_STEP, Term
+from planner.units import ceil_div
+
+SOURCE = "cluster profile memory constants (DESIGN §3.1 workspace)"
+
+
+def terms(ctx: Ctx) -> list[Term]:
+    """Workspace terms of one rank."""
+    mem = ctx.cluster.memory
+    m, N, b = ctx.model, ctx.tokens_per_rank, ctx.act_bytes
+    n_h = m.num_heads
+    n_kv = m.num_heads if m.attention == "mla" else m.num_kv_heads
+    heads_div = ctx.tp if ctx.stack == "fsdp2" else 1
+    hq, hkv = ceil_div(n_h, heads_div), ceil_div(n_kv, heads_div)
+    regions = ("attention",) if ctx.stack == "composed" else tuple(
+        k for k in ("moe", "dense_mlp") if k in set(ctx.regions))
+    w_fa = mem.flash_workspace_bytes_per_elem.value
+    out = [
+        Term("cuBLAS workspace", "workspace", int(mem.cublas_workspace_bytes.value), 1,
+             "memory.cublas_workspace_bytes", ALL_STEP, source=SOURCE),
+        Term("cuBLASLt workspace", "workspace", int(mem.cublaslt_workspace_bytes.value), 1,
+             "memory.cublaslt_workspace_bytes", ALL_STEP, source=SOURCE),
+        Term("FlashAttention backward dq_accum/softmax_d", "workspace", N * hq * m.head_dim * int(w_fa), 1,
+             "w_fa·N·n_h·d_qk (bytes)", ("backward",), regions=regions, source=SOURCE),
+    ]
+    if hkv < hq:
+        out.append(Term("FlashAttention GQA dk/dv expansion", "workspace", N * hq * (m.head_dim + m.v_dim), b,
+                        "N·n_h·(d_qk+d_v)", ("backward",), regions=regions, source=SOURCE))
+    return out

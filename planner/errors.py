@@ -1,0 +1,63 @@
+"""User-facing error families (DESIGN §9, STYLE §4).
+
+``PlanError`` is the base of everything the CLI reports as a one-line message:
+
+- ``InvalidPlan`` (exit 2): bad input. The message names the field, the value and the fix.
+- ``Infeasible`` (exit 1): a valid configuration that does not fit; carries the budget.
+- ``ProfileGap`` (exit 2): the time model was asked about a shape outside a measured curve.
+
+Bugs are not ``PlanError``: they are assertions and keep their tracebacks (exit 3).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class PlanError(Exception):
+    """Base of all user-facing planner errors."""
+
+    exit_code = 2
+
+
+class InvalidPlan(PlanError):
+    """Invalid input: one line naming the field, the value and the fix.
+
+    Args:
+        field: dotted path of the offending field (``plan.composed.expert_parallel``).
+        value: the value given.
+        problem: what is wrong, phrased "must relation other (value)".
+        fix: what to do instead.
+    """
+
+    exit_code = 2
+
+    def __init__(self, field: str, value: Any, problem: str, fix: str = "") -> None:
+        self.field, self.value, self.problem, self.fix = field, value, problem, fix
+        msg = f"{field} ({value!r}) {problem}"
+        if fix:
+            msg += f"; fix: {fix}"
+        super().__init__(msg)
+
+
+class Infeasible(PlanError):
+    """A valid configuration that does not fit; ``report`` holds the budget that proves it."""
+
+    exit_code = 1
+
+    def __init__(self, message: str, report: Any = None) -> None:
+        self.report = report
+        super().__init__(message)
+
+
+class ProfileGap(PlanError):
+    """The time model was asked for a value outside a measured curve (never extrapolated)."""
+
+    exit_code = 2
+
+    def __init__(self, curve: str, value: Any, lo: Any, hi: Any, fix: str = "") -> None:
+        self.curve, self.value, self.lo, self.hi = curve, value, lo, hi
+        msg = f"profile curve {curve} has no measurement at {value!r} (measured range {lo!r}..{hi!r})"
+        if fix:
+            msg += f"; fix: {fix}"
+        super().__init__(msg)

@@ -1,0 +1,105 @@
+"""Rich rendering of ``planner check`` and the frontier commands."""
+
+from __future__ import annotations
+
+from rich.console import Console
+from rich.table import Table
+
+from planner.budget.terms import LIVE_SETS, PHASE_KINDS
+from planner.units import fmt_count, fmt_gib, gib
+
+
+def _plan_line(rep) -> str:
+    d = rep.to_json()["derived"]
+    p = rep.planfile.plan
+    if p.stack == "composed":
+        k = p.composed
+        return (f"composed stack · D={d['seq_parallel']} E_p={d['expert_parallel']} P={d['vocab_parallel']} "
+                f"B_v={d['vocab_blocks']} · dispatch {k.dispatch} (c={d['token_budget']}, K={d['num_chunks']}, "
+                f"c_eff={d['chunk_tokens']}) · vocab {k.vocab} · optimizer {k.optimizer} "
+                f"(β={k.bucket_params:,}, s={k.staging_slots}) · checkpoint {k.checkpoint} "
+                f"(SCO {fmt_gib(d['sco_host_bytes'])}/rank, {d['num_offloaded']}/{d['num_boundaries']} "
+                f"boundaries offloaded) · routing {p.routing} · bound {p.dispatch_bound} · {p.dtype}")
+    b = p.baseline
+    return (f"FSDP2 baseline · tp={b.tp} cp={b.cp} dp_shard={b.dp_shard} ep={b.ep} · AC {b.ac} · "
+            f"CPU offload {'on' if b.cpu_offload else 'off'} · routing {p.routing} · {p.dtype}")
+
+
+def render_check(rep, console: Console, explain: bool = False) -> None:
+    """Print the verdict: live sets by phase, headroom, binding terms, plan, assumptions."""
+    pf = rep.planfile
+    W, S = pf.plan.world_size, pf.workload.seq_len
+    console.print(f"[bold]{pf.model.name}[/] on {W} × {pf.cluster.topology.gpu_name} "
+                  f"({pf.cluster.name}) · S = {fmt_count(S)} · N = {fmt_count(int(rep.ctx.tokens_per_rank))} "
+                  f"tokens/rank · Θ = {rep.ctx.num_params / 1e9:.1f}B")
+    console.print(_plan_line(rep), style="dim")
+    tab = rep.phase_kind_table()
+    t = Table(title="per-rank device memory by live set (GiB; max over each phase kind)")
+    t.add_column("live set")
+    for kind in PHASE_KINDS:
+        t.add_column(kind, justify="right")
+    bind_kind = rep.evaluation.phases[rep.binding].kind
+    for ls in [*LIVE_SETS, "total"]:
+        cells = []
+        for kind in PHASE_KINDS:
+            v, _ = tab[ls][kind]
+            cell = f"{gib(v):.2f}" if v else "·"
+            cells.append(f"[bold]{cell}[/]" if kind == bind_kind and ls in (rep.binding_live_set, "total")
+                         else cell)
+        t.add_row(f"[bold]{ls}[/]" if ls == "total" else ls, *cells, end_section=ls == LIVE_SETS[-1])
+    labels = [tab["total"][k][1] for k in PHASE_KINDS]
+    t.caption = "worst phase of each kind: " + ", ".join(labels)
+    console.print(t)
+    if explain:
+        render_explain(rep, console)
+    head = rep.capacity_bytes - rep.peak_bytes
+    console.print(f"peak {fmt_gib(rep.peak_bytes)} in [bold]{rep.binding_phase}[/] · usable capacity "
+                  f"{fmt_gib(rep.capacity_bytes)} (HBM {fmt_gib(rep.hbm_bytes)} − context/NCCL "
+                  f"{fmt_gib(rep.outside_allocator_bytes)} − reserve) · headroom {fmt_gib(head)}")
+    top = ", ".join(f"{x['name']} ({x['live_set']}, {fmt_gib(x['bytes'])})" for x in rep.binding_terms)
+    console.print(f"binding live set: [bold]{rep.binding_live_set}[/] · top terms: {top}")
+    h = rep.host
+    console.print(f"host RAM per node ({h.ranks_per_node} ranks): {fmt_gib(h.bytes)} of {fmt_gib(h.capacity_bytes)} "
+                  f"usable (baseline {fmt_gib(h.baseline_bytes)}, optimizer {fmt_gib(h.optimizer_bytes)}, "
+                  f"SCO {fmt_gib(h.sco_bytes)}) · {'fits' if rep.fits_host else '[red]does not fit[/]'}")
+    if rep.assumed:
+        console.print("[yellow]assumed constants:[/] " + ", ".join(rep.assumed))
+    if rep.provisional:
+        console.print("[yellow]provisional terms:[/] " + "; ".join(rep.provisional))
+    if rep.fits:
+        console.print("[bold green]FITS[/]")
+    else:
+        why = "HBM" if not rep.fits_hbm else "host RAM"
+        console.print(f"[bold red]DOES NOT FIT[/] ({why})")
+
+
+def render_explain(rep, console: Console) -> None:
+    """Every term with its formula, element count, bytes and residency."""
+    t = Table(title=f"terms (bytes in the binding phase {rep.binding_phase}; max over phases)")
+    for col in ("live set", "term", "formula", "elements", "× B", "binding GiB", "max GiB", "resident in"):
+        t.add_column(col, justify="right" if col in ("elements", "× B", "binding GiB", "max GiB") else "left")
+    for term, at, mx in rep.term_rows():
+        if mx == 0:
+            continue
+        t.add_row(term.live_set, term.name + (" *" if term.provisional else ""), term.formula,
+                  f"{int(term.count if not hasattr(term.count, 'max') else term.count.max()):,}",
+                  str(term.elem_bytes), f"{gib(at):.3f}", f"{gib(mx):.3f}", term.phases_text)
+    t.caption = "* provisional: not yet confirmed against its operator's tensor inventory"
+    console.print(t)
+
+
+def render_frontier(rep, console: Console) -> None:
+    """Print the result of a frontier scan."""
+    j = rep.to_json()
+    s = rep.scan
+    name = rep.planfile.model.name
+    if rep.axis == "seq_len":
+        best = j["max_seq_len"]
+        what = f"max context {fmt_count(best)} ({best:,} tokens)" if best else "nothing fits"
+    else:
+        best = j["max_global_batch_tokens"]
+        what = (f"max global batch {best:,} tokens per micro-step ({j['max_seqs_per_microbatch']} sequences "
+                f"per group)" if best else "nothing fits")
+    console.print(f"[bold]{name}[/] on {rep.planfile.plan.world_size} GPUs: {what}")
+    console.print(f"scanned {len(s.values)} grid points; {int(s.fits.sum())} fit; first failure at "
+                  f"{s.first_fail if s.first_fail is not None else 'none'}; usable HBM {fmt_gib(s.capacity_bytes)}")

@@ -1,0 +1,130 @@
+"""``ClusterSpec``: the declared topology of a cluster, kept apart from what was measured on it.
+
+Every measured constant carries a ``status`` (``measured`` or ``assumed``) and, when measured, its
+provenance (DESIGN §6). Verdicts list the assumed constants they used.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from planner.schema.base import SCHEMA_VERSION, Frozen
+
+
+class Provenance(Frozen):
+    """Where and how a number was measured."""
+
+    device: str
+    """Device name as the driver reports it, e.g. ``NVIDIA H200``."""
+    torch: str = ""
+    """torch version that measured it."""
+    cuda: str = ""
+    """CUDA runtime version."""
+    nccl: str = ""
+    """NCCL version (collective curves)."""
+    date: str
+    """ISO date of the measurement."""
+    command: str
+    """The exact command that produced the number."""
+    gpus_on_machine: int = Field(default=1, ge=0)
+    """How many GPUs the measuring machine had."""
+
+
+class Constant(Frozen):
+    """One scalar constant of the memory or time model, measured or assumed."""
+
+    value: float
+    """The value, in the unit its name states (``_bytes``, ``_s``, ``_fraction``)."""
+    status: Literal["measured", "assumed", "policy"] = "assumed"
+    """``measured`` on the cluster (with provenance), ``assumed`` until it is, or ``policy``: a
+    chosen safety margin rather than a fact about the hardware (the reserve floors)."""
+    provenance: Provenance | None = None
+    """How it was measured; required when ``status == "measured"``."""
+    note: str = ""
+    """What the number is and, when assumed, why this value."""
+
+
+class Topology(Frozen):
+    """Declared hardware: what the cluster is said to be, not what was measured."""
+
+    gpu_name: str
+    """GPU model, e.g. ``NVIDIA H200``."""
+    hbm_bytes: int = Field(gt=0)
+    """HBM per GPU as the driver reports it, in bytes (H200: 143,771 MiB)."""
+    gpus_per_node: int = Field(gt=0)
+    """GPUs per node."""
+    host_ram_bytes: int = Field(gt=0)
+    """Host RAM per node, in bytes."""
+    host_cores: int = Field(gt=0)
+    """Host CPU cores per node."""
+    host_mem_bw_bytes_per_s: float = Field(gt=0)
+    """Host-memory bandwidth per node, in bytes/s."""
+    interconnect: str = ""
+    """Intra- and inter-node interconnect, e.g. ``NVLink4 intra-node, 8x400G InfiniBand``."""
+    topology_status: Literal["measured", "assumed"] = "assumed"
+    """Whether the declared topology was checked on a real node."""
+
+
+class MemoryConstants(Frozen):
+    """Constants of the memory model (DESIGN §3.1): what lives outside the allocator, the reserve,
+    in-allocator workspaces, host-side baselines."""
+
+    cuda_context_bytes: Constant
+    """CUDA context and driver state per GPU, outside PyTorch's allocator (NVML used − reserved)."""
+    nccl_buffer_bytes: Constant
+    """NCCL communicator buffers per rank, outside PyTorch's allocator."""
+    reserve_fraction: Constant
+    """Minimum share of the usable HBM held back for fragmentation (at least 0.02)."""
+    fragmentation_fraction: Constant
+    """Measured (reserved − allocated) / reserved at peak; the reserve is never smaller."""
+    cublas_workspace_bytes: Constant
+    """cuBLAS workspace per handle/stream, in the allocator."""
+    cublaslt_workspace_bytes: Constant
+    """cuBLASLt workspace, in the allocator (0 when unified with cuBLAS's)."""
+    flash_workspace_bytes_per_elem: Constant
+    """FlashAttention backward workspace (fp32 ``dq_accum`` + ``softmax_d``) per element of q."""
+    host_baseline_bytes_per_rank: Constant
+    """Host RSS of one training process before any offload (torch, CUDA, data loader)."""
+    host_reserve_fraction: Constant
+    """Share of host RAM held back for the OS, page cache and data loaders (default 0.10)."""
+    pin_seconds_per_gib: Constant
+    """Cost of pinning host memory with ``cudaHostRegister``, seconds per GiB (once per job)."""
+    expandable_segments: bool = True
+    """Whether the constants were measured with ``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True``
+    (recommended)."""
+
+
+class ClusterSpec(Frozen):
+    """A cluster profile: declared topology + measured constants (+ time-model curves)."""
+
+    schema_version: int = SCHEMA_VERSION
+    """Schema version of this profile."""
+    name: str
+    """Profile name, e.g. ``h200``."""
+    topology: Topology
+    """Declared hardware."""
+    memory: MemoryConstants
+    """Memory-model constants with provenance."""
+    curves: Curves = Field(default_factory=lambda: Curves())
+    """Time-model curves (``planner calibrate``): schema in ``planner.schema.curves``, fits and
+    lookups in ``planner.timing.curves``."""
+
+    def assumed_constants(self) -> list[str]:
+        """Names of the memory constants still marked ``assumed``."""
+        out = []
+        for name in type(self.memory).model_fields:
+            v = getattr(self.memory, name)
+            if isinstance(v, Constant) and v.status == "assumed":
+                out.append(f"memory.{name}")
+        if self.topology.topology_status == "assumed":
+            out.append("topology")
+        return out
+
+
+# ``planner.schema.curves`` imports ``Provenance`` from this module, so ``Curves`` is imported last
+# and the forward reference of ``ClusterSpec.curves`` is resolved here.
+from planner.schema.curves import Curves  # noqa: E402
+
+ClusterSpec.model_rebuild()

@@ -1,0 +1,123 @@
+"""``Plan``: every knob of DESIGN §1 and §10 for the composed stack and the FSDP2 baseline."""
+
+from __future__ import annotations
+
+import re
+from typing import Literal
+
+from pydantic import Field, field_validator
+
+from planner.schema.base import Frozen
+
+Dispatch = Literal["ep", "llep", "pipelined_llep"]
+Vocab = Literal["dense", "vocab_parallel", "ring_dtp"]
+Optimizer = Literal["gpu", "cpu_offload", "stream_offload"]
+Checkpoint = Literal["none", "per_layer", "sco"]
+DispatchBound = Literal["guarantee", "expected"]
+ActDtype = Literal["bf16", "fp32"]
+AC = Literal["full", "selective", "none"]
+
+_SKEW = re.compile(r"^(\d+)/(\d+)$")
+
+
+def parse_routing(text: str) -> tuple[str, float, int]:
+    """``balanced`` | ``worst`` | ``R/H`` → (kind, hot token share r, hot experts h).
+
+    ``80/16`` means the first 80% of token positions pick among 16 hot experts (DESIGN §3.2).
+    """
+    if text in ("balanced", "worst"):
+        return text, 0.0, 0
+    m = _SKEW.match(text)
+    assert m, text
+    return "skew", int(m.group(1)) / 100.0, int(m.group(2))
+
+
+class ComposedKnobs(Frozen):
+    """Knobs of the composed (MoP) stack. ``None`` means "resolve the DESIGN §10 default"."""
+
+    dispatch: Dispatch = "pipelined_llep"
+    """Expert dispatch operator: standard all-to-all EP, LLEP, or PipelinedLLEP."""
+    vocab: Vocab = "ring_dtp"
+    """Vocabulary head: dense (ZeRO-3 head, full logits), vocab-parallel (Megatron), or Ring-DTP."""
+    optimizer: Optimizer = "stream_offload"
+    """AdamW on the GPU, CPU offload (ZeRO-Offload style), or OffloadStreamAdamW."""
+    checkpoint: Checkpoint = "sco"
+    """Activation checkpointing: none, per checkpointed region, or SCO (per region + host offload)."""
+    seq_parallel: int | None = Field(default=None, gt=0)
+    """``D``: Ulysses sequence-parallel degree; default the largest divisor of ``W`` dividing the
+    KV heads (GQA) or heads (MHA/MLA)."""
+    expert_parallel: int | None = Field(default=None, gt=0)
+    """``E_p``: expert-parallel degree; default the largest divisor of ``W`` that divides ``E``."""
+    vocab_parallel: int | None = Field(default=None, gt=0)
+    """``P``: Ring-DTP / vocab-parallel group size; default the largest divisor of ``W`` ≤ 8."""
+    vocab_blocks: int = Field(default=1, gt=0)
+    """``B_v``: vocabulary blocks per Ring-DTP shard (strip = ``N × V/(P·B_v)``)."""
+    token_budget: int = Field(default=4096, gt=0)
+    """``c``: per-source token budget per dispatch chunk."""
+    max_chunks: int = Field(default=10, gt=0)
+    """``K_max``: most dispatch chunks per layer."""
+    llep_alpha: float = Field(default=1.0, gt=0)
+    """``α``: LLEP capacity factor."""
+    llep_min_tokens: int = Field(default=1024, ge=1)
+    """``m``: minimum tokens per spilled GEMM."""
+    llep_lambda: float = Field(default=1.3, ge=1.0)
+    """``λ``: imbalance (max/mean load) below which LLEP is skipped."""
+    max_imports: int = Field(default=4, ge=0)
+    """``n_import_max``: most foreign experts one rank may import per layer."""
+    bucket_params: int = Field(default=100_000_000, gt=0)
+    """``β``: OffloadStreamAdamW bucket size, in parameters."""
+    staging_slots: int = Field(default=2, ge=1)
+    """``s``: OffloadStreamAdamW staging slots."""
+    sco_host_bytes: int | None = Field(default=None, ge=0)
+    """SCO host budget per rank, in physical pinned bytes; ``None`` = what host RAM leaves (§3.3)."""
+
+
+class BaselineKnobs(Frozen):
+    """Knobs of the FSDP2 baseline (DESIGN §2). ``None`` means "resolve the default layout"."""
+
+    tp: int = Field(default=1, gt=0)
+    """Tensor-parallel degree (head becomes loss-parallel when > 1)."""
+    cp: int = Field(default=1, gt=0)
+    """Context-parallel degree."""
+    dp_shard: int | None = Field(default=None, gt=0)
+    """FSDP shard degree; default ``W / (tp·cp)``."""
+    ep: int | None = Field(default=None, gt=0)
+    """Expert-parallel degree, borrowed from ``dp_shard·cp``; default the largest divisor of
+    ``dp_shard·cp`` that divides ``E``."""
+    ac: AC = "full"
+    """Per-layer activation checkpointing: full, torch's op-level selective, or none."""
+    cpu_offload: bool = False
+    """``CPUOffloadPolicy``: parameters, gradients and optimizer state on the host."""
+
+
+class Plan(Frozen):
+    """A launch configuration: the stack, its degrees and operator choices."""
+
+    stack: Literal["composed", "fsdp2"] = "composed"
+    """Which stack runs: the composed operators or the FSDP2 baseline."""
+    world_size: int = Field(gt=0)
+    """``W``: ranks (GPUs) in the job."""
+    routing: str = "balanced"
+    """Routing assumption shared by both stacks: ``balanced``, ``worst`` or a skew ``R/H``."""
+    dispatch_bound: DispatchBound = "guarantee"
+    """Which dispatch size the verdict uses: the launch-time guarantee or the plan-evaluated
+    expected size under ``routing``."""
+    dtype: ActDtype = "bf16"
+    """Activation and working-weight dtype (``b`` = 2 for bf16, 4 for fp32)."""
+    composed: ComposedKnobs = ComposedKnobs()
+    """Knobs of the composed stack (ignored when ``stack == "fsdp2"``)."""
+    baseline: BaselineKnobs = BaselineKnobs()
+    """Knobs of the FSDP2 baseline (ignored when ``stack == "composed"``)."""
+
+    @field_validator("routing")
+    @classmethod
+    def _routing(cls, v: str) -> str:
+        from planner.errors import InvalidPlan
+
+        m = _SKEW.match(v)
+        if v in ("balanced", "worst"):
+            return v
+        if not m or not (0 <= int(m.group(1)) <= 100) or int(m.group(2)) < 1:
+            raise InvalidPlan("plan.routing", v, "must be balanced, worst or R/H with 0<=R<=100, H>=1",
+                              "write e.g. --routing 80/16")
+        return v

@@ -1,0 +1,123 @@
+"""Units: GiB, dtype sizes, size parsing ("128k", "1m", "8GiB") and formatting.
+
+Sizes of tokens use powers of two: ``128k`` = 131072, ``1m`` = 1048576 (DESIGN §10).
+Byte sizes accept ``KiB/MiB/GiB/TiB`` (powers of two) and ``KB/MB/GB/TB`` (powers of ten).
+"""
+
+from __future__ import annotations
+
+import re
+
+KiB = 1 << 10
+MiB = 1 << 20
+GiB = 1 << 30
+TiB = 1 << 40
+PAGE_BYTES = 4 * KiB
+"""Host page size: ``cudaHostRegister`` pins page-aligned memory in 4 KiB pages."""
+
+DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4, "fp64": 8, "int32": 4, "int64": 8, "bool": 1}
+"""Bytes per element of the dtypes the budget uses."""
+
+_COUNT_SUFFIX = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
+_BYTE_SUFFIX = {
+    "": 1, "b": 1,
+    "kib": KiB, "mib": MiB, "gib": GiB, "tib": TiB,
+    "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+}
+_NUM = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*$")
+
+
+def parse_count(text: str | int, field: str = "size") -> int:
+    """Parse a token or element count: ``131072``, ``128k``, ``1m``, ``100M`` (k/m/g are 2^10/2^20/2^30).
+
+    Raises:
+        InvalidPlan: the text is not a positive integer with an optional k/m/g suffix.
+    """
+    from planner.errors import InvalidPlan
+
+    if isinstance(text, bool):
+        raise InvalidPlan(field, text, "must be a positive integer", "write e.g. 131072 or 128k")
+    if isinstance(text, int):
+        value = text
+    else:
+        m = _NUM.match(str(text))
+        if not m or m.group(2).lower() not in _COUNT_SUFFIX:
+            raise InvalidPlan(field, text, "is not a size", "write e.g. 131072, 128k or 1m")
+        value = float(m.group(1)) * _COUNT_SUFFIX[m.group(2).lower()]
+        if value != int(value):
+            raise InvalidPlan(field, text, "must be a whole number", "write e.g. 128k")
+        value = int(value)
+    if value <= 0:
+        raise InvalidPlan(field, text, "must be > 0", "give a positive size")
+    return value
+
+
+_PARAM_SUFFIX = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9, "b": 10**9}
+
+
+def parse_params(text: str | int, field: str = "params") -> int:
+    """Parse a parameter count with decimal suffixes: ``100M`` = 10^8, ``1.5B`` = 1.5·10^9.
+
+    Raises:
+        InvalidPlan: not a positive count.
+    """
+    from planner.errors import InvalidPlan
+
+    if isinstance(text, int) and not isinstance(text, bool):
+        value = text
+    else:
+        m = _NUM.match(str(text))
+        if not m or m.group(2).lower() not in _PARAM_SUFFIX:
+            raise InvalidPlan(field, text, "is not a parameter count", "write e.g. 100M or 100000000")
+        value = int(float(m.group(1)) * _PARAM_SUFFIX[m.group(2).lower()])
+    if value <= 0:
+        raise InvalidPlan(field, text, "must be > 0", "give a positive count")
+    return value
+
+
+def parse_bytes(text: str | int | float, field: str = "bytes") -> int:
+    """Parse a byte size: ``8GiB``, ``16 GB``, ``1073741824``. A bare number is bytes.
+
+    Raises:
+        InvalidPlan: unparsable or negative.
+    """
+    from planner.errors import InvalidPlan
+
+    if isinstance(text, (int, float)) and not isinstance(text, bool):
+        value = float(text)
+    else:
+        m = _NUM.match(str(text))
+        if not m or m.group(2).lower() not in _BYTE_SUFFIX:
+            raise InvalidPlan(field, text, "is not a byte size", "write e.g. 8GiB or 17179869184")
+        value = float(m.group(1)) * _BYTE_SUFFIX[m.group(2).lower()]
+    if value < 0:
+        raise InvalidPlan(field, text, "must be >= 0", "give a non-negative size")
+    return int(value)
+
+
+def gib(n_bytes: float) -> float:
+    """Bytes to GiB (2^30)."""
+    return float(n_bytes) / GiB
+
+
+def fmt_gib(n_bytes: float, digits: int = 2) -> str:
+    """Format bytes as ``12.34 GiB``."""
+    return f"{gib(n_bytes):.{digits}f} GiB"
+
+
+def fmt_count(n: int) -> str:
+    """Format a token count compactly: 131072 -> ``128k``, 1048576 -> ``1m``."""
+    for suffix, size in (("m", 1 << 20), ("k", 1 << 10)):
+        if n >= size and n % size == 0:
+            return f"{n // size}{suffix}"
+    return str(n)
+
+
+def round_up(n: int, multiple: int) -> int:
+    """Round ``n`` up to a multiple of ``multiple`` (works on numpy integer arrays too)."""
+    return -(-n // multiple) * multiple
+
+
+def ceil_div(a, b):
+    """``ceil(a / b)`` on integers or numpy integer arrays."""
+    return -(-a // b)

@@ -1,0 +1,67 @@
+"""Architecture rules (DESIGN §9): the core never imports torch; imports flow one way; the CLI starts
+without pandas, scipy or torch."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+PLANNER = ROOT / "planner"
+
+LAYERS = ["schema", "plans", "budget", "timing", "search", "api", "report", "cli"]
+"""``schema → plans → budget → timing → search → api/report → cli``: a module may import only its own
+layer or earlier ones (api and report share a level)."""
+RANK = {"schema": 0, "errors": 0, "units": 0, "plans": 1, "budget": 2, "timing": 3, "search": 4,
+        "api": 5, "report": 5, "cli": 6}
+
+
+def _core_files():
+    return [p for p in PLANNER.rglob("*.py") if "runtime" not in p.relative_to(PLANNER).parts]
+
+
+def _imports(path: Path):
+    tree = ast.parse(path.read_text())
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for a in node.names:
+                yield a.name
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            yield node.module
+
+
+def _layer(mod_or_rel: str) -> str | None:
+    parts = mod_or_rel.split(".")
+    if parts[0] != "planner" or len(parts) < 2:
+        return None
+    return parts[1]
+
+
+@pytest.mark.parametrize("path", _core_files(), ids=lambda p: str(p.relative_to(ROOT)))
+def test_core_never_imports_torch(path):
+    bad = [m for m in _imports(path) if m == "torch" or m.startswith("torch.") or m.startswith("planner.runtime")
+           or m.startswith("calibration")]
+    assert not bad, f"{path} imports {bad}"
+
+
+@pytest.mark.parametrize("path", _core_files(), ids=lambda p: str(p.relative_to(ROOT)))
+def test_imports_flow_one_way(path):
+    rel = path.relative_to(PLANNER).with_suffix("")
+    own = rel.parts[0]
+    if own not in RANK:
+        return
+    for m in _imports(path):
+        other = _layer(m)
+        if other in RANK:
+            assert RANK[other] <= RANK[own], f"{path}: {own} imports {m} (a later layer)"
+
+
+def test_cli_starts_without_heavy_imports():
+    code = ("import sys, planner.cli, planner.api; "
+            "print(','.join(m for m in ('torch', 'pandas', 'scipy', 'matplotlib') if m in sys.modules))")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert res.stdout.strip() == "", f"core imported {res.stdout.strip()}"
