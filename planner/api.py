@@ -261,3 +261,63 @@ def max_batch(*, max_tokens: int = 16 * 2**20, **kwargs) -> FrontierReport:
     n = max(1, max_tokens // pf.workload.seq_len)
     return FrontierReport(pf, "seqs_per_microbatch",
                           scan(pf, "seqs_per_microbatch", np.arange(1, n + 1, dtype=np.int64)))
+
+
+@dataclass
+class SearchReport:
+    """``planner search``: the top composed plans, the best FSDP2 baseline, tallies, timings."""
+
+    model: Any
+    cluster: Any
+    workload: Workload
+    world_size: int
+    result: Any
+    elapsed_s: float
+
+    def planfile(self, i: int = 0) -> PlanFile:
+        """The i-th composed plan as a plan file that ``check`` accepts unchanged."""
+        return PlanFile(model=self.model, cluster=self.cluster, workload=self.workload, plan=self.result.top[i].plan)
+
+    def to_json(self) -> dict:
+        def cand(c):
+            return None if c is None else {
+                "step_s": c.step_s, "tokens_per_s_per_gpu": c.tokens_per_s_per_gpu, "tflops_per_gpu": c.tflops_per_gpu,
+                "peak_bytes": c.peak_bytes, "host_bytes": c.host_bytes, "binding_phase": c.binding_phase,
+                "breakdown": c.breakdown, "plan": c.plan.model_dump(mode="json")}
+        r = self.result
+        return {"model": self.model.name, "world_size": self.world_size, "seq_len": self.workload.seq_len,
+                "top": [cand(c) for c in r.top], "baseline": cand(r.baseline),
+                "speedup_vs_baseline": (r.baseline.step_s / r.top[0].step_s if r.top and r.baseline else None),
+                "tally": {"evaluated": r.tally.evaluated, "fit": r.tally.fit, "rejected": dict(r.tally.reasons),
+                          "text": r.tally.text()},
+                "baseline_tally": {"evaluated": r.baseline_tally.evaluated, "fit": r.baseline_tally.fit,
+                                   "rejected": dict(r.baseline_tally.reasons), "text": r.baseline_tally.text()},
+                "gaps": r.gaps, "assumed": r.assumed, "elapsed_s": self.elapsed_s}
+
+
+def search(*, model: str, cluster: str | None = None, gpus: int, seq_len: int, global_batch_tokens: int | None = None,
+           routing: str = "balanced", dispatch_bound: str = "guarantee", dtype: str = "bf16", top: int = 5,
+           progress=None) -> SearchReport:
+    """``planner search``: fastest fitting configurations and the fastest fitting FSDP2 baseline."""
+    import time
+
+    pf = build_planfile(model=model, cluster=cluster, gpus=gpus, seq_len=seq_len,
+                        global_batch_tokens=global_batch_tokens,
+                        overrides={"routing": routing, "dispatch_bound": dispatch_bound, "dtype": dtype})
+    from planner.search.rank import search as run
+
+    t0 = time.perf_counter()
+    res = run(pf.model, pf.cluster, pf.workload, world_size=gpus, routing=routing, dispatch_bound=dispatch_bound,
+              dtype=dtype, top=top, progress=progress)
+    return SearchReport(pf.model, pf.cluster, pf.workload, gpus, res, time.perf_counter() - t0)
+
+
+def sweep(*, model: str, cluster: str | None = None, gpus: int, seq_lens: list[int], routing: str = "balanced",
+          dtype: str = "bf16", progress=None) -> list:
+    """``planner sweep``: best composed plan and best baseline at each context length."""
+    from planner.search.sweep import sweep as run
+
+    pf = build_planfile(model=model, cluster=cluster, gpus=gpus, seq_len=seq_lens[0],
+                        overrides={"routing": routing, "dtype": dtype})
+    return run(pf.model, pf.cluster, world_size=gpus, seq_lens=seq_lens, routing=routing, dtype=dtype,
+               progress=progress)

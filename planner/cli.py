@@ -74,6 +74,11 @@ GBT = Annotated[Optional[str], typer.Option("--global-batch-tokens", help="Token
 Json = Annotated[bool, typer.Option("--json", help="Print one JSON object.")]
 
 
+def _print_json(doc) -> None:
+    """One JSON object on stdout (plain: rich's highlighter is slow on large documents)."""
+    sys.stdout.write(json.dumps(doc, indent=1) + "\n")
+
+
 def _count(v: str | None, field: str) -> int | None:
     return None if v is None else parse_count(v, field)
 
@@ -149,7 +154,7 @@ def check(
     ov = _overrides(**{k: v for k, v in locals().items() if k in _OV_KEYS})
     rep = api.check(**_common(model, plan, cluster, gpus, seq_len, global_batch_tokens, ov))
     if json_out:
-        out.print_json(json.dumps(rep.to_json()))
+        _print_json(rep.to_json())
     else:
         render_check(rep, out, explain=explain)
     raise typer.Exit(0 if rep.fits else 1)
@@ -170,7 +175,7 @@ def _frontier(kind: str, ctx: typer.Context, **kw) -> None:
     common = _common(kw["model"], kw["plan"], kw["cluster"], kw["gpus"], kw["seq_len"], kw["global_batch_tokens"], ov)
     rep = api.max_context(**common, **extra) if kind == "context" else api.max_batch(**common, **extra)
     if kw["json_out"]:
-        out.print_json(json.dumps(rep.to_json()))
+        _print_json(rep.to_json())
     else:
         render_frontier(rep, out)
     raise typer.Exit(0 if rep.scan.best is not None else 1)
@@ -209,6 +214,118 @@ def max_batch(
     _frontier("batch", None, **kw)
 
 
+def _progress(label: str, enabled: bool):
+    """A rich progress bar on stderr (``None`` when disabled or not a terminal)."""
+    if not enabled or not err.is_terminal:
+        return None, None
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
+
+    prog = Progress("[progress.description]{task.description}", BarColumn(), MofNCompleteColumn(),
+                    TimeElapsedColumn(), console=err, transient=True)
+    task = prog.add_task(label, total=None)
+    return prog, (lambda done, total: prog.update(task, completed=done, total=total))
+
+
+@app.command()
+def search(
+    model: Annotated[str, typer.Argument(help="Profile name, model YAML, or HF config.json.")],
+    gpus: Annotated[int, typer.Option("--gpus", help="W: ranks (GPUs) in the job.")],
+    seq_len: Annotated[str, typer.Option("--seq-len", help="S: context length (128k, 1m).")],
+    cluster: Cluster = None, global_batch_tokens: GBT = None,
+    routing: Annotated[str, typer.Option(help="balanced | worst | R/H, for both stacks.")] = "balanced",
+    dispatch_bound: Annotated[BoundC, typer.Option(help="Dispatch size the verdicts use.")] = BoundC.guarantee,
+    dtype: Annotated[DtypeC, typer.Option(help="Activation dtype.")] = DtypeC.bf16,
+    top: Annotated[int, typer.Option(help="How many composed plans to list.")] = 5,
+    out_file: Annotated[Optional[str], typer.Option("--out", help="Write the best plan as a plan file.")] = None,
+    progress: Annotated[bool, typer.Option(help="Show a progress bar.")] = True,
+    json_out: Json = False,
+) -> None:
+    """Fastest configuration that fits, beside the fastest FSDP2 baseline that fits."""
+    from planner import api
+    from planner.report.search_view import render_search
+    from planner.schema.io import write_yaml_atomic
+
+    if top < 1:
+        raise InvalidPlan("--top", top, "must be >= 1", "list at least one plan")
+    prog, cb = _progress("searching", progress and not json_out)
+    try:
+        if prog:
+            prog.start()
+        rep = api.search(model=model, cluster=cluster, gpus=gpus, seq_len=parse_count(seq_len, "--seq-len"),
+                         global_batch_tokens=_count(global_batch_tokens, "--global-batch-tokens"),
+                         routing=routing, dispatch_bound=_v(dispatch_bound), dtype=_v(dtype), top=top, progress=cb)
+    finally:
+        if prog:
+            prog.stop()
+    if out_file and rep.result.top:
+        write_yaml_atomic(out_file, rep.planfile(0).model_dump(mode="json"))
+    if json_out:
+        _print_json(rep.to_json())
+    else:
+        render_search(rep, out)
+        if out_file and rep.result.top:
+            err.print(f"wrote the best plan to {out_file} (planner check --plan {out_file})")
+    raise typer.Exit(0 if rep.result.top else 1)
+
+
+@app.command()
+def sweep(
+    model: Annotated[str, typer.Argument(help="Profile name, model YAML, or HF config.json.")],
+    gpus: Annotated[int, typer.Option("--gpus", help="W: ranks (GPUs) in the job.")],
+    seq_lens: Annotated[str, typer.Option("--seq-lens", help="Comma-separated context lengths (32k,64k,...).")],
+    cluster: Cluster = None,
+    routing: Annotated[str, typer.Option(help="balanced | worst | R/H, for both stacks.")] = "balanced",
+    dtype: Annotated[DtypeC, typer.Option(help="Activation dtype.")] = DtypeC.bf16,
+    csv: Annotated[Optional[str], typer.Option("--csv", help="Write the sweep as CSV.")] = None,
+    plot: Annotated[Optional[str], typer.Option("--plot", help="Write a PNG (needs the plot extra).")] = None,
+    progress: Annotated[bool, typer.Option(help="Show a progress bar.")] = True,
+    json_out: Json = False,
+) -> None:
+    """Per context length: best composed plan and best baseline, peak per live set, verdict, throughput."""
+    from planner import api
+    from planner.report.sweep_view import frame, render_sweep, write_csv, write_plot
+
+    lens = [parse_count(x, "--seq-lens") for x in seq_lens.split(",") if x.strip()]
+    if not lens:
+        raise InvalidPlan("--seq-lens", seq_lens, "must list at least one length", "write e.g. 32k,64k,128k")
+    prog, cb = _progress("sweeping", progress and not json_out)
+    try:
+        if prog:
+            prog.start()
+        rows = api.sweep(model=model, cluster=cluster, gpus=gpus, seq_lens=sorted(lens), routing=routing,
+                         dtype=_v(dtype), progress=cb)
+    finally:
+        if prog:
+            prog.stop()
+    if csv:
+        write_csv(rows, csv)
+    if plot:
+        write_plot(rows, plot, f"{model} on {gpus} GPUs: per-rank peak by live set")
+    if json_out:
+        _print_json(json.loads(frame(rows).to_json(orient="records")))
+    else:
+        render_sweep(rows, out)
+    raise typer.Exit(0)
+
+
+@app.command()
+def calibrate(
+    out_file: Annotated[Optional[str], typer.Option("--out", help="Profile to write [default: profiles/clusters/<gpu>.yaml measured copy].")] = None,
+    quick: Annotated[bool, typer.Option("--quick", help="Coarse grids; on a CPU-only machine a small CPU profile.")] = False,
+    progress: Annotated[bool, typer.Option(help="Show a progress bar.")] = True,
+) -> None:
+    """Measure this machine's curves and constants and write a cluster profile (needs the runtime extra)."""
+    import importlib.util
+
+    if importlib.util.find_spec("torch") is None:
+        raise InvalidPlan("planner calibrate", "torch", "is not installed (it needs the runtime extra)",
+                          "pip install 'moe-planner[runtime]'")
+    import calibration
+    path = out_file or "profiles/clusters/measured.yaml"
+    spec = calibration.run(path, quick=quick, progress=progress, command=" ".join(["planner", *sys.argv[2:]]))
+    err.print(f"wrote {path} ({spec.name}); merge it into a declared profile with python3 -m calibration.merge")
+
+
 @app.command()
 def models(json_out: Json = False) -> None:
     """List the shipped model profiles."""
@@ -224,10 +341,9 @@ def import_hf(config: Annotated[str, typer.Argument(help="Hugging Face config.js
     """Turn a Hugging Face config.json into a model profile."""
     from pathlib import Path
 
-    import yaml
-
     from planner.schema.hf_import import import_hf as _imp
-    from planner.schema.io import read_structured, write_yaml_atomic
+    from planner.schema.hf_import import profile_yaml
+    from planner.schema.io import read_structured, write_text_atomic
 
     data = read_structured(config)
     if not isinstance(data, dict):
@@ -236,12 +352,12 @@ def import_hf(config: Annotated[str, typer.Argument(help="Hugging Face config.js
     spec, warnings = _imp(data, name=name or stem)
     for w in warnings:
         err.print(f"[yellow]warning:[/] {w}")
-    doc = spec.model_dump(mode="json")
+    text = profile_yaml(spec)
     if output:
-        write_yaml_atomic(output, doc)
+        write_text_atomic(output, text)
         err.print(f"wrote {output}: {spec.param_counts()['total'] / 1e9:.2f}B parameters")
     else:
-        out.print(yaml.safe_dump(doc, sort_keys=False), end="", markup=False, highlight=False)
+        sys.stdout.write(text)
 
 
 def main(argv: list[str] | None = None) -> int:

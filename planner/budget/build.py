@@ -36,6 +36,7 @@ def make_context(model: ModelSpec, cluster: ClusterSpec, workload: Workload, pla
     overrides = dict(overrides or {})
     seq_len = overrides.pop("seq_len", workload.seq_len)
     seqs = overrides.pop("seqs_per_microbatch", workload.seqs_per_microbatch)
+    sco_pct = overrides.pop("sco_fraction_pct", None)
     tokens_seq = seq_len * seqs  # ints, or numpy arrays for the frontier scans
     common = dict(
         model=model, cluster=cluster, stack=plan.stack,
@@ -47,6 +48,7 @@ def make_context(model: ModelSpec, cluster: ClusterSpec, workload: Workload, pla
         world_size=plan.world_size, act_bytes=DTYPE_BYTES[plan.dtype],
         routing=kind, routing_hot_share=hot_share, routing_hot_experts=hot, routing_text=plan.routing,
         dispatch_bound=plan.dispatch_bound,
+        notes={"global_batch_tokens": workload.global_batch_tokens},
     )
     if plan.stack == "composed":
         k = plan.composed
@@ -70,12 +72,12 @@ def make_context(model: ModelSpec, cluster: ClusterSpec, workload: Workload, pla
         ep = fields["ep"]
         ctx = Ctx(**common, **fields, num_boundaries=model.num_layers,
                   tokens_per_rank=ceil_div(tokens_seq, fields["cp"]), dispatch="ep",
-                  vocab="vocab_parallel" if k.tp > 1 else "dense",
+                  vocab="vocab_parallel" if fields["tp"] > 1 else "dense",
                   optimizer="cpu_offload" if k.cpu_offload else "gpu",
                   checkpoint="none" if k.ac == "none" else "per_layer", expert_parallel=ep,
-                  vocab_parallel=k.tp, sco_host_bytes=0)
+                  vocab_parallel=fields["tp"], sco_host_bytes=0)
     _check_global_batch(workload, plan, ctx)
-    return _with_sco(ctx)
+    return _with_sco(ctx, sco_pct)
 
 
 def _check_global_batch(workload: Workload, plan: Plan, ctx: Ctx) -> None:
@@ -88,8 +90,9 @@ def _check_global_batch(workload: Workload, plan: Plan, ctx: Ctx) -> None:
                           f"use e.g. {per_step * max(1, workload.global_batch_tokens // per_step)}")
 
 
-def _with_sco(ctx: Ctx) -> Ctx:
-    """Fill the SCO host budget (default: what host RAM leaves, DESIGN §3.3) and ``n_off``."""
+def _with_sco(ctx: Ctx, pct=None) -> Ctx:
+    """Fill the SCO host budget (default: what host RAM leaves, DESIGN §3.3, or ``pct`` percent of
+    it for the search) and ``n_off``."""
     if ctx.stack != "composed" or ctx.checkpoint != "sco":
         return dataclasses.replace(ctx, sco_host_bytes=0, num_offloaded=0)
     from planner.budget.host import default_sco_budget
@@ -98,5 +101,7 @@ def _with_sco(ctx: Ctx) -> Ctx:
     budget = ctx.sco_host_bytes
     if budget is None:
         budget = default_sco_budget(ctx)
+        if pct is not None:
+            budget = budget * pct // 100
     n_off = num_offloaded(ctx.tokens_per_rank, ctx.hidden_size, ctx.act_bytes, ctx.num_boundaries, budget)
     return dataclasses.replace(ctx, sco_host_bytes=budget, num_offloaded=n_off)

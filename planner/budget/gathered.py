@@ -13,7 +13,7 @@ FSDP2 baseline (``reshard_after_forward=True``, prefetch 1, ``MixedPrecisionPoli
     layer params (bf16)        2·Θ_layer/tp      current + prefetched layer
     unsharded layer grads      Θ_layer/tp        bf16, backward
     fp32 reduce-scatter input  Θ_layer/tp        4 B, backward (reduce_dtype = fp32)
-    embedding / head units     V·H/tp            their own FSDP units
+    embedding / head units     V·H/tp            their own FSDP units (+ fp32 grad before RS)
 """
 
 from __future__ import annotations
@@ -52,6 +52,8 @@ def _fsdp2_terms(ctx: Ctx) -> list[Term]:
         Term("embedding grad (dense, fp32 reduce)", "gathered", VH_tp, 4, "V·H/tp",
              ("backward",), first_region_only=True, source=SOURCE),
         Term("head unit (bf16)", "gathered", VH_tp, b, "V·H/tp", ("head",), source=SOURCE),
+        Term("head grad, fp32 reduce-scatter input", "gathered", VH_tp, 4, "V·H/tp", ("head",),
+             source=SOURCE),
     ]
     return out
 

@@ -71,8 +71,12 @@ def evaluate(ctx: Ctx, *, phases: list[Phase] | None = None, critical: bool = Fa
     terms = all_terms(ctx)
     if phases is None:
         phases = critical_phases(ctx) if critical else full_phases(ctx)
-    rows = [np.stack(np.broadcast_arrays(*[t.bytes_in(p) for p in phases])) for t in terms]
-    tb = np.stack(np.broadcast_arrays(*rows)).astype(np.int64)
+    cells = [[np.asarray(t.bytes_in(p), dtype=np.int64) for p in phases] for t in terms]
+    cand = np.broadcast_shapes(*(c.shape for row in cells for c in row))
+    tb = np.empty((len(terms), len(phases), *cand), dtype=np.int64)
+    for i, row in enumerate(cells):
+        for j, c in enumerate(row):
+            tb[i, j] = c
     for t, row in zip(terms, tb):
         assert (row >= 0).all(), f"term {t.name!r} of {t.live_set} is negative"
     ev = Evaluation(ctx, terms, phases, tb)

@@ -21,7 +21,9 @@ def models_table(console: Console, as_json: bool = False) -> None:
                      "expert_ffn": m.expert_ffn, "vocab": m.vocab_size, "params": c["total"],
                      "active_params": m.active_params()})
     if as_json:
-        console.print_json(json.dumps(rows))
+        import sys
+
+        sys.stdout.write(json.dumps(rows, indent=1) + "\n")
         return
     t = Table(title="shipped model profiles")
     for col in ("name", "type", "L", "H", "attn", "E", "k", "I", "V", "params", "active"):

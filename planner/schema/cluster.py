@@ -120,6 +120,7 @@ class ClusterSpec(Frozen):
                 out.append(f"memory.{name}")
         if self.topology.topology_status == "assumed":
             out.append("topology")
+        out += [f"curves.{name}" for name, c in self.curves.named() if c.status == "assumed"]
         return out
 
 

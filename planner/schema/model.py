@@ -44,7 +44,7 @@ class ModelSpec(Frozen):
     """Where the numbers came from (a Hugging Face repo, a paper table) and stated assumptions."""
     model_type: str = "custom"
     """The family (Hugging Face ``model_type``) the spec was imported from."""
-    num_layers: int = Field(ge=1)
+    num_layers: int = Field(ge=1, le=65536)
     """``L``: decoder layers (MTP layers not included)."""
     hidden_size: int = Field(ge=1)
     """``H``: hidden width."""

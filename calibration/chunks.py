@@ -1,0 +1,81 @@
+"""PipelinedLLEP chunk-count curve: step time against the chunk count ``K`` (DESIGN §4).
+
+The operator lives in ``planner/runtime/pipelined_llep.py`` (issue 4), imported lazily here. The
+hook it must offer::
+
+    calibration_case(num_chunks: int, *, smoke: bool, device: torch.device)
+        -> tuple[Callable[[], None], dict[str, int]]
+
+returning a closure that runs one forward + backward of PipelinedLLEP at a fixed representative
+shape with ``K = num_chunks`` (on the current process group, or a single-rank emulation), and the
+shape it used (``tokens_per_rank, hidden_size, expert_ffn, num_experts, top_k, expert_parallel``).
+Until the module and the hook exist, the curve is skipped with a message saying which is missing.
+
+Measured ``K`` values: 1, 2, 3, 5, 10, 20 (1, 2 under ``--smoke``). Single-GPU runs have no
+communication to hide, so the curve is only as good as the process group it ran on; its note says
+which.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Callable
+
+import torch
+
+from planner.runtime.measure import time_rep
+from planner.timing.curves import ChunkCurve
+
+CHUNK_COUNTS = (1, 2, 3, 5, 10, 20)
+SMOKE_CHUNK_COUNTS = (1, 2)
+MODULE = "planner.runtime.pipelined_llep"
+HOOK = "calibration_case"
+
+
+class Skipped(Exception):
+    """The curve cannot be measured yet; the message says why."""
+
+
+def load_hook():
+    """The ``calibration_case`` hook of PipelinedLLEP.
+
+    Raises:
+        Skipped: the module is missing, fails to import, or has no hook.
+    """
+    try:
+        mod = importlib.import_module(MODULE)
+    except ModuleNotFoundError as err:
+        if err.name == MODULE:
+            raise Skipped(f"{MODULE} is not there yet (planner/runtime/pipelined_llep.py); "
+                          "chunk-count curve skipped") from None
+        raise Skipped(f"{MODULE} cannot be imported ({err}); chunk-count curve skipped") from None
+    except Exception as err:  # noqa: BLE001 - a half-written module must not stop calibration
+        raise Skipped(f"{MODULE} fails to import ({type(err).__name__}: {err}); chunk-count curve skipped") from None
+    hook = getattr(mod, HOOK, None)
+    if hook is None:
+        raise Skipped(f"{MODULE} has no {HOOK}(num_chunks, *, smoke, device) hook yet; chunk-count curve skipped")
+    return hook
+
+
+def chunk_curve(*, smoke: bool, device: torch.device, prov: dict, tick: Callable[[int], None],
+                min_time_s: float = 1e-3, iters: int = 3) -> ChunkCurve:
+    """Measure the chunk-count curve (raises ``Skipped`` when PipelinedLLEP is not available)."""
+    hook = load_hook()
+    ks = SMOKE_CHUNK_COUNTS if smoke else CHUNK_COUNTS
+    times, shape = [], {}
+    for k in ks:
+        fn, shape = hook(k, smoke=smoke, device=device)
+        times.append(time_rep(fn, min_time_s=min_time_s, iters=iters, device=device))
+        tick(1)
+    import torch.distributed as dist
+
+    world = dist.get_world_size() if dist.is_initialized() else 1
+    return ChunkCurve(num_chunks=list(ks), time_s=times, shape={k: int(v) for k, v in shape.items()},
+                      provenance=prov,
+                      note=f"PipelinedLLEP forward+backward on {world} rank(s)"
+                           + ("" if world > 1 else " (no communication to hide: single-rank emulation)"))
+
+
+def count(smoke: bool) -> int:
+    """Progress units of the chunk-count section."""
+    return len(SMOKE_CHUNK_COUNTS if smoke else CHUNK_COUNTS)

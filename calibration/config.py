@@ -1,0 +1,208 @@
+"""Measurement grids of each calibration mode.
+
+- ``FULL`` (GPU, default): the grids the planner's GEMMs need. Axes cover attention projections
+  (tokens × H-sized weights, MLA ranks 512/1536), weight gradients (``k`` = tokens up to 65,536),
+  expert grouped GEMMs from 16 to 16,384 tokens per expert, and vocabulary strips (``n`` up to
+  32,768 = V/P for V ≈ 200k, P ≥ 8). Budget ≤ 3 minutes on one H200.
+- ``QUICK`` (GPU, ``--quick``): a coarse subset, about a minute.
+- ``CPU`` (no GPU, ``--quick``): the small CPU profile CI uses: CPU GEMM rates and CPU AdamW.
+- ``SMOKE`` (``--smoke``): every section at tiny shapes on any device, to exercise the code paths.
+
+The fp32 GEMM grid (``gemm_fp32_*``, TF32 off: the rate of the fp32 vocabulary heads) covers
+``m`` 1k..16k, ``n`` 2k..32k, ``k`` 1k..16k; larger strips (``n = V/(P·B_v)`` up to 200k, ``m = N``
+or ``V_b`` rows, ``k = N`` or ``V_b`` in the backward) are timed by ``planner.timing.compute`` as
+blocks of the largest measured size (GEMMs are separable along every axis; the rate is saturated
+there). It costs ``≈ 5 calls · 2·Σm·Σn·Σk ≈ 4.3·10^14`` FLOPs, about 9 s at the H200's ~48 TFLOP/s fp32.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
+
+GPU_SECTIONS = ("constants", "gemm", "gemm_fp32", "grouped_gemm", "attention", "transfer", "gpu_adamw",
+                "cpu_adamw", "fragmentation", "host_copy", "chunk_count")
+"""Sections of a GPU calibration, in run order (constants first: before anything is cached)."""
+
+CPU_SECTIONS = ("gemm", "cpu_adamw", "host_copy")
+"""Sections of the CPU-only quick profile."""
+
+
+def thread_counts(cores: int, smoke: bool = False) -> tuple[int, ...]:
+    """Powers of two up to the host's cores, plus the core count itself."""
+    cores = max(1, cores)
+    out = {1, cores}
+    t = 2
+    while t < cores:
+        out.add(t)
+        t *= 2
+    if smoke:
+        out = {1, min(2, cores)}
+    return tuple(sorted(out))
+
+
+@dataclass(frozen=True)
+class Grid:
+    """Shapes and repetition settings of one calibration mode."""
+
+    name: str
+    sections: tuple[str, ...]
+    gemm_m: tuple[int, ...]
+    gemm_n: tuple[int, ...]
+    gemm_k: tuple[int, ...]
+    grouped_tokens: tuple[int, ...]
+    grouped_groups: tuple[int, ...]
+    grouped_nk: tuple[int, ...]
+    attn_seq: tuple[int, ...]
+    attn_heads: tuple[int, ...]
+    attn_head_dim: tuple[int, ...]
+    transfer_bytes: tuple[int, ...]
+    gpu_adamw_params: tuple[int, ...]
+    cpu_adamw_params: int
+    cpu_threads: tuple[int, ...]
+    pin_bytes: int
+    host_copy_bytes: int
+    frag_tokens: int
+    frag_hidden: int
+    frag_layers: int
+    min_time_s: float = 1e-3
+    """Each timed window lasts at least this long (repeated calls)."""
+    iters: int = 3
+    """Timed windows per point; the median is kept."""
+    extra: dict = field(default_factory=dict)
+    gemm_fp32_m: tuple[int, ...] = ()
+    """fp32 GEMM (TF32 off) ``m`` axis; empty: not measured (``calibration.compute.gemm_fp32_table``)."""
+    gemm_fp32_n: tuple[int, ...] = ()
+    gemm_fp32_k: tuple[int, ...] = ()
+
+
+FP32_M = (1024, 4096, 16384)
+FP32_N = (2048, 4096, 8192, 16384, 32768)
+FP32_K = (1024, 2048, 4096, 8192, 16384)
+"""The FULL fp32 GEMM grid (vocabulary strips; see the module docstring)."""
+
+_CORES = os.cpu_count() or 1
+
+FULL = Grid(
+    name="full",
+    sections=GPU_SECTIONS,
+    gemm_m=(64, 256, 1024, 2048, 4096, 8192, 16384, 32768, 65536),
+    gemm_n=(256, 512, 1024, 2048, 4096, 7168, 8192, 16384, 32768),
+    gemm_k=(256, 512, 1024, 2048, 4096, 7168, 8192, 16384, 32768, 65536),
+    grouped_tokens=(16, 64, 256, 1024, 4096, 16384),
+    grouped_groups=(1, 4, 16, 64),
+    grouped_nk=(512, 1024, 2048, 4096, 7168),
+    attn_seq=(1024, 2048, 4096, 8192, 16384, 32768, 65536),
+    attn_heads=(1, 4, 16, 64),
+    attn_head_dim=(64, 128, 192),
+    transfer_bytes=tuple(1 << e for e in range(16, 33, 2)),  # 64 KiB .. 4 GiB
+    gpu_adamw_params=tuple(1 << e for e in range(20, 29, 2)),  # 1M .. 256M
+    cpu_adamw_params=1 << 25,
+    cpu_threads=thread_counts(_CORES),
+    pin_bytes=1 * GiB,
+    host_copy_bytes=1 * GiB,
+    frag_tokens=16384,
+    frag_hidden=7168,
+    frag_layers=8,
+    gemm_fp32_m=FP32_M,
+    gemm_fp32_n=FP32_N,
+    gemm_fp32_k=FP32_K,
+)
+
+QUICK = Grid(
+    name="quick",
+    sections=GPU_SECTIONS,
+    gemm_m=(256, 2048, 16384),
+    gemm_n=(1024, 4096, 16384),
+    gemm_k=(1024, 4096, 16384),
+    grouped_tokens=(64, 1024, 8192),
+    grouped_groups=(4, 16),
+    grouped_nk=(2048, 7168),
+    attn_seq=(2048, 8192, 32768),
+    attn_heads=(4, 32),
+    attn_head_dim=(64, 128),
+    transfer_bytes=tuple(1 << e for e in range(18, 31, 4)),  # 256 KiB .. 1 GiB
+    gpu_adamw_params=(1 << 20, 1 << 24, 1 << 27),
+    cpu_adamw_params=1 << 24,
+    cpu_threads=thread_counts(_CORES),
+    pin_bytes=256 * MiB,
+    host_copy_bytes=256 * MiB,
+    frag_tokens=8192,
+    frag_hidden=4096,
+    frag_layers=4,
+    gemm_fp32_m=(1024, 16384),
+    gemm_fp32_n=(2048, 32768),
+    gemm_fp32_k=(1024, 16384),
+)
+
+CPU = Grid(
+    name="cpu-quick",
+    sections=CPU_SECTIONS,
+    gemm_m=(64, 256, 512),
+    gemm_n=(128, 512),
+    gemm_k=(128, 512),
+    grouped_tokens=(16,),
+    grouped_groups=(1,),
+    grouped_nk=(64,),
+    attn_seq=(128,),
+    attn_heads=(1,),
+    attn_head_dim=(64,),
+    transfer_bytes=(),
+    gpu_adamw_params=(),
+    cpu_adamw_params=1 << 21,
+    cpu_threads=thread_counts(_CORES),
+    pin_bytes=0,
+    host_copy_bytes=64 * MiB,
+    frag_tokens=0,
+    frag_hidden=0,
+    frag_layers=0,
+    min_time_s=5e-3,
+)
+
+SMOKE = Grid(
+    name="smoke",
+    sections=GPU_SECTIONS,
+    gemm_m=(16, 64),
+    gemm_n=(32, 64),
+    gemm_k=(32, 64),
+    grouped_tokens=(16, 32),
+    grouped_groups=(1, 2),
+    grouped_nk=(32, 64),
+    attn_seq=(64, 128),
+    attn_heads=(1, 2),
+    attn_head_dim=(16, 32),
+    transfer_bytes=(1 << 12, 1 << 16, 1 << 20),
+    gpu_adamw_params=(1 << 12, 1 << 16),
+    cpu_adamw_params=1 << 16,
+    cpu_threads=thread_counts(_CORES, smoke=True),
+    pin_bytes=1 * MiB,
+    host_copy_bytes=4 * MiB,
+    frag_tokens=64,
+    frag_hidden=32,
+    frag_layers=2,
+    min_time_s=2e-4,
+    iters=2,
+    gemm_fp32_m=(16, 64),
+    gemm_fp32_n=(32, 64),
+    gemm_fp32_k=(32, 64),
+)
+
+
+def choose(*, quick: bool, smoke: bool, cuda: bool) -> Grid:
+    """The grid for this run.
+
+    Raises:
+        InvalidPlan: a full calibration asked for on a machine without a CUDA device.
+    """
+    if smoke:
+        return SMOKE
+    if not cuda:
+        if not quick:
+            from planner.errors import InvalidPlan
+
+            raise InvalidPlan("--quick", False, "must be set on a machine without a CUDA device",
+                              "pass --quick for the small CPU profile, or run on a GPU")
+        return CPU
+    return QUICK if quick else FULL

@@ -1,0 +1,103 @@
+"""``calibration.merge``: fold measured curves and constants into a declared cluster profile.
+
+- The profile's **declared topology is kept as declared** (``gpu_name``, GPUs per node, host RAM
+  and cores, interconnect); only measurements move.
+- Curves: each curve present in the measured file replaces the profile's; collective curves merge
+  per collective and group size.
+- Memory constants: only those the measured file marks ``measured`` replace the profile's, so its
+  ``assumed`` values and notes survive. ``host_baseline_bytes_per_rank`` is never replaced by a
+  smaller measurement: calibration measures a bare process (a floor), while the profile's value
+  stands for a training process with its data loaders, and a smaller value would make host
+  verdicts optimistic. ``expandable_segments`` follows the measured file when it
+  measured ``fragmentation_fraction``.
+- The result is validated (every curve's device must equal ``topology.gpu_name``) and written
+  atomically; a failure leaves the profile untouched.
+
+The measured file is a whole profile (``python -m calibration``) or a fragment with
+``curves``/``memory`` only (``calibration.collectives``).
+
+Usage: ``python -m calibration.merge PROFILE MEASURED [MEASURED ...] [--out FILE]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from calibration.io import read_yaml, write_yaml_atomic
+from planner.errors import InvalidPlan, PlanError
+from planner.timing.curves import parse_cluster
+
+
+def merge_data(base: dict, measured: dict) -> dict:
+    """The merged profile mapping (not validated)."""
+    if "schema_version" in measured and measured["schema_version"] != base.get("schema_version", 1):
+        raise InvalidPlan("schema_version", measured["schema_version"],
+                          f"must equal the profile's ({base.get('schema_version', 1)})",
+                          "re-run the calibration with this build")
+    out = dict(base)
+    curves = dict(base.get("curves") or {})
+    for key, val in (measured.get("curves") or {}).items():
+        if val is None:
+            continue
+        if key == "collectives":
+            coll = {k: {int(g): c for g, c in (v or {}).items()} for k, v in (curves.get(key) or {}).items()}
+            for cname, per in val.items():
+                coll.setdefault(cname, {}).update({int(g): c for g, c in (per or {}).items()})
+            curves[key] = coll
+        else:
+            curves[key] = val
+    out["curves"] = curves
+    memory = dict(base.get("memory") or {})
+    new_mem = measured.get("memory") or {}
+    for key, val in new_mem.items():
+        if isinstance(val, dict) and val.get("status") == "measured":
+            old = memory.get(key)
+            if (key == "host_baseline_bytes_per_rank" and isinstance(old, dict)
+                    and float(old.get("value", 0)) > float(val.get("value", 0))):
+                continue
+            memory[key] = val
+    frag = new_mem.get("fragmentation_fraction")
+    if isinstance(frag, dict) and frag.get("status") == "measured" and "expandable_segments" in new_mem:
+        memory["expandable_segments"] = new_mem["expandable_segments"]
+    out["memory"] = memory
+    return out
+
+
+def merge(profile_path, measured_path, *, out_path=None):
+    """Merge ``measured_path`` into ``profile_path`` and write the result to ``out_path``
+    (default: ``profile_path``) atomically.
+
+    Returns:
+        The merged ``ClusterSpec``.
+    Raises:
+        InvalidPlan: unreadable files, a schema-version mismatch, or a merged profile that does not
+        validate (e.g. measured on another device than the declared ``gpu_name``).
+    """
+    spec = parse_cluster(merge_data(read_yaml(profile_path), read_yaml(measured_path)))
+    write_yaml_atomic(out_path or profile_path, spec.model_dump(mode="json"))
+    return spec
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m calibration.merge", description=__doc__.split("\n")[0])
+    ap.add_argument("profile", help="declared cluster profile (YAML)")
+    ap.add_argument("measured", nargs="+", help="measured profile(s) or fragment(s), applied in order")
+    ap.add_argument("--out", help="write here instead of over PROFILE")
+    args = ap.parse_args(argv)
+    try:
+        data = read_yaml(args.profile)
+        for m in args.measured:
+            data = merge_data(data, read_yaml(m))
+        spec = parse_cluster(data)
+        path = write_yaml_atomic(args.out or args.profile, spec.model_dump(mode="json"))
+    except PlanError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return err.exit_code
+    print(f"wrote {Path(path)}; assumed: {', '.join(spec.assumed_constants()) or 'none'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,165 @@
+"""Live set ``boundaries``: checkpoint boundaries and, without checkpointing, saved activations.
+
+Legend (DESIGN §1): ``L_b`` boundaries (``2L`` composed: attention and MLP/MoE regions; ``L`` for the
+FSDP2 per-layer baseline), ``N`` tokens per rank, ``H`` hidden width, ``b`` bytes per scalar,
+``n_off`` boundaries SCO offloads (``planner.plans.sco``: ``1..n_off``), ``r`` the region index of
+the phase. Boundary ``h_ℓ`` is region ``ℓ``'s input.
+
+Composed stack, ``checkpoint ∈ {per_layer, sco}`` (``n_off = 0`` for per_layer), counted off the
+tensor inventory of ``planner/runtime/sco.py`` and confirmed by ``tests/trace/test_offload_trace.py``:
+
+    retained boundaries      forward[r], backward[r]: max(0, r−1−n_off)·N·H     head: (L_b−n_off)·N·H
+    region input             forward[r], backward[r]: N·H   (h_r; retained, or restored under SCO)
+    region output            forward[r]: N·H                (h_{r+1} as the region writes it)
+    prefetched boundary      backward[r]: N·H if 2 ≤ r ≤ n_off+1 (h_{r−1} restoring while r recomputes)
+    boundary grad in/out     backward[r]: 2·N·H
+
+So backward[r] holds at most 2 restored boundaries (the region input and the prefetch). SCO frees an
+offloaded input's device copy when its region's forward ends (after the D2H event), so in-flight
+copies add nothing beyond the region input.
+
+Composed stack, ``checkpoint = none``: every region keeps its saved activations (Korthikanti et
+al. 2022, "Reducing Activation Recomputation in Large Transformer Models", §4.1, adapted: no
+dropout masks, FlashAttention keeps no ``S²`` scores but q, k, v, the output and its log-sum-exp,
+RMSNorm keeps its input and an fp32 ``rstd``, gated MLPs keep ``h1, h3, silu(h1), silu(h1)·h3``):
+
+    attention region   2H + n_h·d_qk + n_kv·(d_qk+d_v) + n_h·d_v   (b)   1 + n_h      (fp32)
+                       MLA adds its latents: 2·q_lora + 2·kv_lora and keys of n_h heads
+    dense MLP region   2H + 4·I_d                                 (b)   1            (fp32)
+    MoE region         2H + k·(2H + 4I) + 4·I_shared              (b)   1 + E + k    (fp32)
+                       (balanced routing: k routes per token arrive; router softmax E fp32)
+
+per token, summed over regions ``1..r`` (forward[r], backward[r]) or all (head); plus the region
+output in forward and the boundary grads in backward.
+
+FSDP2 baseline (one region per layer): ``ac = full`` is the same inventory with ``n_off = 0`` and
+boundaries of ``N·H·b/tp`` (sequence-parallel TP); ``ac = none`` keeps a layer's attention +
+MLP/MoE saved activations ``/tp`` (Korthikanti §4.2.2 sequence parallelism); ``ac = selective``
+(torch op-level SAC saving matmul outputs, SDPA outputs) keeps the layer input, the q/k/v and
+o-proj outputs, the SDPA output and lse, and the FFN/expert/router matmul outputs, ``/tp``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from planner.budget.context import Ctx
+from planner.budget.terms import ALL_STEP, FWD_BWD, Phase, Term
+from planner.units import ceil_div
+
+SOURCE = "DESIGN §3.1 table, §3.2 Boundaries; planner/runtime/sco.py inventory"
+SAVED_SOURCE = "Korthikanti et al. 2022 §4 per-layer activations, adapted (module docstring)"
+
+
+def _retained(r, n_off):
+    return np.maximum(0, r - 1 - np.asarray(n_off))
+
+
+def _checkpointed(ctx: Ctx, NH, L_b: int, n_off, sco: bool, provisional: bool) -> list[Term]:
+    def retained(ph: Phase):
+        return (L_b - np.asarray(n_off)) * NH if ph.kind == "head" else _retained(ph.region, n_off) * NH
+
+    def prefetched(ph: Phase):
+        r = ph.region
+        return np.where((r >= 2) & (r - 1 <= np.asarray(n_off)), NH, 0)
+
+    out = [
+        Term("retained boundaries", "boundaries", (L_b - np.asarray(n_off)) * NH, ctx.act_bytes,
+             "forward[r]/backward[r]: max(0, r−1−n_off)·N·H; head: (L_b−n_off)·N·H", ALL_STEP, at=retained,
+             provisional=provisional, source=SOURCE),
+        Term("region input (retained or restored)", "boundaries", NH, ctx.act_bytes, "N·H", FWD_BWD,
+             provisional=provisional, source=SOURCE),
+        Term("region output", "boundaries", NH, ctx.act_bytes, "N·H", ("forward",),
+             provisional=provisional, source=SOURCE),
+        Term("boundary grad in/out", "boundaries", 2 * NH, ctx.act_bytes, "2·N·H", ("backward",),
+             provisional=provisional, source=SOURCE),
+    ]
+    if sco:
+        out.insert(2, Term("prefetched boundary (SCO)", "boundaries", np.where(np.asarray(n_off) >= 1, NH, 0),
+                           ctx.act_bytes, "N·H if 2 ≤ r ≤ n_off+1", ("backward",), at=prefetched,
+                           provisional=provisional, source=SOURCE))
+    return out
+
+
+def saved_per_token(ctx: Ctx, kind: str, selective: bool = False) -> tuple[int, int]:
+    """Saved activations of one region of ``kind`` per token: (elements of ``b`` bytes, fp32 elements).
+
+    ``selective``: torch op-level SAC keeping matmul and SDPA outputs (FSDP2 baseline), else every
+    tensor autograd saves (no checkpointing).
+    """
+    m, H = ctx.model, ctx.hidden_size
+    nh, nkv, dqk, dv = m.num_heads, m.num_kv_heads, m.head_dim, m.v_dim
+    if kind == "attention":
+        if m.attention == "mla" and m.mla is not None:
+            a, nkv = m.mla, nh
+            lat = 2 * (a.q_lora_rank or 0) + 2 * a.kv_lora_rank
+            qkv = nh * dqk + nh * (dqk + dv)
+            if selective:
+                return qkv + nh * dv + H + (a.q_lora_rank or 0) + a.kv_lora_rank + a.qk_rope_head_dim, nh
+            return 2 * H + lat + qkv + nh * dv, 1 + nh + (1 if a.q_lora_rank else 0) + 1
+        qkv = nh * dqk + nkv * (dqk + dv)
+        if selective:
+            return qkv + nh * dv + H, nh
+        return 2 * H + qkv + nh * dv, 1 + nh
+    if kind == "dense_mlp":
+        I_d = ctx.dense_ffn
+        return (2 * I_d + H, 0) if selective else (2 * H + 4 * I_d, 1)
+    k, I, I_s = ctx.top_k, ctx.expert_ffn, m.shared_expert_ffn
+    if selective:
+        return ctx.num_experts + k * (2 * I + H) + (2 * I_s + H if I_s else 0), 0
+    return 2 * H + k * (2 * H + 4 * I) + 4 * I_s, 1 + ctx.num_experts + k
+
+
+def _saved(ctx: Ctx, N, kinds: tuple[tuple[str, ...], ...], selective: bool, formula: str) -> list[Term]:
+    """Cumulative saved activations over regions; ``kinds[r-1]`` = region r's sub-blocks."""
+    per = [[saved_per_token(ctx, k, selective) for k in ks] for ks in kinds]
+    cum_b = np.cumsum([sum(p[0] for p in ps) for ps in per]).tolist()
+    cum_f = np.cumsum([sum(p[1] for p in ps) for ps in per]).tolist()
+
+    def upto(cum):
+        def at(ph: Phase):
+            return (cum[-1] if ph.kind == "head" else cum[ph.region - 1]) * N
+        return at
+
+    return [
+        Term("saved activations", "boundaries", cum_b[-1] * N, ctx.act_bytes, formula + " (b-byte tensors)",
+             ALL_STEP, at=upto(cum_b), provisional=True, source=SAVED_SOURCE),
+        Term("saved activations (fp32: rstd, lse, router probs)", "boundaries", cum_f[-1] * N, 4,
+             formula + " (fp32 tensors)", ALL_STEP, at=upto(cum_f), provisional=True, source=SAVED_SOURCE),
+    ]
+
+
+def terms(ctx: Ctx) -> list[Term]:
+    """Boundary (and saved-activation) terms of one rank."""
+    H, N = ctx.hidden_size, ctx.tokens_per_rank
+    if ctx.stack == "fsdp2":
+        tp = ctx.tp
+        N_tp = ceil_div(N, tp)
+        NH = N_tp * H
+        if ctx.ac == "full":
+            return _checkpointed(ctx, NH, ctx.num_boundaries, 0, sco=False, provisional=True)
+        kinds = tuple(("attention", k) for k in ctx.regions)
+        selective = ctx.ac == "selective"
+        out = _saved(ctx, N_tp, kinds, selective,
+                     "Σ_{layers ≤ r} saved-per-token·N/tp" + (" (op-level SAC)" if selective else ""))
+        if selective:
+            out.insert(0, Term("layer inputs (SAC keeps the checkpoint input)", "boundaries",
+                               ctx.num_boundaries * NH, ctx.act_bytes, "r·N·H/tp (head: L·N·H/tp)", ALL_STEP,
+                               at=lambda ph: (ctx.num_boundaries if ph.kind == "head" else ph.region) * NH,
+                               provisional=True, source=SAVED_SOURCE))
+        return out + [
+            Term("layer output", "boundaries", NH, ctx.act_bytes, "N·H/tp", ("forward",), provisional=True,
+                 source=SOURCE),
+            Term("boundary grad in/out", "boundaries", 2 * NH, ctx.act_bytes, "2·N·H/tp", ("backward",),
+                 provisional=True, source=SOURCE),
+        ]
+    NH = N * H
+    if ctx.checkpoint in ("per_layer", "sco"):
+        n_off = ctx.num_offloaded if ctx.checkpoint == "sco" else 0
+        return _checkpointed(ctx, NH, ctx.num_boundaries, n_off, sco=ctx.checkpoint == "sco", provisional=False)
+    kinds = tuple((k,) for k in ctx.regions)
+    return _saved(ctx, N, kinds, False, "Σ_{regions ≤ r} saved-per-token·N") + [
+        Term("region output", "boundaries", NH, ctx.act_bytes, "N·H", ("forward",), source=SOURCE),
+        Term("boundary grad in/out", "boundaries", 2 * NH, ctx.act_bytes, "2·N·H", ("backward",),
+             source=SOURCE),
+    ]

@@ -1,0 +1,88 @@
+"""``planner sweep`` output: a rich table, a CSV (pandas) and a PNG (matplotlib, optional extra)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from planner.budget.terms import LIVE_SETS
+from planner.units import GiB, fmt_count, gib
+
+
+def frame(rows):
+    """The sweep as a pandas DataFrame, one row per (seq_len, stack), bytes in GiB columns."""
+    import pandas as pd
+
+    recs = []
+    for r in rows:
+        rec = {"seq_len": r.seq_len, "stack": r.stack, "fits": r.fits, "peak_gib": r.peak_bytes / GiB,
+               "capacity_gib": r.capacity_bytes / GiB, "binding_live_set": r.binding_live_set,
+               "tokens_per_s_per_gpu": r.tokens_per_s_per_gpu}
+        rec.update({f"{ls}_gib": r.live_set_max_bytes[ls] / GiB for ls in LIVE_SETS})
+        recs.append(rec)
+    return pd.DataFrame.from_records(recs)
+
+
+def render_sweep(rows, console: Console) -> None:
+    t = Table(title="sweep: best composed plan vs best FSDP2 baseline")
+    for col in ("S", "stack", "verdict", "peak GiB", "binding live set", "tok/s/GPU"):
+        t.add_column(col, justify="right" if col in ("S", "peak GiB", "tok/s/GPU") else "left")
+    for r in rows:
+        t.add_row(fmt_count(r.seq_len), "composed" if r.stack == "composed" else "FSDP2",
+                  "[green]fits[/]" if r.fits else "[red]no fit[/]", f"{gib(r.peak_bytes):.1f}", r.binding_live_set,
+                  f"{r.tokens_per_s_per_gpu:,.0f}" if r.tokens_per_s_per_gpu else "·")
+    console.print(t)
+
+
+def write_csv(rows, path: str) -> None:
+    from planner.schema.io import write_text_atomic
+
+    write_text_atomic(path, frame(rows).to_csv(index=False))
+
+
+def write_plot(rows, path: str, title: str) -> None:
+    """Peak memory per live set against context for both stacks, the HBM line and each stack's reach.
+
+    Raises:
+        InvalidPlan: matplotlib is not installed (``pip install 'moe-planner[plot]'``).
+    """
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        from planner.errors import InvalidPlan
+
+        raise InvalidPlan("--plot", path, "needs matplotlib", "pip install 'moe-planner[plot]'") from None
+    df = frame(rows)
+    fig, axes = plt.subplots(1, 2, figsize=(13, 5), sharey=True)
+    for ax, stack, name in ((axes[0], "composed", "composed stack"), (axes[1], "fsdp2", "FSDP2-best")):
+        d = df[df.stack == stack].sort_values("seq_len")
+        x = d.seq_len.to_numpy()
+        for ls in LIVE_SETS:
+            y = d[f"{ls}_gib"].to_numpy()
+            if y.max() > 0.01:
+                ax.plot(x, y, marker=".", label=ls)
+        ax.plot(x, d.peak_gib, color="black", linewidth=2.5, label="peak (max over phases)")
+        ax.axhline(d.capacity_gib.iloc[0], color="red", linestyle="--", label="usable HBM")
+        fit = d[d.fits]
+        if len(fit):
+            reach = int(fit.seq_len.max())
+            ax.axvline(reach, color="green", linestyle=":", label=f"reach {fmt_count(reach)}")
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("context length S (tokens)")
+        ax.set_title(name)
+        ax.grid(True, which="both", alpha=0.3)
+    axes[0].set_ylabel("per-rank GiB")
+    axes[1].legend(fontsize=8, loc="upper left")
+    fig.suptitle(title)
+    fig.tight_layout()
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(path).with_suffix(".tmp.png")
+    fig.savefig(tmp, dpi=120)
+    tmp.replace(path)
+    plt.close(fig)

@@ -1,0 +1,266 @@
+"""Selective checkpoint offload (SCO) around checkpointed decoder regions (DESIGN §3.2, §7).
+
+Legend:
+    h_NH      boundary ``ℓ``: the input of checkpointed region ``ℓ`` (``N`` tokens × ``H``), device
+    slot_NH   its pinned host slot, ``roundup(N·H·b, 4 KiB)`` bytes of one ``PinnedBuffer``
+    L_b       boundaries (two regions per decoder layer: attention, then MLP/MoE; ``L_b = 2L``)
+    n_off     boundaries offloaded: ``1..n_off`` (``planner.plans.sco``; greedy in forward order)
+
+Each region runs under plain non-reentrant ``torch.utils.checkpoint`` (the baseline). SCO wraps
+that call in ``torch.autograd.graph.saved_tensors_hooks``: the checkpoint saves its inputs as saved
+tensors before it enters its own hooks, so the outer pack hook receives the boundary, and the
+recomputation unpacks it. Interior tensors never reach these hooks (the checkpoint's own hooks
+sit on top of the stack), so a nested reentrant checkpoint inside the region (PipelinedLLEP) is
+untouched.
+
+Forward of region ``ℓ`` when ``ℓ ≤ n_off``:
+    1. record event E_h on the compute stream (h_ℓ produced); the copy stream waits E_h;
+    2. copy stream: ``slot_ℓ ← h_ℓ`` (D2H, non-blocking), event E_d2h;
+    3. after the region's forward is enqueued, the compute stream waits E_d2h and SCO drops its
+       reference: the device copy is freed once the caller drops ``h_ℓ`` (at the latest, one
+       region after it was produced), and no compute kernel can reuse its memory before the copy.
+Backward, when region ``ℓ`` recomputes (the checkpoint unpacks its input):
+    1. ``h_ℓ``: the prefetched buffer (or an on-demand restore); the compute stream waits its
+       H2D event before any use;
+    2. prefetch ``h_{ℓ-1}`` if offloaded: allocate on the compute stream, record E_alloc, the copy
+       stream waits E_alloc (earlier users of that memory), H2D, record E_h2d.
+    So at most 2 restored boundaries are on the device: the one recomputing and the one prefetched.
+The D2H of step t+1 and the H2D of step t use one copy stream, so a slot is never overwritten
+while it is read. On the CPU and in trace mode (``planner.runtime.shim``) copies run in order.
+
+Collectives: none. Bytes moved per step: ``n_off·N·H·b`` D2H in forward and as much H2D in
+backward. Live device buffers: retained boundaries ``h_{n_off+1}..``, the region's input and output,
+≤ 2 restored boundaries, the boundary gradients (``planner/budget/boundaries.py``). Host: one
+pinned pool of ``n_off·roundup(N·H·b, 4 KiB)`` bytes, pinned once in ``__init__``.
+
+Only ``loss.backward()`` is supported (``torch.autograd.grad`` is unsupported under reentrant
+checkpointing, DESIGN §7), one forward and its backward at a time (a second forward before the
+backward would overwrite the host slots); each rank builds its own ``SCO`` from the same plan.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+import torch.utils.checkpoint as tuc
+
+from planner.plans.sco import offloaded_indices, pinned_bytes_per_boundary
+from planner.runtime import shim
+from planner.runtime.pinned import PinnedBuffer
+
+RACE_SLEEP_CYCLES = {"copy": 0, "compute": 0}
+"""Cycles of ``torch.cuda._sleep`` injected before each copy and on the compute stream (race tests)."""
+
+
+def set_race_sleep(copy: int = 0, compute: int = 0) -> None:
+    """Inject ``torch.cuda._sleep`` on the copy and compute streams (0 turns it off)."""
+    RACE_SLEEP_CYCLES.update(copy=int(copy), compute=int(compute))
+
+
+def _sleep(kind: str, stream, device) -> None:
+    cycles = RACE_SLEEP_CYCLES[kind]
+    if cycles and shim.use_streams(device):
+        with shim.on_stream(stream):
+            torch.cuda._sleep(cycles)
+
+
+def checkpoint_region(fn: Callable, h: torch.Tensor, *args, **kwargs):
+    """The baseline: plain non-reentrant per-region ``torch.utils.checkpoint``."""
+    return tuc.checkpoint(fn, h, *args, use_reentrant=False, **kwargs)
+
+
+@dataclass
+class _Kept:
+    """A retained boundary, as the checkpoint saved it."""
+
+    index: int
+    tensor: torch.Tensor
+
+
+@dataclass
+class _Offloaded:
+    """An offloaded boundary: only its index is saved."""
+
+    index: int
+
+
+@dataclass
+class SCOStats:
+    """Counters of one SCO instance (cumulative over steps)."""
+
+    offloads: int = 0
+    restores: int = 0
+    prefetch_hits: int = 0
+    """Restores that were already issued (prefetched) when the recompute asked for them."""
+    log: list = field(default_factory=list)
+    """``("d2h"|"h2d"|"use", index)`` in host program order (kept when ``SCO.keep_log``)."""
+
+
+class SCO:
+    """Selective checkpoint offload for ``num_boundaries`` checkpointed regions.
+
+    Args:
+        num_boundaries: ``L_b``.
+        boundary_shape: shape of every boundary (``(N, H)`` or ``(batch, seq, H)``).
+        dtype: boundary dtype (``b`` bytes per scalar).
+        device: device of the boundaries.
+        host_budget_bytes: SCO budget per rank, physical pinned bytes.
+        register: pin the pool with ``cudaHostRegister`` (default: when CUDA is available).
+
+    Raises:
+        InvalidPlan: a negative budget or an empty boundary.
+    """
+
+    def __init__(self, *, num_boundaries: int, boundary_shape: tuple[int, ...], dtype: torch.dtype,
+                 device: torch.device | str, host_budget_bytes: int, register: bool | None = None,
+                 keep_log: bool = False) -> None:
+        self.num_boundaries = int(num_boundaries)
+        self.shape = tuple(int(s) for s in boundary_shape)
+        self.dtype = dtype
+        self.device = torch.device(device)
+        numel = math.prod(self.shape)
+        nbytes = numel * dtype.itemsize
+        self.numel = numel
+        self.offloaded = offloaded_indices(self.num_boundaries, nbytes, host_budget_bytes)
+        self.slot_bytes = int(pinned_bytes_per_boundary(numel, 1, nbytes // numel))
+        self._slot_of = {ell: k for k, ell in enumerate(self.offloaded)}
+        self.pool = PinnedBuffer(len(self.offloaded) * self.slot_bytes, register=register)
+        self.copy_stream = shim.side_stream(self.device)
+        self._pending: tuple[torch.Tensor, object] | None = None
+        self._restored: dict[int, tuple[torch.Tensor, object]] = {}
+        self.stats = SCOStats()
+        self.keep_log = keep_log
+
+    # -- sizes ----------------------------------------------------------------------------------
+    @property
+    def num_offloaded(self) -> int:
+        """``n_off``."""
+        return len(self.offloaded)
+
+    @property
+    def pinned_bytes(self) -> int:
+        """Physical pinned host bytes: ``n_off · roundup(N·H·b, 4 KiB)``."""
+        return self.pool.nbytes
+
+    def slot(self, index: int) -> torch.Tensor:
+        """The pinned host slot of offloaded boundary ``index`` (1-based), shaped like a boundary."""
+        k = self._slot_of[index]
+        return self.pool.view(k * self.slot_bytes, self.numel, self.dtype).view(self.shape)
+
+    # -- the region wrapper ---------------------------------------------------------------------
+    def region(self, index: int, fn: Callable, h: torch.Tensor, *args,
+               checkpoint_fn: Callable = checkpoint_region, **kwargs):
+        """Run checkpointed region ``index`` (1-based) on boundary ``h``: ``checkpoint_fn(fn, h, *args)``.
+
+        ``checkpoint_fn`` must save its inputs as saved tensors (non-reentrant
+        ``torch.utils.checkpoint`` does); ``fn`` may nest a reentrant checkpoint.
+
+        Raises:
+            ValueError: ``index`` outside ``1..L_b`` or an offloaded ``h`` of the wrong shape,
+                dtype or layout.
+        """
+        if not 1 <= index <= self.num_boundaries:
+            raise ValueError(f"region index ({index}) must be in 1..{self.num_boundaries}")
+        if index == 1:
+            self._drain()
+        if index in self._slot_of and (tuple(h.shape) != self.shape or h.dtype != self.dtype
+                                       or not h.is_contiguous()):
+            raise ValueError(f"boundary {index} ({tuple(h.shape)}, {h.dtype}) must be a contiguous "
+                             f"{self.shape} {self.dtype} tensor to be offloaded")
+        _sleep("compute", None, self.device)
+        # The saved tensor keeps these hooks until backward: the pack hook must not keep ``h``
+        # alive through its closure, so it reads it from a cell cleared after the first pack.
+        target = [h]
+
+        def pack(t: torch.Tensor):
+            if target[0] is None or t is not target[0]:
+                return t
+            target[0] = None
+            if index not in self._slot_of:
+                return _Kept(index, t)
+            self._offload(index, t)
+            return _Offloaded(index)
+
+        def unpack(p):
+            if isinstance(p, _Kept):
+                self._prefetch(p.index - 1)
+                return p.tensor
+            if isinstance(p, _Offloaded):
+                return self._restore(p.index)
+            return p
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, unpack):
+            out = checkpoint_fn(fn, h, *args, **kwargs)
+        target[0] = None
+        self._finish_offload()
+        return out
+
+    # -- forward: offload -----------------------------------------------------------------------
+    def _offload(self, index: int, h: torch.Tensor) -> None:
+        produced = shim.record(None, self.device)
+        slot = self.slot(index)
+        with shim.on_stream(self.copy_stream):
+            shim.wait(produced, self.copy_stream)
+            _sleep("copy", self.copy_stream, self.device)
+            slot.copy_(h, non_blocking=True)
+            done = shim.record(self.copy_stream, self.device)
+        assert self._pending is None, "one offload in flight at a time"
+        self._pending = (h, done)
+        self.stats.offloads += 1
+        if self.keep_log:
+            self.stats.log.append(("d2h", index))
+
+    def _finish_offload(self) -> None:
+        """The compute stream waits for the last D2H; then SCO drops its device reference."""
+        if self._pending is not None:
+            shim.wait(self._pending[1])
+            self._pending = None
+
+    # -- backward: restore and prefetch ---------------------------------------------------------
+    def _issue_restore(self, index: int) -> None:
+        buf = torch.empty(self.shape, dtype=self.dtype, device=self.device)
+        _sleep("compute", None, self.device)
+        allocated = shim.record(None, self.device)
+        with shim.on_stream(self.copy_stream):
+            shim.wait(allocated, self.copy_stream)
+            _sleep("copy", self.copy_stream, self.device)
+            buf.copy_(self.slot(index), non_blocking=True)
+            done = shim.record(self.copy_stream, self.device)
+        self._restored[index] = (buf, done)
+        self.stats.restores += 1
+        if self.keep_log:
+            self.stats.log.append(("h2d", index))
+
+    def _prefetch(self, index: int) -> None:
+        if index in self._slot_of and index not in self._restored:
+            self._issue_restore(index)
+            assert len(self._restored) <= 1, "SCO holds at most one prefetched boundary"
+
+    def _restore(self, index: int) -> torch.Tensor:
+        if index in self._restored:
+            self.stats.prefetch_hits += 1
+        else:
+            self._issue_restore(index)
+        buf, done = self._restored.pop(index)
+        shim.wait(done)
+        if self.keep_log:
+            self.stats.log.append(("use", index))
+        self._prefetch(index - 1)
+        return buf
+
+    def _drain(self) -> None:
+        """Before a new forward: consume stale prefetches (a backward that did not reach them)."""
+        self._finish_offload()
+        for buf, done in self._restored.values():
+            shim.wait(done)
+        self._restored.clear()
+
+    def close(self) -> None:
+        """Wait for the copy stream and unpin the pool."""
+        if self.copy_stream is not None:
+            self.copy_stream.synchronize()
+        self._drain()
+        self.pool.release()

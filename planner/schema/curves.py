@@ -1,0 +1,317 @@
+"""Schema of the measured time-model curves stored under ``ClusterSpec.curves`` (DESIGN §4, §6).
+
+Two kinds of curve:
+
+- **Latency-bandwidth curves** (``BandwidthCurve``, ``ParamRateCurve``): measured points
+  ``(x_i, t_i)`` and the fit ``t = latency_s + x / rate`` (``planner.timing.curves`` fits it by
+  non-negative least squares). The measured times must not decrease with ``x`` beyond
+  ``MONOTONE_NOISE_FRACTION``.
+- **Rate tables** (``RateTable``): achieved FLOP/s on a regular grid of shapes, read by multilinear
+  interpolation in log2 of every axis. They are not monotone (wave quantisation), so no monotonicity
+  is imposed.
+
+Every curve has a ``status`` and, when ``measured``, a ``provenance``; ``check_devices`` rejects a
+curve measured on another device than the topology's ``gpu_name``. Lookups live in
+``planner.timing.curves``; they raise ``ProfileGap`` outside the measured range.
+
+The schema is torch-free and lives in ``planner/schema`` so that ``ClusterSpec`` can type its
+``curves`` field without the schema importing ``planner.timing``.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from planner.schema.base import Frozen
+from planner.schema.cluster import Provenance
+
+MONOTONE_NOISE_FRACTION = 0.05
+"""A latency-bandwidth curve is rejected when a measured time is more than 5% below the time
+measured at a smaller size (``t[i+1] < (1 - 0.05) · max(t[:i+1])``): transfers never get faster
+by moving more bytes, and medians of repeated runs are steadier than 5%."""
+
+TABLE_AXES = {
+    "gemm": ("m", "n", "k"),
+    "gemm_fp32": ("m", "n", "k"),
+    "grouped_gemm": ("tokens_per_group", "groups", "n", "k"),
+    "attention_fwd": ("seq_len", "heads", "head_dim"),
+    "attention_bwd": ("seq_len", "heads", "head_dim"),
+}
+"""Axis names each rate table of ``Curves`` must carry, in order."""
+
+COLLECTIVES = ("all_to_all", "all_gather", "reduce_scatter", "p2p_ring")
+"""Collectives measured under ``torchrun`` (``calibration.collectives``)."""
+
+
+class Curve(Frozen):
+    """Common fields of every curve: status, provenance and a note."""
+
+    status: Literal["measured", "assumed"] = "measured"
+    """``measured`` (with provenance) or ``assumed`` until it is."""
+    provenance: Provenance | None = None
+    """How it was measured; required when ``status == "measured"``."""
+    note: str = ""
+    """What was measured and how (backend, dtype, layout)."""
+
+    @model_validator(mode="after")
+    def _needs_provenance(self):
+        if self.status == "measured" and self.provenance is None:
+            raise ValueError("a measured curve must carry provenance (device, versions, date, command)")
+        return self
+
+
+def _check_points(x: list, t: list, x_name: str) -> None:
+    if len(x) != len(t):
+        raise ValueError(f"{x_name} has {len(x)} points but time_s has {len(t)}")
+    if len(x) < 2:
+        raise ValueError(f"{x_name} must hold at least 2 points for a latency-bandwidth fit")
+    if any(b <= a for a, b in zip(x, x[1:])):
+        raise ValueError(f"{x_name} must be strictly increasing")
+    if any(not (v > 0 and math.isfinite(v)) for v in t):
+        raise ValueError("time_s must be finite and > 0")
+    worst = t[0]
+    for xi, ti in zip(x[1:], t[1:]):
+        if ti < (1.0 - MONOTONE_NOISE_FRACTION) * worst:
+            raise ValueError(
+                f"time_s must not decrease with {x_name} beyond {MONOTONE_NOISE_FRACTION:.0%} noise "
+                f"({ti:.4g} s at {xi} is below {worst:.4g} s measured at a smaller size)")
+        worst = max(worst, ti)
+
+
+class BandwidthCurve(Curve):
+    """Time to move ``size_bytes`` (a copy or a collective): ``t = latency_s + size / bytes_per_s``.
+
+    ``size_bytes`` is per rank, in the convention the owning field states (``Curves``,
+    ``CollectiveCurves``).
+    """
+
+    size_bytes: list[int]
+    """Measured message sizes, bytes, strictly increasing."""
+    time_s: list[float]
+    """Median time at each size, seconds."""
+    latency_s: float = Field(ge=0)
+    """Fitted latency α, seconds (≥ 0)."""
+    bytes_per_s: float = Field(gt=0)
+    """Fitted bandwidth β, bytes/s (> 0)."""
+    max_rel_residual: float = Field(ge=0)
+    """Largest |fit − measured| / measured over the points."""
+    group_size: int = Field(default=1, ge=1)
+    """Ranks in the group (1 for host-device copies)."""
+
+    @model_validator(mode="after")
+    def _points(self):
+        _check_points(self.size_bytes, self.time_s, "size_bytes")
+        return self
+
+
+class ParamRateCurve(Curve):
+    """Time of an optimizer step over ``num_params`` parameters: ``t = latency_s + n / params_per_s``."""
+
+    num_params: list[int]
+    """Measured parameter counts, strictly increasing."""
+    time_s: list[float]
+    """Median step time at each count, seconds."""
+    latency_s: float = Field(ge=0)
+    """Fitted fixed cost per step, seconds."""
+    params_per_s: float = Field(gt=0)
+    """Fitted throughput, parameters/s."""
+    max_rel_residual: float = Field(ge=0)
+    """Largest |fit − measured| / measured over the points."""
+
+    @model_validator(mode="after")
+    def _points(self):
+        _check_points(self.num_params, self.time_s, "num_params")
+        return self
+
+
+def _grid_shape(values) -> list[int]:
+    shape = []
+    while isinstance(values, list):
+        shape.append(len(values))
+        values = values[0] if values else None
+    return shape
+
+
+def _flatten(values) -> list:
+    if isinstance(values, list):
+        return [v for sub in values for v in _flatten(sub)]
+    return [values]
+
+
+class RateTable(Curve):
+    """Achieved FLOP/s on a regular grid of shapes (``flops_per_s[i0][i1]...`` over ``axes``).
+
+    FLOP conventions (``planner.timing.curves``): GEMM ``2·m·n·k``; grouped GEMM
+    ``2·tokens_per_group·groups·n·k``; causal attention forward ``2·S²·h·d`` and backward
+    ``5·S²·h·d`` (DESIGN §4: causal FLOPs grow with ``S²/2``).
+    """
+
+    axis_names: list[str]
+    """Name of each axis, e.g. ``[m, n, k]``."""
+    axes: list[list[int]]
+    """Grid points of each axis, strictly increasing, all > 0."""
+    flops_per_s: list
+    """Nested lists of achieved FLOP/s, one level per axis."""
+    dtype: Literal["bf16", "fp16", "fp32"] = "bf16"
+    """Operand dtype."""
+    backend: str = ""
+    """Kernel path, e.g. ``torch.mm``, ``torch._grouped_mm``, ``SDPA flash``."""
+
+    @model_validator(mode="after")
+    def _grid(self):
+        if len(self.axis_names) != len(self.axes):
+            raise ValueError(f"axis_names has {len(self.axis_names)} names but axes has {len(self.axes)}")
+        for name, pts in zip(self.axis_names, self.axes):
+            if not pts or any(p <= 0 for p in pts) or any(b <= a for a, b in zip(pts, pts[1:])):
+                raise ValueError(f"axis {name} must be non-empty, > 0 and strictly increasing")
+        want = [len(p) for p in self.axes]
+        got = _grid_shape(self.flops_per_s)
+        flat = _flatten(self.flops_per_s)
+        if got != want or len(flat) != math.prod(want):
+            raise ValueError(f"flops_per_s must be a full grid of shape {want} (got {got})")
+        if any(not isinstance(v, (int, float)) or not (v > 0 and math.isfinite(v)) for v in flat):
+            raise ValueError("flops_per_s must be finite and > 0 everywhere")
+        return self
+
+
+class CpuAdamWTable(Curve):
+    """Host AdamW (torch fused CPU AdamW, fp32) seconds per parameter by thread count."""
+
+    threads: list[int]
+    """Thread counts measured (``torch.set_num_threads``), strictly increasing."""
+    s_per_param: list[float]
+    """Median seconds per parameter per step at each thread count."""
+    num_params: int = Field(gt=0)
+    """Parameters in the measured optimizer (its state far exceeds the last-level cache)."""
+
+    @model_validator(mode="after")
+    def _points(self):
+        if len(self.threads) != len(self.s_per_param) or not self.threads:
+            raise ValueError("threads and s_per_param must be non-empty and of equal length")
+        if any(b <= a for a, b in zip(self.threads, self.threads[1:])) or self.threads[0] < 1:
+            raise ValueError("threads must be ≥ 1 and strictly increasing")
+        if any(not (v > 0 and math.isfinite(v)) for v in self.s_per_param):
+            raise ValueError("s_per_param must be finite and > 0")
+        return self
+
+
+class ChunkCurve(Curve):
+    """PipelinedLLEP step time against the chunk count ``K`` at one measured shape."""
+
+    num_chunks: list[int]
+    """Chunk counts ``K`` measured, strictly increasing."""
+    time_s: list[float]
+    """Median forward+backward time at each ``K``, seconds."""
+    shape: dict[str, int] = Field(default_factory=dict)
+    """The measured shape (tokens_per_rank, hidden_size, expert_ffn, num_experts, top_k,
+    expert_parallel)."""
+
+    @model_validator(mode="after")
+    def _points(self):
+        if len(self.num_chunks) != len(self.time_s) or not self.num_chunks:
+            raise ValueError("num_chunks and time_s must be non-empty and of equal length")
+        if any(b <= a for a, b in zip(self.num_chunks, self.num_chunks[1:])) or self.num_chunks[0] < 1:
+            raise ValueError("num_chunks must be ≥ 1 and strictly increasing")
+        if any(not (v > 0 and math.isfinite(v)) for v in self.time_s):
+            raise ValueError("time_s must be finite and > 0")
+        return self
+
+
+class CollectiveCurves(Frozen):
+    """NCCL collective curves by group size (the dict key). ``size_bytes`` conventions:
+
+    - ``all_to_all``: bytes each rank sends (its whole input buffer, its own share included);
+    - ``all_gather``: bytes of the gathered output on each rank (group size × shard);
+    - ``reduce_scatter``: bytes of the input on each rank (group size × shard);
+    - ``p2p_ring``: bytes each rank sends to its next neighbour while receiving as many from its
+      previous one (one ring hop, ``batch_isend_irecv``).
+    """
+
+    all_to_all: dict[int, BandwidthCurve] = Field(default_factory=dict)
+    """``all_to_all_single`` with even splits."""
+    all_gather: dict[int, BandwidthCurve] = Field(default_factory=dict)
+    """All-gather into one tensor."""
+    reduce_scatter: dict[int, BandwidthCurve] = Field(default_factory=dict)
+    """Sum reduce-scatter from one tensor (bf16)."""
+    p2p_ring: dict[int, BandwidthCurve] = Field(default_factory=dict)
+    """One simultaneous send to the next rank and receive from the previous rank."""
+
+    @model_validator(mode="after")
+    def _keys(self):
+        for name in COLLECTIVES:
+            for g, curve in getattr(self, name).items():
+                if g < 2 or curve.group_size != g:
+                    raise ValueError(f"{name}[{g}] must be keyed by its group_size ({curve.group_size}) ≥ 2")
+        return self
+
+
+class Curves(Frozen):
+    """All time-model curves of a cluster profile; ``None`` means not measured (a ``ProfileGap``
+    when the time model needs it)."""
+
+    gemm: RateTable | None = None
+    """Dense GEMM ``C[m,n] = A[m,k] @ B[k,n]``, axes ``m, n, k`` (bf16 on a GPU; fp32 in the CPU
+    profile, whose ``dtype`` says so)."""
+    gemm_fp32: RateTable | None = None
+    """Dense fp32 GEMM with TF32 off (``torch.backends.cuda.matmul.allow_tf32 = False``), axes
+    ``m, n, k``: the rate of the fp32 vocabulary heads (``calibration.compute.gemm_fp32_table``)."""
+    grouped_gemm: RateTable | None = None
+    """Grouped expert GEMM, axes ``tokens_per_group, groups, n, k``."""
+    attention_fwd: RateTable | None = None
+    """Causal SDPA flash forward, axes ``seq_len, heads, head_dim`` (batch 1, heads = kv heads)."""
+    attention_bwd: RateTable | None = None
+    """Causal SDPA flash backward (dq, dk, dv), same axes."""
+    h2d: BandwidthCurve | None = None
+    """Pinned host-to-device copy, bytes per copy."""
+    d2h: BandwidthCurve | None = None
+    """Device-to-pinned-host copy, bytes per copy."""
+    bidir: BandwidthCurve | None = None
+    """H2D and D2H at once on two streams; ``size_bytes`` moved each way, time until both end."""
+    gpu_adamw: ParamRateCurve | None = None
+    """``torch.optim.AdamW(fused=True)`` on fp32 device parameters."""
+    cpu_adamw: CpuAdamWTable | None = None
+    """``torch.optim.AdamW(fused=True)`` on fp32 host parameters, by thread count."""
+    collectives: CollectiveCurves = Field(default_factory=CollectiveCurves)
+    """NCCL collectives by group size (``torchrun``, W > 1)."""
+    chunk_count: ChunkCurve | None = None
+    """PipelinedLLEP time against chunk count (``calibration.chunks``)."""
+
+    @model_validator(mode="after")
+    def _axes(self):
+        for name, want in TABLE_AXES.items():
+            table = getattr(self, name)
+            if table is not None and tuple(table.axis_names) != want:
+                raise ValueError(f"{name}.axis_names must be {list(want)} (got {table.axis_names})")
+        if self.gemm_fp32 is not None and self.gemm_fp32.dtype != "fp32":
+            raise ValueError(f"gemm_fp32.dtype must be fp32 (got {self.gemm_fp32.dtype})")
+        return self
+
+    def named(self) -> list[tuple[str, Curve]]:
+        """Every present curve with its dotted path (``collectives.all_to_all.2``)."""
+        out: list[tuple[str, Curve]] = []
+        for name in type(self).model_fields:
+            v = getattr(self, name)
+            if isinstance(v, Curve):
+                out.append((name, v))
+        for coll in COLLECTIVES:
+            for g, curve in sorted(getattr(self.collectives, coll).items()):
+                out.append((f"collectives.{coll}.{g}", curve))
+        return out
+
+
+def check_devices(curves: Curves, gpu_name: str) -> None:
+    """Every measured curve must come from ``gpu_name`` (``topology.gpu_name``).
+
+    Raises:
+        InvalidPlan: ``curves.<name>.provenance.device (...) must equal topology.gpu_name (...)``.
+    """
+    from planner.errors import InvalidPlan
+
+    for name, curve in curves.named():
+        if curve.provenance is not None and curve.provenance.device != gpu_name:
+            raise InvalidPlan(f"curves.{name}.provenance.device", curve.provenance.device,
+                              f"must equal topology.gpu_name ({gpu_name!r})",
+                              "calibrate on this GPU model, or fix topology.gpu_name")

@@ -1,0 +1,1 @@
+"""Search over legal configurations: enumerate (space), evaluate memory then time (evaluate), rank."""

@@ -1,0 +1,224 @@
+"""Compute times from the calibrated rate tables, vectorised over candidates (DESIGN §4).
+
+Legend: ``m, n, k`` GEMM sizes (``C[m,n] = A[m,k] @ B[k,n]``), ``S`` sequence length, ``h`` heads
+on the rank, ``d_qk``/``d_v`` query-key and value head widths, ``w`` a sliding window.
+
+- Lookups go through ``planner.timing.lookups.Lookups`` (unique shapes, NaN + message on a gap).
+- **GEMM** seconds = ``2mnk / rate(m, n, k)``. Rule (explicit, listed in ``assumed`` when used):
+  a dimension beyond the grid's largest measured size is timed as ``⌊d/d_max⌋`` blocks of
+  ``d_max`` plus one remainder block (raised to the smallest measured size): a GEMM is separable
+  along ``m`` and ``n`` (row / column blocks) and along ``k`` (split-K with accumulation), and the
+  rate is saturated at the largest measured sizes. A non-zero dimension below the smallest measured
+  size is timed at that size (explicit rule, listed: a GEMM is no slower with more rows or columns
+  than the kernel's tile already pads to; an upper bound, e.g. gpt-oss's 32-expert router).
+- **Attention** seconds = causal flash time at ``(S, h, d_qk)`` from the table, scaled by the
+  FLOPs actually done: ``(d_qk + d_v)/(2·d_qk)`` (MLA's value width differs from the measured
+  ``d_v = d_qk``), and for a sliding window ``w < S`` by the band's share of the causal work,
+  ``2w/S − (w/S)²`` (assumed: the causal rate at the same ``S``). ``S`` above the table follows the
+  curves' ``beyond_max_seq`` rule (``∝ S²``, listed).
+- **Elementwise passes** (norms, activations, permutations, softmax) are memory-bound: bytes /
+  the HBM stream rate, which is derived from the measured fused GPU AdamW curve (its largest-size
+  marginal rate × ``HBM_BYTES_PER_ADAMW_PARAM`` = 28 B per parameter: it reads p, g, m, v and writes
+  p, m, v, all fp32). A CPU profile (``gpu_name == "cpu"``) uses the declared host-memory bandwidth.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from planner.errors import ProfileGap
+from planner.timing import curves as C
+from planner.timing.lookups import Lookups, marginal_rate, nan_like, points_s  # noqa: F401 (re-exported)
+
+HBM_BYTES_PER_ADAMW_PARAM = 28
+"""Bytes the fused fp32 AdamW kernel moves per parameter (read p, g, m, v; write p, m, v)."""
+
+
+# ------------------------------------------------------------------------------------------------
+# rate tables (numpy; the same reading as ``curves.table_rate`` without importing scipy, whose
+# import alone costs ~0.5 s of the search's 2 s)
+# ------------------------------------------------------------------------------------------------
+_GRIDS: dict = {}
+
+
+def _grid(table):
+    hit = _GRIDS.get(id(table))
+    if hit is None or hit[0] is not table:
+        hit = (table, [np.log2(np.asarray(a, dtype=float)) for a in table.axes],
+               np.asarray(table.flops_per_s, dtype=float))
+        _GRIDS[id(table)] = hit
+    return hit[1], hit[2]
+
+
+def table_rate(table, name: str, *coords):
+    """FLOP/s of ``table`` at ``coords``: multilinear interpolation in log2 of every axis, as
+    ``planner.timing.curves.table_rate`` (zeros read at the first grid point; ``ProfileGap``
+    outside an axis)."""
+    arrs = np.broadcast_arrays(*[np.asarray(c, dtype=float) for c in coords])
+    arrs = [np.where(a == 0, pts[0], a) for a, pts in zip(arrs, table.axes)]
+    for axis, pts, arr in zip(table.axis_names, table.axes, arrs):
+        C._check_range(f"{name}.{axis}", arr, pts[0], pts[-1])
+    grids, values = _grid(table)
+    lo_idx, w_hi = [], []
+    for g, a in zip(grids, arrs):
+        x = np.log2(a)
+        if len(g) == 1:
+            lo_idx.append(np.zeros(x.shape, dtype=np.int64))
+            w_hi.append(np.zeros(x.shape))
+            continue
+        i = np.clip(np.searchsorted(g, x, side="right") - 1, 0, len(g) - 2)
+        lo_idx.append(i)
+        w_hi.append((x - g[i]) / (g[i + 1] - g[i]))
+    out = np.zeros(arrs[0].shape)
+    for corner in range(1 << len(grids)):
+        idx, w = [], 1.0
+        for d in range(len(grids)):
+            up = (corner >> d) & 1
+            if up and len(grids[d]) == 1:
+                w = 0.0
+                break
+            idx.append(lo_idx[d] + up)
+            w = w * (w_hi[d] if up else 1.0 - w_hi[d])
+        if np.all(np.asarray(w) == 0):
+            continue
+        out = out + w * values[tuple(idx)]
+    return float(out) if out.ndim == 0 else out
+
+
+def attention_time_s(table, name: str, seq_len, heads, head_dim, *, backward: bool):
+    """``curves.attention_time_s`` with ``beyond_max_seq=True``, on ``table_rate`` above."""
+    s = np.asarray(seq_len, dtype=float)
+    s_max = table.axes[0][-1]
+    C._check_range(f"{name}.seq_len", s[s != 0], table.axes[0][0], np.inf)
+    s_eval = np.minimum(s, s_max)
+    scale = np.maximum(s / s_max, 1.0) ** 2
+    t = C.attention_flops(s_eval, heads, head_dim, backward=backward) / table_rate(table, name, s_eval, heads, head_dim)
+    return t * scale
+
+
+# ------------------------------------------------------------------------------------------------
+# GEMM
+# ------------------------------------------------------------------------------------------------
+def gemm_table(lk: Lookups, dtype: str = "bf16"):
+    """The rate table for ``dtype`` GEMMs: ``gemm`` (bf16, or fp32 in a CPU profile) or ``gemm_fp32``.
+
+    Returns ``(name, table)``; ``table`` is None (a gap is recorded) when the profile lacks it.
+    """
+    cv = lk.curves
+    if dtype == "fp32":
+        if cv.gemm_fp32 is not None:
+            return "gemm_fp32", cv.gemm_fp32
+        if cv.gemm is not None and cv.gemm.dtype == "fp32":
+            return "gemm", cv.gemm
+        lk.gap(ProfileGap("gemm_fp32", "any", None, None,
+                          "run `python3 -m calibration.compute --fp32-gemm` and merge it"))
+        return "gemm_fp32", None
+    if cv.gemm is not None and cv.gemm.dtype != dtype and lk.topology.gpu_name != "cpu":
+        lk.gap(ProfileGap(f"gemm.dtype={cv.gemm.dtype}", dtype, None, None, f"calibrate {dtype} GEMMs"))
+        return "gemm", None
+    if cv.gemm is None:
+        lk.gap(ProfileGap("gemm", "any", None, None, "the profile has no such curve; run `planner calibrate`"))
+    return "gemm", cv.gemm
+
+
+def _blocks(d, pts):
+    """``(full size, full count, remainder size, remainder count)`` of one axis (module rule)."""
+    lo, hi = float(pts[0]), float(pts[-1])
+    d = np.asarray(d, dtype=float)
+    big = d > hi
+    q = np.where(big, np.floor(d / hi), 0.0)
+    r = np.where(big, d - q * hi, d)
+    full = np.where(big, hi, lo)
+    rem = np.where(r > 0, np.maximum(r, lo), lo)
+    return full, q, rem, np.where(r > 0, 1.0, 0.0)
+
+
+def _note_gemm_rules(lk: Lookups, table, name: str, m, n, k) -> None:
+    dims = [np.asarray(d) for d in (m, n, k)]
+    if any(np.any((d > 0) & (d < pts[0])) for d, pts in zip(dims, table.axes)):
+        lk.assume(f"{name}: dimensions below the smallest measured (m < {table.axes[0][0]}, n < "
+                  f"{table.axes[1][0]}, k < {table.axes[2][0]}) timed at that size (upper bound)")
+    if any(np.any(d > pts[-1]) for d, pts in zip(dims, table.axes)):
+        lk.assume(f"{name}: dimensions beyond the measured grid (m > {table.axes[0][-1]}, "
+                  f"n > {table.axes[1][-1]}, k > {table.axes[2][-1]}) timed as blocks of the largest "
+                  "measured size (separable GEMM, saturated rate)")
+
+
+def _blocked_gemm_s(table, name: str, m, n, k):
+    axes = [_blocks(d, pts) for d, pts in zip((m, n, k), table.axes)]
+    total = 0.0
+    for sm, cm in ((axes[0][0], axes[0][1]), (axes[0][2], axes[0][3])):
+        for sn, cn in ((axes[1][0], axes[1][1]), (axes[1][2], axes[1][3])):
+            for sk, ck in ((axes[2][0], axes[2][1]), (axes[2][2], axes[2][3])):
+                cnt = cm * cn * ck
+                if not np.any(cnt > 0):
+                    continue
+                t = C.gemm_flops(sm, sn, sk) / table_rate(table, name, sm, sn, sk)
+                total = total + np.where(cnt > 0, cnt * t, 0.0)
+    return total
+
+
+def gemm_s(lk: Lookups, m, n, k, *, dtype: str = "bf16"):
+    """Seconds of ``C[m,n] = A[m,k] @ B[k,n]`` in ``dtype`` (module rule beyond the grid; 0 for
+    zero work; NaN + gap below the grid or without a table)."""
+    name, table = gemm_table(lk, dtype)
+    if table is None:
+        return nan_like(m, n, k)
+    _note_gemm_rules(lk, table, name, m, n, k)
+    return lk.call(lambda a, b, c: _blocked_gemm_s(table, name, a, b, c), m, n, k, memo=("gemm", table))
+
+
+# ------------------------------------------------------------------------------------------------
+# attention
+# ------------------------------------------------------------------------------------------------
+def attention_s(lk: Lookups, seq_len, heads, d_qk, d_v, *, window=None, backward: bool = False):
+    """Causal flash attention seconds for one sequence of ``seq_len`` with ``heads`` heads on the
+    rank (forward, or backward with ``backward=True``); module rules for MLA widths, windows and
+    ``S`` beyond the table."""
+    name = "attention_bwd" if backward else "attention_fwd"
+    table = lk.required(name)
+    s = np.asarray(seq_len, dtype=float)
+    if table is None:
+        return nan_like(s, heads)
+    if np.any(s > table.axes[0][-1]):
+        lk.assume(f"{name}: S above the measured {table.axes[0][-1]} timed as t(S_max)·(S/S_max)² "
+                  "(beyond_max_seq rule)")
+
+    def fn(S, h):
+        return attention_time_s(table, name, S, h, d_qk, backward=backward)
+
+    t = lk.call(fn, s, heads, memo=(f"{name}:{d_qk}", table)) * (d_qk + d_v) / (2.0 * d_qk)
+    if d_v != d_qk:
+        lk.assume(f"attention with d_v ({d_v}) != d_qk ({d_qk}): timed at head_dim {d_qk} scaled by "
+                  "FLOPs (d_qk+d_v)/(2·d_qk)")
+    if window:
+        frac = np.minimum(1.0, window / np.maximum(s, 1.0))
+        if np.any(frac < 1):
+            lk.assume("sliding-window layers: the causal rate at the same S times the band's share "
+                      "2w/S − (w/S)² of the causal work")
+        t = t * frac * 2.0 - t * frac * frac  # causal band of width w: (2w/S − (w/S)²) of the causal work
+    return t
+
+
+# ------------------------------------------------------------------------------------------------
+# elementwise (memory-bound) passes
+# ------------------------------------------------------------------------------------------------
+def hbm_bytes_per_s(lk: Lookups) -> float:
+    """Device memory stream rate for elementwise passes (module docstring); NaN with a gap."""
+    cv = lk.curves
+    if cv.gpu_adamw is not None:
+        rate = HBM_BYTES_PER_ADAMW_PARAM * marginal_rate(cv.gpu_adamw.num_params, cv.gpu_adamw.time_s)
+        lk.assume(f"elementwise passes at the HBM rate implied by the gpu_adamw curve "
+                  f"({HBM_BYTES_PER_ADAMW_PARAM} B/param → {rate / 1e12:.2f} TB/s)")
+        return rate
+    if lk.topology.gpu_name == "cpu":
+        lk.assume("elementwise passes at the declared host-memory bandwidth (CPU profile)")
+        return float(lk.topology.host_mem_bw_bytes_per_s)
+    lk.gap(ProfileGap("gpu_adamw (HBM rate of elementwise passes)", "any", None, None,
+                      "run `planner calibrate` (gpu_adamw section)"))
+    return float("nan")
+
+
+def elementwise_s(lk: Lookups, nbytes):
+    """Seconds of memory-bound passes moving ``nbytes`` through device memory."""
+    return np.asarray(nbytes, dtype=float) / hbm_bytes_per_s(lk)

@@ -1,0 +1,327 @@
+"""Curve schema, fits and lookups (``planner.schema.curves``, ``planner.timing.curves``).
+
+Synthetic data with known answers: latency-bandwidth fits recover α and β; rate tables interpolate
+exactly where the truth is multilinear in log2 of the axes; lookups raise ``ProfileGap`` outside
+the measured range; bad profiles fail with one-line ``InvalidPlan``.
+"""
+
+from __future__ import annotations
+
+import inspect
+
+import numpy as np
+import pytest
+import yaml
+
+import planner.schema.curves as schema_curves
+from planner.errors import InvalidPlan, ProfileGap
+from planner.timing import curves as C
+
+EXACT_REL_TOL = 1e-9
+"""Noise-free synthetic data: the fit must recover α and β to rounding."""
+NOISY_BETA_REL_TOL = 0.02
+"""±1% multiplicative noise on 9 sizes: β within 2%."""
+NOISY_ALPHA_ABS_TOL_S = 2e-6
+"""±1% noise on a 10 µs latency: α within 2 µs."""
+INTERP_REL_TOL = 1e-9
+"""Interpolation of a table that is exactly multilinear in log2 of its axes."""
+
+PROV = {"device": "NVIDIA H200", "torch": "2.11.0", "cuda": "13.0", "nccl": "2.27.7", "date": "2026-11-29",
+        "command": "python3 -m calibration --out x.yaml", "gpus_on_machine": 1}
+SIZES = [1 << e for e in range(16, 33, 2)]  # 64 KiB .. 4 GiB
+
+
+def _times(alpha, beta, sizes=SIZES):
+    return [alpha + n / beta for n in sizes]
+
+
+def _bw(alpha=10e-6, beta=50e9, **kw):
+    return C.bandwidth_curve(SIZES, _times(alpha, beta), provenance=PROV, **kw)
+
+
+def _memory():
+    from planner.schema.cluster import MemoryConstants
+
+    return {n: {"value": 1.0, "status": "assumed"} for n, f in MemoryConstants.model_fields.items()
+            if n != "expandable_segments"}
+
+
+def _cluster(curves: dict, gpu_name="NVIDIA H200") -> dict:
+    return {"name": "t", "memory": _memory(), "curves": curves,
+            "topology": {"gpu_name": gpu_name, "hbm_bytes": 1 << 37, "gpus_per_node": 8,
+                         "host_ram_bytes": 1 << 41, "host_cores": 112, "host_mem_bw_bytes_per_s": 6e11}}
+
+
+# ---------------------------------------------------------------------------------------------
+# fits
+# ---------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("alpha,beta", [(10e-6, 50e9), (0.0, 400e9), (3e-3, 1e9)])
+def test_fit_recovers_exact_alpha_beta(alpha, beta):
+    a, b, res = C.fit_latency_rate(SIZES, _times(alpha, beta))
+    assert a == pytest.approx(alpha, rel=EXACT_REL_TOL, abs=1e-15)
+    assert b == pytest.approx(beta, rel=EXACT_REL_TOL)
+    assert res < 1e-9
+
+
+def test_fit_recovers_alpha_beta_under_noise():
+    rng = np.random.default_rng(7)
+    t = np.array(_times(10e-6, 44.1e9)) * (1 + rng.uniform(-0.01, 0.01, len(SIZES)))
+    a, b, res = C.fit_latency_rate(SIZES, t)
+    assert abs(a - 10e-6) < NOISY_ALPHA_ABS_TOL_S
+    assert b == pytest.approx(44.1e9, rel=NOISY_BETA_REL_TOL)
+    assert res < 0.03
+
+
+def test_fit_keeps_latency_non_negative():
+    """Data that a free fit would give a negative intercept: α is clamped at 0, β stays > 0."""
+    t = [n / 50e9 - 1e-6 for n in SIZES[2:]]
+    a, b, _ = C.fit_latency_rate(SIZES[2:], t)
+    assert a == 0.0 and b > 0
+
+
+def test_fit_rejects_flat_or_short_data():
+    with pytest.raises(InvalidPlan, match="must grow with size"):
+        C.fit_latency_rate([1, 2, 3], [1.0, 0.5, 0.25])
+    with pytest.raises(InvalidPlan, match="≥ 2 points"):
+        C.fit_latency_rate([1], [1.0])
+
+
+# ---------------------------------------------------------------------------------------------
+# latency-bandwidth lookups
+# ---------------------------------------------------------------------------------------------
+def test_bandwidth_lookup_inside_range_and_gaps_outside():
+    curves = C.Curves(h2d=_bw(10e-6, 50e9))
+    n = 3 * (1 << 20)
+    assert C.transfer_time_s(curves, "h2d", n) == pytest.approx(10e-6 + n / 50e9, rel=1e-9)
+    with pytest.raises(ProfileGap, match="h2d"):
+        C.transfer_time_s(curves, "h2d", SIZES[-1] * 2)
+    with pytest.raises(ProfileGap, match="h2d"):
+        C.transfer_time_s(curves, "h2d", SIZES[0] // 2)
+    # the explicit large-message rule goes above the range, never below it
+    assert C.transfer_time_s(curves, "h2d", SIZES[-1] * 2, beyond_max=True) == pytest.approx(
+        10e-6 + SIZES[-1] * 2 / 50e9, rel=1e-9)
+    with pytest.raises(ProfileGap):
+        C.transfer_time_s(curves, "h2d", SIZES[0] // 2, beyond_max=True)
+    with pytest.raises(ProfileGap, match="d2h"):
+        C.transfer_time_s(curves, "d2h", n)  # not measured
+
+
+def test_bandwidth_lookup_vectorised():
+    curves = C.Curves(bidir=_bw(5e-6, 44e9))
+    n = np.array([1 << 20, 1 << 24, 1 << 30])
+    got = C.transfer_time_s(curves, "bidir", n)
+    assert np.allclose(got, [C.transfer_time_s(curves, "bidir", int(v)) for v in n], rtol=1e-12)
+    with pytest.raises(ProfileGap):
+        C.transfer_time_s(curves, "bidir", np.array([1 << 20, 1 << 40]))
+
+
+def test_collective_lookup_by_group_size():
+    c2 = C.bandwidth_curve(SIZES, _times(20e-6, 150e9), provenance=PROV, group_size=2)
+    curves = C.Curves(collectives=C.CollectiveCurves(all_to_all={2: c2}))
+    assert C.collective_time_s(curves, "all_to_all", 2, 1 << 26) == pytest.approx(20e-6 + (1 << 26) / 150e9)
+    with pytest.raises(ProfileGap, match="group_size"):
+        C.collective_time_s(curves, "all_to_all", 8, 1 << 26)
+    with pytest.raises(ProfileGap, match="all_gather"):
+        C.collective_time_s(curves, "all_gather", 2, 1 << 26)
+
+
+def test_optimizer_lookups():
+    gpu = C.param_rate_curve([1 << 20, 1 << 24, 1 << 28], _times(30e-6, 1.5e11, [1 << 20, 1 << 24, 1 << 28]),
+                             provenance=PROV)
+    cpu = C.CpuAdamWTable(threads=[1, 2, 4, 16], s_per_param=[2e-9, 1.1e-9, 0.6e-9, 0.229e-9],
+                          num_params=1 << 25, provenance=PROV)
+    curves = C.Curves(gpu_adamw=gpu, cpu_adamw=cpu)
+    assert C.gpu_adamw_time_s(curves, 1 << 26) == pytest.approx(30e-6 + (1 << 26) / 1.5e11)
+    assert C.cpu_adamw_time_s(curves, 10**9, 16) == pytest.approx(0.229)
+    assert C.cpu_adamw_time_s(curves, 10**9, 3) == pytest.approx(10**9 * 0.85e-9)  # linear in threads
+    with pytest.raises(ProfileGap, match="threads"):
+        C.cpu_adamw_time_s(curves, 10**9, 32)
+    with pytest.raises(ProfileGap, match="num_params"):
+        C.cpu_adamw_time_s(curves, 1000, 4)  # could run from cache: not what was measured
+
+
+# ---------------------------------------------------------------------------------------------
+# rate tables
+# ---------------------------------------------------------------------------------------------
+M, N, K = [64, 256, 1024, 4096], [512, 2048, 8192], [256, 1024, 4096]
+
+
+def _loglin(m, n, k):
+    """A rate that is exactly multilinear in (log2 m, log2 n, log2 k)."""
+    lm, ln, lk = np.log2(m), np.log2(n), np.log2(k)
+    return 1e12 * (50 + 3 * lm + 2 * ln + lk + 0.5 * lm * ln + 0.1 * lm * ln * lk)
+
+
+def _gemm_table(fn=_loglin):
+    vals = [[[float(fn(m, n, k)) for k in K] for n in N] for m in M]
+    return C.RateTable(axis_names=["m", "n", "k"], axes=[M, N, K], flops_per_s=vals, provenance=PROV)
+
+
+def test_table_interpolation_exact_for_multilinear_truth():
+    curves = C.Curves(gemm=_gemm_table())
+    for m, n, k in [(100, 700, 300), (3000, 8000, 4000), (64, 512, 256), (4096, 8192, 4096)]:
+        assert C.table_rate(curves.gemm, "gemm", m, n, k) == pytest.approx(_loglin(m, n, k), rel=INTERP_REL_TOL)
+        assert C.gemm_time_s(curves, m, n, k) == pytest.approx(2 * m * n * k / _loglin(m, n, k), rel=INTERP_REL_TOL)
+
+
+def test_table_keeps_non_monotone_dips():
+    """Wave quantisation: a measured dip is reproduced at its point, not smoothed away."""
+    def dip(m, n, k):
+        return 5e14 if (m, n, k) == (1024, 2048, 1024) else 7e14
+    curves = C.Curves(gemm=_gemm_table(dip))
+    assert C.table_rate(curves.gemm, "gemm", 1024, 2048, 1024) == pytest.approx(5e14)
+    # halfway (in log2 m) between the dip and its neighbour at m = 4096
+    assert C.table_rate(curves.gemm, "gemm", 2048, 2048, 1024) == pytest.approx(6e14)
+
+
+def test_table_profile_gap_names_axis():
+    curves = C.Curves(gemm=_gemm_table())
+    with pytest.raises(ProfileGap, match=r"gemm\.m .*65536"):
+        C.gemm_time_s(curves, 65536, 512, 256)
+    with pytest.raises(ProfileGap, match=r"gemm\.k"):
+        C.gemm_time_s(curves, 64, 512, 16)
+    with pytest.raises(ProfileGap, match="grouped_gemm"):
+        C.grouped_gemm_time_s(curves, 64, 4, 512, 512)
+
+
+def test_gemm_split_rows_rule():
+    curves = C.Curves(gemm=_gemm_table())
+    m_max = M[-1]
+    want = 2 * C.gemm_time_s(curves, m_max, 2048, 1024) + C.gemm_time_s(curves, m_max // 2, 2048, 1024)
+    assert C.gemm_time_s(curves, 2 * m_max + m_max // 2, 2048, 1024, split_rows=True) == pytest.approx(want)
+    inside = C.gemm_time_s(curves, 300, 2048, 1024)
+    assert C.gemm_time_s(curves, 300, 2048, 1024, split_rows=True) == pytest.approx(inside)
+    got = C.gemm_time_s(curves, np.array([300, 2 * m_max + m_max // 2]), 2048, 1024, split_rows=True)
+    assert np.allclose(got, [inside, want])
+
+
+def test_vectorised_table_lookup_matches_scalar():
+    curves = C.Curves(gemm=_gemm_table())
+    m = np.array([64, 100, 777, 4096])
+    got = C.gemm_time_s(curves, m, 2048, 1000)
+    assert np.allclose(got, [C.gemm_time_s(curves, int(v), 2048, 1000) for v in m], rtol=1e-12)
+
+
+def _attn_table(rate):
+    S, H, D = [1024, 4096, 16384], [1, 8, 64], [64, 128]
+    vals = [[[rate for _ in D] for _ in H] for _ in S]
+    return C.RateTable(axis_names=["seq_len", "heads", "head_dim"], axes=[S, H, D], flops_per_s=vals,
+                       provenance=PROV)
+
+
+def test_attention_lookup_and_quadratic_rule():
+    curves = C.Curves(attention_fwd=_attn_table(4e14), attention_bwd=_attn_table(3e14))
+    t_f = C.attention_time_s(curves, 8192, 8, 128)
+    assert t_f == pytest.approx(2 * 8192**2 * 8 * 128 / 4e14)
+    assert C.attention_time_s(curves, 8192, 8, 128, backward=True) == pytest.approx(5 * 8192**2 * 8 * 128 / 3e14)
+    with pytest.raises(ProfileGap, match="seq_len"):
+        C.attention_time_s(curves, 65536, 8, 128)
+    t_max = C.attention_time_s(curves, 16384, 8, 128)
+    assert C.attention_time_s(curves, 65536, 8, 128, beyond_max_seq=True) == pytest.approx(16 * t_max)
+    with pytest.raises(ProfileGap, match="head_dim"):
+        C.attention_time_s(curves, 8192, 8, 192, beyond_max_seq=True)
+
+
+def test_zero_work_is_free():
+    """A rank with zero tokens, or ``E_p = 1`` (no dispatch bytes), costs 0 s, never a gap."""
+    curves = C.Curves(h2d=_bw(), gemm=_gemm_table(), attention_fwd=_attn_table(4e14),
+                      cpu_adamw=C.CpuAdamWTable(threads=[1, 2], s_per_param=[2e-9, 1e-9], num_params=1 << 25,
+                                                provenance=PROV))
+    assert C.transfer_time_s(curves, "h2d", 0) == 0.0
+    assert np.array_equal(C.transfer_time_s(curves, "h2d", np.array([0, 1 << 20])) > 0, [False, True])
+    assert C.gemm_time_s(curves, 0, 2048, 1024) == 0.0
+    assert C.gemm_time_s(curves, 0, 2048, 1024, split_rows=True) == 0.0
+    assert C.attention_time_s(curves, 0, 8, 128, beyond_max_seq=True) == 0.0
+    assert C.cpu_adamw_time_s(curves, 0, 2) == 0.0
+    with pytest.raises(ProfileGap):
+        C.gemm_time_s(curves, -5, 2048, 1024)
+
+
+def test_chunk_curve_relative_time():
+    cc = C.ChunkCurve(num_chunks=[1, 2, 5, 10, 20], time_s=[1.0, 1.02, 1.05, 1.04, 1.08], provenance=PROV)
+    curves = C.Curves(chunk_count=cc)
+    assert C.chunk_relative_time(curves, 10) == pytest.approx(1.04)
+    assert C.chunk_relative_time(curves, 15) == pytest.approx(1.06)
+    with pytest.raises(ProfileGap):
+        C.chunk_relative_time(curves, 40)
+
+
+# ---------------------------------------------------------------------------------------------
+# validation: one-line InvalidPlan
+# ---------------------------------------------------------------------------------------------
+def _one_line(err: pytest.ExceptionInfo) -> str:
+    msg = str(err.value)
+    assert "\n" not in msg, msg
+    return msg
+
+
+def test_non_monotone_bandwidth_curve_rejected():
+    good = _bw().model_dump(mode="json")
+    bad = dict(good, time_s=list(good["time_s"]))
+    bad["time_s"][5] = bad["time_s"][4] * 0.8  # 20% faster with 4x the bytes
+    with pytest.raises(InvalidPlan, match=r"curves\.h2d.*must not decrease") as err:
+        C.parse_curves({"h2d": bad})
+    _one_line(err)
+
+
+def test_noise_within_tolerance_accepted():
+    good = _bw().model_dump(mode="json")
+    t = list(good["time_s"])
+    t[1] = t[0] * (1 - 0.5 * C.MONOTONE_NOISE_FRACTION)  # latency-bound noise, below tolerance
+    C.parse_curves({"h2d": dict(good, time_s=t)})
+
+
+def test_missing_field_rejected():
+    data = _bw().model_dump(mode="json")
+    del data["time_s"]
+    with pytest.raises(InvalidPlan, match=r"curves\.h2d\.time_s \(None\) is missing") as err:
+        C.parse_curves({"h2d": data})
+    _one_line(err)
+    data = _bw().model_dump(mode="json")
+    data["provenance"] = None
+    with pytest.raises(InvalidPlan, match="provenance") as err:
+        C.parse_curves({"d2h": data})
+    _one_line(err)
+
+
+def test_mismatched_device_rejected():
+    data = _cluster({"h2d": _bw().model_dump(mode="json")}, gpu_name="NVIDIA H100 80GB HBM3")
+    with pytest.raises(InvalidPlan, match=r"curves\.h2d\.provenance\.device .*must equal topology\.gpu_name") as err:
+        C.parse_cluster(data)
+    _one_line(err)
+    coll = {"all_gather": {2: _bw(group_size=2).model_dump(mode="json")}}
+    with pytest.raises(InvalidPlan, match=r"collectives\.all_gather\.2\.provenance\.device"):
+        C.parse_curves({"collectives": coll}, gpu_name="cpu")
+
+
+def test_bad_tables_rejected():
+    t = _gemm_table().model_dump(mode="json")
+    with pytest.raises(InvalidPlan, match="full grid"):
+        C.parse_curves({"gemm": dict(t, flops_per_s=t["flops_per_s"][:-1])})
+    with pytest.raises(InvalidPlan, match="axis_names must be"):
+        C.parse_curves({"gemm": dict(t, axis_names=["n", "m", "k"])})
+    with pytest.raises(InvalidPlan, match="strictly increasing"):
+        C.parse_curves({"gemm": dict(t, axes=[M[::-1], N, K])})
+    c = _bw(group_size=2).model_dump(mode="json")
+    with pytest.raises(InvalidPlan, match="keyed by its group_size"):
+        C.parse_curves({"collectives": {"all_to_all": {4: c}}})
+
+
+def test_profile_round_trip_through_yaml():
+    curves = {"h2d": _bw().model_dump(mode="json"), "gemm": _gemm_table().model_dump(mode="json"),
+              "collectives": {"p2p_ring": {2: _bw(group_size=2).model_dump(mode="json")}}}
+    spec = C.parse_cluster(_cluster(curves))
+    again = C.parse_cluster(yaml.safe_load(yaml.safe_dump(spec.model_dump(mode="json"))))
+    assert again == spec
+    assert C.collective_time_s(again.curves, "p2p_ring", 2, 1 << 20) == pytest.approx(10e-6 + (1 << 20) / 50e9)
+
+
+CURVE_MODELS = [obj for _, obj in inspect.getmembers(schema_curves, inspect.isclass)
+                if obj.__module__ == schema_curves.__name__]
+
+
+@pytest.mark.parametrize("cls", CURVE_MODELS, ids=lambda c: c.__name__)
+def test_curve_models_frozen_forbid_documented(cls):
+    cfg = cls.model_config
+    assert cfg.get("frozen") is True and cfg.get("extra") == "forbid"
+    assert not [n for n, f in cls.model_fields.items() if not f.description]

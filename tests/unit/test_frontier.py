@@ -1,0 +1,56 @@
+"""``max-context`` and ``max-batch`` scan the whole grid and equal a scalar brute-force loop."""
+
+from __future__ import annotations
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from planner import api
+from planner.budget.frontier import scan, seq_len_grid
+from planner.schema import PlanFile
+from planner.units import GiB
+from tests.conftest import tiny_moe
+
+EXAMPLES = 25
+
+
+def _planfile(h200, hbm_gib: float, **plan) -> PlanFile:
+    cluster = h200.model_copy(update={"topology": h200.topology.model_copy(
+        update={"hbm_bytes": int(hbm_gib * GiB)})})
+    doc = {"model": tiny_moe(num_layers=3, vocab_size=50_000).model_dump(), "cluster": cluster.model_dump(),
+           "workload": {"seq_len": 4096}, "plan": {"world_size": 4, **plan}}
+    return PlanFile.model_validate(doc)
+
+
+@settings(max_examples=EXAMPLES, deadline=None)
+@given(hbm=st.floats(2.0, 6.0), c=st.sampled_from([1000, 4096, 6000]),
+       dispatch=st.sampled_from(["ep", "llep", "pipelined_llep"]), vocab=st.sampled_from(["dense", "ring_dtp"]))
+def test_max_context_equals_brute_force(h200, hbm, c, dispatch, vocab):
+    pf = _planfile(h200, hbm, composed={"token_budget": c, "dispatch": dispatch, "vocab": vocab,
+                                        "optimizer": "gpu"})
+    grid = seq_len_grid(pf, 1024, 160 * 1024)
+    fast = scan(pf, "seq_len", grid)
+    slow = []
+    for S in grid:
+        one = pf.model_copy(update={"workload": pf.workload.model_copy(update={"seq_len": int(S)})})
+        slow.append(api.check_planfile(one).fits)
+    assert fast.fits.tolist() == slow
+    best = max((int(S) for S, ok in zip(grid, slow) if ok), default=None)
+    assert fast.best == best
+
+
+def test_max_batch_equals_brute_force(h200):
+    pf = _planfile(h200, 4.0, composed={"optimizer": "gpu"})
+    seqs = np.arange(1, 25)
+    rep = api.FrontierReport(pf, "seqs_per_microbatch", scan(pf, "seqs_per_microbatch", seqs))
+    slow = []
+    for n in seqs:
+        one = pf.model_copy(update={"workload": pf.workload.model_copy(update={"seqs_per_microbatch": int(n)})})
+        slow.append(api.check_planfile(one).fits)
+    assert rep.scan.fits.tolist() == slow
+    j = rep.to_json()
+    best = max((int(n) for n, ok in zip(seqs, slow) if ok), default=None)
+    assert j["max_seqs_per_microbatch"] == best
+    D = 4  # tiny_moe has 4 KV heads and W = 4: D defaults to 4
+    assert j["max_global_batch_tokens"] == (None if best is None else 4 // D * best * 4096)

@@ -1,0 +1,51 @@
+"""The fp32 GEMM rate table of the calibration (``calibration.compute.gemm_fp32_table``): the rate
+of the fp32 vocabulary heads, TF32 off, and its fragment that ``calibration.merge`` folds in."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import yaml
+from test_timing_profiles import cpu_profile  # noqa: F401
+
+from calibration import compute, config
+from calibration.merge import merge_data
+from planner.errors import InvalidPlan
+from planner.runtime.measure import provenance
+from planner.timing import curves as C
+from planner.timing.compute import Lookups, gemm_s
+
+
+def test_fp32_table_on_the_smoke_grid_restores_tf32():
+    before = compute.tf32_state()
+    seen = []
+    t = compute.gemm_fp32_table(config.SMOKE, torch.device("cpu"), provenance("pytest"),
+                                lambda n: seen.append(compute.tf32_state()))
+    assert compute.tf32_state() == before and seen and all(v in ("ieee", False) for v in seen)
+    g = config.SMOKE
+    assert t.dtype == "fp32" and t.axes == [list(g.gemm_fp32_m), list(g.gemm_fp32_n), list(g.gemm_fp32_k)]
+    assert compute.counts(g)["gemm_fp32"] == len(g.gemm_fp32_m) * len(g.gemm_fp32_n) * len(g.gemm_fp32_k)
+
+
+def test_full_grid_covers_the_vocab_strips_within_budget():
+    """FULL: m 1k..16k, n 2k..32k, k 1k..16k (larger strips by blocks); ≤ 30 s at 40 TFLOP/s fp32
+    counting five calls per point (warm-up, sizing, three windows)."""
+    g = config.FULL
+    flops = 5 * 2.0 * sum(g.gemm_fp32_m) * sum(g.gemm_fp32_n) * sum(g.gemm_fp32_k)
+    assert flops / 40e12 < 30
+    assert min(g.gemm_fp32_m) <= 1024 and max(g.gemm_fp32_n) >= 32768 and max(g.gemm_fp32_k) >= 8192
+    assert config.CPU.gemm_fp32_m == ()  # the CPU quick profile's own GEMM table is fp32 already
+
+
+def test_fragment_merges_and_feeds_the_time_model(tmp_path, cpu_profile):
+    out = tmp_path / "frag.yaml"
+    assert compute.main(["--fp32-gemm", "--smoke", "--out", str(out)]) == 0
+    frag = yaml.safe_load(out.read_text())
+    assert list(frag["curves"]) == ["gemm_fp32"]
+    merged = C.parse_cluster(merge_data(cpu_profile.model_dump(mode="json"), frag))
+    assert merged.curves.gemm_fp32.dtype == "fp32"
+    assert gemm_s(Lookups(merged, strict=True), 48, 48, 48, dtype="fp32") > 0
+    bad = dict(frag)
+    bad["curves"] = {"gemm_fp32": {**frag["curves"]["gemm_fp32"], "dtype": "bf16"}}
+    with pytest.raises(InvalidPlan, match="gemm_fp32.dtype must be fp32"):
+        C.parse_cluster(merge_data(cpu_profile.model_dump(mode="json"), bad))
