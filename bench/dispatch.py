@@ -133,13 +133,15 @@ def checks(rows: list[dict]) -> None:
             c["formula vs measured (2%, ≥ −1%)"] = abs(d) <= FORMULA_TOL and d >= -FORMULA_BELOW_TOL
             if r["op"] != "ep":
                 c["guarantee ≥ measured"] = r["guarantee_bytes"] >= m
-            peak[(r["shape"], r["op"], r["profile"])] = max(peak.get((r["shape"], r["op"], r["profile"]), 0), m)
+            key = (r["shape"], r["op"], r["profile"])
+            peak[key] = max(peak.get(key, 0), m)
         r["checks"] = c
     for r in rows:
         key = (r["shape"], r["op"], r["profile"])
         if r.get("binding") and r["shape"] == "A" and r["op"] == "pipelined_llep" and key in peak:
             if r["profile"] in TARGET_GIB:
-                r["checks"][f"≤ {TARGET_GIB[r['profile']]} GiB"] = peak[key] <= TARGET_GIB[r["profile"]] * 2**30
+                lim = TARGET_GIB[r["profile"]]
+                r["checks"][f"≤ {lim} GiB"] = peak[key] <= lim * 2**30
             ll = peak.get(("A", "llep", r["profile"]))
             if ll:
                 r["reduction_vs_llep"] = 1 - peak[key] / ll
@@ -263,7 +265,9 @@ def main(argv: list[str] | None = None) -> int:
         md = table(rows, pad_bpp)
         if constants:
             md += "\n\n## Constants\n\n```\n" + "\n".join(f"{k}: {v}" for k, v in constants.items()) + "\n```"
+        shape_defs = {k: v.__dict__ for k, v in shp.items()}
         j, m = write_results(args.out, name, {"command": cmd, "constants": constants, "rows": rows,
+                                              "shapes": shape_defs,
                                               "resident_bytes_per_param": pad_bpp}, md, command=cmd)
         print(md)
         print(f"wrote {j} and {m}")

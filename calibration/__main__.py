@@ -22,6 +22,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--smoke", action="store_true", help="every section at tiny shapes (code-path check)")
     ap.add_argument("--name", help="profile name (default: the file's stem)")
     ap.add_argument("--no-progress", action="store_true", help="no progress bar")
+    ap.add_argument("--sections", help="comma-separated subset of sections (then merge the partial profile)")
     args = ap.parse_args(argv)
 
     from calibration.runner import LAST_RUN, run
@@ -30,7 +31,8 @@ def main(argv: list[str] | None = None) -> int:
     command = "python3 -m calibration " + " ".join(shlex.quote(a) for a in argv)
     try:
         spec = run(args.out, quick=args.quick, progress=not args.no_progress, command=command,
-                   smoke=args.smoke, name=args.name)
+                   smoke=args.smoke, name=args.name,
+                   only=tuple(args.sections.split(",")) if args.sections else None)
     except PlanError as err:
         print(f"error: {err}", file=sys.stderr)
         return err.exit_code

@@ -23,10 +23,10 @@ from dataclasses import dataclass, field
 KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
 
 GPU_SECTIONS = ("constants", "gemm", "gemm_fp32", "grouped_gemm", "attention", "transfer", "gpu_adamw",
-                "cpu_adamw", "fragmentation", "host_copy", "chunk_count")
+                "cpu_adamw", "cpu_cast", "fragmentation", "host_copy", "chunk_count")
 """Sections of a GPU calibration, in run order (constants first: before anything is cached)."""
 
-CPU_SECTIONS = ("gemm", "cpu_adamw", "host_copy")
+CPU_SECTIONS = ("gemm", "cpu_adamw", "cpu_cast", "host_copy")
 """Sections of the CPU-only quick profile."""
 
 

@@ -68,6 +68,31 @@ def cpu_adamw_table(grid: Grid, prov: dict, tick: Tick) -> CpuAdamWTable:
                          note=f"torch.optim.AdamW(fused=True) on one host fp32 parameter of {n} elements")
 
 
+def cpu_cast_table(grid: Grid, prov: dict, tick: Tick) -> CpuAdamWTable:
+    """Host cast seconds per element at each thread count: a bf16→fp32 upcast plus an fp32→bf16
+    downcast of the same length, the two passes ``CPUOffloadAdamW`` makes around its host AdamW."""
+    n = grid.cpu_adamw_params
+    lo = torch.zeros(n, dtype=torch.bfloat16)
+    hi = torch.zeros(n, dtype=torch.float32)
+
+    def casts():
+        hi.copy_(lo)
+        lo.copy_(hi)
+
+    prev = torch.get_num_threads()
+    spp = []
+    try:
+        for threads in grid.cpu_threads:
+            torch.set_num_threads(threads)
+            spp.append(time_rep(casts, min_time_s=grid.min_time_s, iters=grid.iters, device="cpu") / n)
+            tick(1)
+    finally:
+        torch.set_num_threads(prev)
+    return CpuAdamWTable(threads=list(grid.cpu_threads), s_per_param=spp, num_params=n, provenance=prov,
+                         note=f"host bf16→fp32 copy_ then fp32→bf16 copy_ of {n} elements (pageable)")
+
+
 def counts(grid: Grid) -> dict[str, int]:
     """Progress units of the optimizer sections."""
-    return {"gpu_adamw": len(grid.gpu_adamw_params), "cpu_adamw": len(grid.cpu_threads)}
+    return {"gpu_adamw": len(grid.gpu_adamw_params), "cpu_adamw": len(grid.cpu_threads),
+            "cpu_cast": len(grid.cpu_threads)}

@@ -141,6 +141,8 @@ def _section(name: str, grid, device, prov, st: RunState, bar: _Bar) -> None:
         st.curves["gpu_adamw"] = optimizer.gpu_adamw_curve(grid, device, prov, tick)
     elif name == "cpu_adamw":
         st.curves["cpu_adamw"] = optimizer.cpu_adamw_table(grid, prov, tick)
+    elif name == "cpu_cast":
+        st.curves["cpu_cast"] = optimizer.cpu_cast_table(grid, prov, tick)
     elif name == "fragmentation":
         st.memory["fragmentation_fraction"] = _measured(*constants.fragmentation(grid), prov)
         tick(1)
@@ -191,7 +193,7 @@ def _assemble(name: str, prov: dict, st: RunState):
 
 
 def run(out_path, *, quick: bool, progress: bool = True, command: str, smoke: bool = False,
-        name: str | None = None):
+        name: str | None = None, only: tuple[str, ...] | None = None):
     """Calibrate this machine and write its cluster profile to ``out_path`` (atomically).
 
     Args:
@@ -201,6 +203,7 @@ def run(out_path, *, quick: bool, progress: bool = True, command: str, smoke: bo
         command: the command line recorded in every curve's provenance.
         smoke: every section at tiny shapes on any device (code-path check; not a real profile).
         name: profile name (default: the file's stem).
+        only: run just these sections (a partial profile to merge with ``calibration.merge``).
     Returns:
         The ``ClusterSpec`` written.
     Raises:
@@ -218,8 +221,9 @@ def run(out_path, *, quick: bool, progress: bool = True, command: str, smoke: bo
     prov = provenance(command)
     st = RunState()
     LAST_RUN[:] = [st]
-    sections = [s for s in grid.sections if cuda or s not in CUDA_ONLY]
-    st.skipped += [f"{s}: needs CUDA" for s in grid.sections if s not in sections]
+    sections = [s for s in grid.sections if (cuda or s not in CUDA_ONLY) and (only is None or s in only)]
+    st.skipped += [f"{s}: needs CUDA" for s in grid.sections
+                   if s not in sections and s in CUDA_ONLY and not cuda and (only is None or s in only)]
     t_all = time.perf_counter()
     with _Bar(progress, _units(grid, sections)) as bar:
         for sec in sections:

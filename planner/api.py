@@ -179,6 +179,7 @@ class CheckReport:
                      "ranks_per_node": h.ranks_per_node, "baseline_bytes": int(h.baseline_bytes),
                      "optimizer_bytes": int(h.optimizer_bytes), "sco_bytes": int(h.sco_bytes)},
             "derived": derived_symbols(self.ctx),
+            "dispatch_bounds": self.extra.get("dispatch_bounds", {}),
             "plan": self.planfile.model_dump(mode="json"),
         }
 
@@ -205,7 +206,25 @@ def check_planfile(pf: PlanFile) -> CheckReport:
         planfile=resolved_planfile(pf, ctx), ctx=ctx, evaluation=ev, capacity_bytes=capacity_bytes(ctx),
         hbm_bytes=ctx.cluster.topology.hbm_bytes, outside_allocator_bytes=outside_allocator_bytes(ctx),
         host=host, assumed=assumed_used(ctx), provisional=provisional, binding=int(ev.binding_index),
+        extra={"dispatch_bounds": dispatch_bounds(ctx, ev)},
     )
+
+
+def dispatch_bounds(ctx: Ctx, ev: Evaluation) -> dict[str, int]:
+    """The dispatch live set's maximum over phases under both bounds (``guarantee`` and
+    ``expected``), so a verdict taken under one shows the other (DESIGN §3.2)."""
+    import dataclasses
+
+    from planner.budget import dispatch
+    from planner.budget.peak import _rows
+
+    if not ctx.model.is_moe:
+        return {}
+    out = {ctx.dispatch_bound: int(ev.live_set_bytes("dispatch").max())}
+    other = "expected" if ctx.dispatch_bound == "guarantee" else "guarantee"
+    rows = [_rows(t, ev.phases) for t in dispatch.terms(dataclasses.replace(ctx, dispatch_bound=other))]
+    out[other] = int(np.sum(rows, axis=0).max()) if rows else 0
+    return out
 
 
 def check(**kwargs) -> CheckReport:
@@ -312,12 +331,37 @@ def search(*, model: str, cluster: str | None = None, gpus: int, seq_len: int, g
     return SearchReport(pf.model, pf.cluster, pf.workload, gpus, res, time.perf_counter() - t0)
 
 
+@dataclass
+class SweepRow:
+    """One stack at one context length (``planner sweep``)."""
+
+    seq_len: int
+    stack: str
+    fits: bool
+    peak_bytes: int
+    capacity_bytes: int
+    live_set_max_bytes: dict
+    """Live set → maximum bytes over phases."""
+    binding_live_set: str
+    tokens_per_s_per_gpu: float | None
+    plan: Any
+
+
 def sweep(*, model: str, cluster: str | None = None, gpus: int, seq_lens: list[int], routing: str = "balanced",
-          dtype: str = "bf16", progress=None) -> list:
-    """``planner sweep``: best composed plan and best baseline at each context length."""
-    from planner.search.sweep import sweep as run
+          dtype: str = "bf16", progress=None) -> list[SweepRow]:
+    """``planner sweep``: best composed plan and best baseline at each context length, with the
+    verdict and the peak of every live set of each."""
+    from planner.search.sweep import best_plans
 
     pf = build_planfile(model=model, cluster=cluster, gpus=gpus, seq_len=seq_lens[0],
                         overrides={"routing": routing, "dtype": dtype})
-    return run(pf.model, pf.cluster, world_size=gpus, seq_lens=seq_lens, routing=routing, dtype=dtype,
-               progress=progress)
+    rows = []
+    for pt in best_plans(pf.model, pf.cluster, world_size=gpus, seq_lens=seq_lens, routing=routing, dtype=dtype,
+                         progress=progress):
+        wl = Workload(seq_len=pt.seq_len)
+        for plan, cand in ((pt.composed, pt.composed_candidate), (pt.baseline, pt.baseline_candidate)):
+            rep = check_planfile(PlanFile(model=pf.model, cluster=pf.cluster, workload=wl, plan=plan))
+            rows.append(SweepRow(pt.seq_len, plan.stack, rep.fits, rep.peak_bytes, rep.capacity_bytes,
+                                 {ls: rep.live_set_bytes(ls)[1] for ls in LIVE_SETS}, rep.binding_live_set,
+                                 cand.tokens_per_s_per_gpu if cand else None, rep.planfile.plan))
+    return rows

@@ -364,9 +364,9 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point: maps errors to exit codes (2 invalid input, 3 internal error with traceback)."""
     try:
         rv = app(args=argv, standalone_mode=False)
-        return int(rv or 0)
+        code = int(rv or 0)
     except PlanError as e:
-        err.print(f"error: {e}", markup=False, highlight=False)
+        err.print(f"error: {e}", markup=False, highlight=False, soft_wrap=True)
         code = e.exit_code
     except typer.Exit as e:
         code = e.exit_code

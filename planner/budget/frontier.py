@@ -65,7 +65,7 @@ def scan(pf: PlanFile, axis: str, values: np.ndarray) -> FrontierScan:
     for lo in range(0, len(values), CHUNK):
         v = np.asarray(values[lo:lo + CHUNK], dtype=np.int64)
         ctx = make_context(pf.model, pf.cluster, workload, plan, resolved=True, overrides={axis: v})
-        ev = evaluate(ctx, critical=True)
+        ev = evaluate(ctx, critical=True, per_term=False)
         host = host_budget(ctx)
         cap, host_cap = capacity_bytes(ctx), host.capacity_bytes
         peak = np.broadcast_to(ev.peak_bytes, v.shape)

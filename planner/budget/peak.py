@@ -36,16 +36,15 @@ class Evaluation:
     ctx: Ctx
     terms: list[Term]
     phases: list[Phase]
-    term_bytes: np.ndarray
-    """``[n_terms, n_phases, *candidates]`` bytes of each term in each phase."""
-
-    @property
-    def by_phase(self) -> np.ndarray:
-        """``[n_phases, *candidates]`` total bytes per phase."""
-        return self.term_bytes.sum(axis=0)
+    by_phase: np.ndarray
+    """``[n_phases, *candidates]`` total bytes per phase."""
+    term_bytes: np.ndarray | None = None
+    """``[n_terms, n_phases, *candidates]`` bytes of each term in each phase (``None`` when the
+    evaluation kept only the phase totals, as the search does)."""
 
     def live_set_bytes(self, live_set: str) -> np.ndarray:
         """``[n_phases, *candidates]`` bytes of one live set."""
+        assert self.term_bytes is not None, "evaluate(..., per_term=True) keeps the terms"
         idx = [i for i, t in enumerate(self.terms) if t.live_set == live_set]
         if not idx:
             return np.zeros(self.term_bytes.shape[1:], dtype=np.int64)
@@ -62,26 +61,60 @@ class Evaluation:
         return self.by_phase.argmax(axis=0)
 
 
-def evaluate(ctx: Ctx, *, phases: list[Phase] | None = None, critical: bool = False) -> Evaluation:
+def _rows(t: Term, phases: list[Phase]) -> np.ndarray:
+    """``[n_phases, *candidates]`` bytes of one term (candidate axes as the term has them)."""
+    if t.at is None:  # constant while resident: a residency mask times the bytes
+        mask = np.array([t.resident(p) for p in phases], dtype=np.int64)
+        b = np.asarray(t.bytes, dtype=np.int64)
+        return mask.reshape(-1, *([1] * b.ndim)) * b
+    return np.stack(np.broadcast_arrays(*[np.asarray(t.bytes_in(p), dtype=np.int64) for p in phases]))
+
+
+def evaluate(ctx: Ctx, *, phases: list[Phase] | None = None, critical: bool = False,
+             per_term: bool = True) -> Evaluation:
     """Evaluate every term in ``phases`` (default: all phases; ``critical=True``: the reduced set).
+
+    ``per_term=False`` keeps only the phase totals (the search: no ``[terms × phases × candidates]``
+    array).
 
     Raises:
         AssertionError: a term is negative in some phase, or the peak is below some phase (bugs).
     """
     terms = all_terms(ctx)
+    assert set(t.live_set for t in terms) <= set(LIVE_SETS)
     if phases is None:
         phases = critical_phases(ctx) if critical else full_phases(ctx)
-    cells = [[np.asarray(t.bytes_in(p), dtype=np.int64) for p in phases] for t in terms]
-    cand = np.broadcast_shapes(*(c.shape for row in cells for c in row))
-    tb = np.empty((len(terms), len(phases), *cand), dtype=np.int64)
-    for i, row in enumerate(cells):
-        for j, c in enumerate(row):
-            tb[i, j] = c
-    for t, row in zip(terms, tb):
-        assert (row >= 0).all(), f"term {t.name!r} of {t.live_set} is negative"
-    ev = Evaluation(ctx, terms, phases, tb)
+    if per_term:
+        rows = [_rows(t, phases) for t in terms]
+    else:  # terms resident in the same phases are summed before the phase axis is spread
+        grouped: dict[tuple, object] = {}
+        rows = []
+        for t in terms:
+            if t.at is None:
+                key = tuple(t.resident(p) for p in phases)
+                b = np.asarray(t.bytes, dtype=np.int64)
+                assert (b >= 0).all(), f"term {t.name!r} of {t.live_set} is negative"
+                grouped[key] = grouped.get(key, 0) + b
+            else:
+                rows.append(_rows(t, phases))
+        for key, b in grouped.items():
+            b = np.asarray(b)
+            rows.append(np.array(key, dtype=np.int64).reshape(-1, *([1] * b.ndim)) * b)
+    cand = np.broadcast_shapes(*(r.shape[1:] for r in rows))
+    lead = lambda r: r.reshape(r.shape[:1] + (1,) * (len(cand) + 1 - r.ndim) + r.shape[1:])  # noqa: E731
+    for r in rows:
+        assert (r >= 0).all(), "a term is negative in some phase"
+    if per_term:
+        tb = np.empty((len(terms), len(phases), *cand), dtype=np.int64)
+        for i, r in enumerate(rows):
+            tb[i] = lead(r)
+        ev = Evaluation(ctx, terms, phases, tb.sum(axis=0), tb)
+    else:
+        tot = np.zeros((len(phases), *cand), dtype=np.int64)
+        for r in rows:
+            tot += lead(r)
+        ev = Evaluation(ctx, terms, phases, tot)
     assert (ev.peak_bytes >= ev.by_phase).all(), "peak below a phase"
-    assert set(t.live_set for t in terms) <= set(LIVE_SETS)
     return ev
 
 

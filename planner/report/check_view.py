@@ -34,7 +34,7 @@ def render_check(rep, console: Console, explain: bool = False) -> None:
                   f"tokens/rank · Θ = {rep.ctx.num_params / 1e9:.1f}B")
     console.print(_plan_line(rep), style="dim")
     tab = rep.phase_kind_table()
-    t = Table(title="per-rank device memory by live set (GiB; max over each phase kind)")
+    t = Table(title="per-rank GiB, worst phase of each kind")
     t.add_column("live set")
     for kind in PHASE_KINDS:
         t.add_column(kind, justify="right")
@@ -48,7 +48,7 @@ def render_check(rep, console: Console, explain: bool = False) -> None:
                          else cell)
         t.add_row(f"[bold]{ls}[/]" if ls == "total" else ls, *cells, end_section=ls == LIVE_SETS[-1])
     labels = [tab["total"][k][1] for k in PHASE_KINDS]
-    t.caption = "worst phase of each kind: " + ", ".join(labels)
+    t.caption = "worst phases: " + ", ".join(labels)
     console.print(t)
     if explain:
         render_explain(rep, console)
@@ -58,6 +58,11 @@ def render_check(rep, console: Console, explain: bool = False) -> None:
                   f"{fmt_gib(rep.outside_allocator_bytes)} − reserve) · headroom {fmt_gib(head)}")
     top = ", ".join(f"{x['name']} ({x['live_set']}, {fmt_gib(x['bytes'])})" for x in rep.binding_terms)
     console.print(f"binding live set: [bold]{rep.binding_live_set}[/] · top terms: {top}")
+    db = rep.extra.get("dispatch_bounds")
+    if db:
+        console.print(f"dispatch live set (max over phases): guarantee {fmt_gib(db['guarantee'])}, expected "
+                      f"{fmt_gib(db['expected'])} under routing {rep.planfile.plan.routing}; the verdict uses "
+                      f"the {rep.planfile.plan.dispatch_bound} (--dispatch-bound)")
     h = rep.host
     console.print(f"host RAM per node ({h.ranks_per_node} ranks): {fmt_gib(h.bytes)} of {fmt_gib(h.capacity_bytes)} "
                   f"usable (baseline {fmt_gib(h.baseline_bytes)}, optimizer {fmt_gib(h.optimizer_bytes)}, "

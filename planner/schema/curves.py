@@ -274,6 +274,9 @@ class Curves(Frozen):
     """``torch.optim.AdamW(fused=True)`` on fp32 device parameters."""
     cpu_adamw: CpuAdamWTable | None = None
     """``torch.optim.AdamW(fused=True)`` on fp32 host parameters, by thread count."""
+    cpu_cast: CpuAdamWTable | None = None
+    """Host bf16→fp32 upcast + fp32→bf16 downcast (CPUOffloadAdamW's casts), seconds per element,
+    by thread count."""
     collectives: CollectiveCurves = Field(default_factory=CollectiveCurves)
     """NCCL collectives by group size (``torchrun``, W > 1)."""
     chunk_count: ChunkCurve | None = None

@@ -82,7 +82,7 @@ def evaluate_group(group: Group, model: ModelSpec, cluster: ClusterSpec, workloa
                    tally: Tally, time_fn) -> Evaluated | None:
     """Memory for every candidate of ``group``; time (``time_fn(ctx)``) for those that fit."""
     ctx = make_context(model, cluster, workload, plan, resolved=True, overrides=dict(group.numeric))
-    ev = evaluate(ctx, critical=True)
+    ev = evaluate(ctx, critical=True, per_term=False)
     host = host_budget(ctx)
     n = group.size
     peak = np.broadcast_to(ev.peak_bytes, (n,))

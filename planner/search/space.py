@@ -48,9 +48,9 @@ class Group:
 
 
 def _product(**axes) -> dict:
-    names = list(axes)
-    rows = list(itertools.product(*[axes[n] for n in names]))
-    return {n: np.array([r[i] for r in rows], dtype=np.int64) for i, n in enumerate(names)}
+    """Every combination of the axes' values, as parallel int64 arrays (first axis slowest)."""
+    grids = np.meshgrid(*[np.asarray(v, dtype=np.int64) for v in axes.values()], indexing="ij")
+    return {n: g.reshape(-1) for n, g in zip(axes, grids)}
 
 
 def composed_groups(model: ModelSpec, workload: Workload, W: int) -> list[Group]:

@@ -171,10 +171,20 @@ def cpu_adamw_time_s(curves: Curves, num_params, threads):
     cache, so it holds for any ``num_params`` ≥ the measured count; smaller problems may run from
     cache and raise ``ProfileGap`` (zero parameters cost 0 s).
     """
-    c = _require(curves.cpu_adamw, "cpu_adamw")
-    _check_range("cpu_adamw.threads", threads, c.threads[0], c.threads[-1])
+    return _per_thread_time(curves.cpu_adamw, "cpu_adamw", num_params, threads)
+
+
+def cpu_cast_time_s(curves: Curves, num_params, threads):
+    """Host cast seconds (bf16→fp32 upcast + fp32→bf16 downcast) over ``num_params`` elements at
+    ``threads``; same interpolation rule and range checks as ``cpu_adamw_time_s``."""
+    return _per_thread_time(curves.cpu_cast, "cpu_cast", num_params, threads)
+
+
+def _per_thread_time(table, name: str, num_params, threads):
+    c = _require(table, name)
+    _check_range(f"{name}.threads", threads, c.threads[0], c.threads[-1])
     n = np.asarray(num_params, dtype=float)
-    _check_range("cpu_adamw.num_params", n[n != 0], c.num_params, np.inf)
+    _check_range(f"{name}.num_params", n[n != 0], c.num_params, np.inf)
     spp = np.interp(np.asarray(threads, dtype=float), c.threads, c.s_per_param)
     out = np.asarray(num_params, dtype=float) * spp
     return float(out) if out.ndim == 0 else out

@@ -24,8 +24,9 @@ DRAM share when ``r > 1``).
 - **CPUOffloadAdamW** (ZeRO-Offload style, ``cpu_offload_adamw_s``), serial with the GPU: the bf16
   grads down (``b·Θ_r`` D2H), the host update, the bf16 weights up (``b·Θ_r`` H2D). The host update
   is torch's fused CPU AdamW at ``T = host_cores / G_n`` threads (interpolated in the measured
-  ``cpu_adamw`` table), plus the grad upcast and master downcast passes, which stream at the
-  AdamW's own implied host bandwidth (``(28 + 12)/28`` of its time, assumed); it is bounded below
+  ``cpu_adamw`` table), plus the grad upcast and master downcast passes, timed by the measured
+  ``cpu_cast`` table at the same threads (without it, at the AdamW's own implied host bandwidth,
+  ``(28 + 12)/28`` of its time, listed as assumed); it is bounded below
   by the host-memory bandwidth the rank gets: ``HOST_BYTES_PER_PARAM`` = 40 B per parameter
   (AdamW reads master, grad, m, v and writes master, m, v: 28 B; upcast reads 2 writes 4; downcast
   reads 4 writes 2) at ``host_mem_bw / G_n``. So streaming wins when the link is faster than
@@ -122,9 +123,12 @@ def host_adamw_s(lk: Lookups, theta, threads, *, casts: bool, ranks: int = 1):
     t = lk.call(lambda n, th: C.cpu_adamw_time_s(lk.curves, n, th), theta, threads)
     nbytes = HOST_ADAMW_BYTES
     if casts:
-        lk.assume(f"CPUOffloadAdamW casts ({HOST_CAST_BYTES} B/param) at the host bandwidth the fused CPU "
-                  f"AdamW implies ({HOST_ADAMW_BYTES} B/param)")
-        t = t * (HOST_ADAMW_BYTES + HOST_CAST_BYTES) / HOST_ADAMW_BYTES
+        if lk.curves.cpu_cast is not None:  # measured: the upcast + downcast passes by thread count
+            t = t + lk.call(lambda n, th: C.cpu_cast_time_s(lk.curves, n, th), theta, threads)
+        else:
+            lk.assume(f"CPUOffloadAdamW casts ({HOST_CAST_BYTES} B/param) at the host bandwidth the fused CPU "
+                      f"AdamW implies ({HOST_ADAMW_BYTES} B/param)")
+            t = t * (HOST_ADAMW_BYTES + HOST_CAST_BYTES) / HOST_ADAMW_BYTES
         nbytes = HOST_BYTES_PER_PARAM
     return np.maximum(t, host_dram_s(lk, nbytes * np.asarray(theta, dtype=float), ranks=ranks))
 

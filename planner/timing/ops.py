@@ -32,6 +32,7 @@ from planner.plans.routing import parse_profile
 from planner.timing.comm import collective_s, ranks_per_node
 from planner.timing.compute import Lookups, elementwise_s, gemm_s
 from planner.timing.dispatch import moe_dispatch_s
+from planner.timing.dispatch_kernels import router_and_loss
 from planner.timing.offload import cpu_offload_adamw_s, gpu_adamw_s, stream_adamw_s
 from planner.units import DTYPE_BYTES, ceil_div
 
@@ -159,15 +160,21 @@ def ring_dtp_time(N: int, H: int, V: int, P: int, B_v: int, dtype: str, cluster,
 
 def dispatch_time(op: str, N: int, H: int, I: int, E: int, k: int, E_p: int, c: int, routing: str,
                   cluster, *, max_chunks: int = 10, dtype: str = "bf16", knobs: tuple = (1.0, 1024, 1.3, 4),
-                  comm: bool = False) -> tuple[float, float]:
-    """(forward, forward + backward) seconds of one MoE layer's dispatch operator ``op`` on its
-    binding rank, as the dispatch bench runs it (no outer checkpoint; per-rank emulation: compute
-    only, unless ``comm``). ``routing``: ``balanced``, ``R/H``, ``one_expert`` or ``one_rank``."""
+                  comm: bool = False, rank: int | None = None) -> tuple[float, float]:
+    """(forward, forward + backward) seconds of one MoE layer's dispatch operator ``op`` as
+    ``bench/dispatch.py`` runs it (``dispatch_trace.build_layer``: the router on the profile's ids,
+    the operator, ``out.sum()`` and its backward; no outer checkpoint), on ``rank`` of the plan (the
+    slowest when None). Per-rank emulation: compute only, unless ``comm``. ``routing``:
+    ``balanced``, ``R/H``, ``one_expert`` or ``one_rank``."""
     parse_profile(routing)
     K = _num_chunks(N, c, max_chunks) if op == "pipelined_llep" else 1
-    r = moe_dispatch_s(_lk(cluster), op, N, E, k, E_p, K, H, I, DTYPE_BYTES[dtype], profile=routing,
-                       knobs=knobs, comm=comm)
-    return float(r["fwd"]), float(r["fwd"] + r["bwd"])
+    lk = _lk(cluster)
+    b = DTYPE_BYTES[dtype]
+    r = moe_dispatch_s(lk, op, N, E, k, E_p, K, H, I, b, profile=routing, knobs=knobs, comm=comm,
+                       rank=rank, dense_grad=False)
+    extra = router_and_loss(lk, N, H, E, k, b)
+    fwd = float(r["fwd"] + sum(extra["fwd"]))
+    return fwd, fwd + float(r["bwd"] + sum(extra["bwd"]))
 
 
 def offload_adamw_time(num_params: int, beta: int, slots: int, cluster, *, world_size: int = 1) -> float:

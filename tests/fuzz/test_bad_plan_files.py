@@ -53,9 +53,21 @@ settings_ = settings(max_examples=FUZZ_EXAMPLES, deadline=None,
                      suppress_health_check=[HealthCheck.function_scoped_fixture])
 
 
+def _not_a_positive_int(v) -> bool:
+    """pydantic's lax mode accepts 16.0 and "16" for an int field: those are valid input, not bad."""
+    try:
+        f = float(v)
+    except (TypeError, ValueError):
+        return True
+    return not (f == f and f not in (float("inf"), float("-inf")) and f > 0 and f == int(f))
+
+
+BAD_NUMBERS = st.one_of(st.integers(max_value=0), st.text(max_size=5), st.floats(allow_nan=True),
+                        st.none()).filter(_not_a_positive_int)
+
+
 @settings_
-@given(path=st.sampled_from(NUMERIC_PATHS), value=st.one_of(st.integers(max_value=0), st.text(max_size=5),
-                                                            st.floats(allow_nan=True), st.none()))
+@given(path=st.sampled_from(NUMERIC_PATHS), value=BAD_NUMBERS)
 def test_bad_numbers(good_doc, tmp_path_factory, capsys, path, value):
     doc = copy.deepcopy(good_doc)
     _set(doc, path, value)

@@ -112,6 +112,11 @@ def dispatch_cases(doc: dict, cluster) -> list[Case]:
             continue  # real multi-GPU runs need collective curves at their group size
         if _field(r, "fwd_s", False) in (None, False) or _field(r, "fwdbwd_s", False) in (None, False):
             continue  # not measured (standard EP runs out of memory at shape A when skewed)
+        if "shape" in r and "shapes" in doc:  # bench/dispatch.py: rows name a shape of doc["shapes"]
+            base, _, ep1 = r["shape"].partition("/")
+            if not r.get("binding") and not ep1:
+                continue  # per-rank memory rows of the emulation: only the binding rank is timed
+            r = {**doc["shapes"][base], **({"E_p": 1} if ep1 else {}), **r}
         op, N, H, I, E, k, E_p = (_field(r, f) for f in ("op", "N", "H", "I", "E", "k", "E_p"))
         c, K_max, routing = _field(r, "c", 4096), _field(r, "K_max", 10), _field(r, "routing", "balanced")
         fwd, fb = ops.dispatch_time(op, N, H, I, E, k, E_p, c, routing, cluster, max_chunks=K_max)

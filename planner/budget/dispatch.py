@@ -1,0 +1,279 @@
+"""Live set ``dispatch``: router logits and the expert-dispatch buffers of ``moe`` regions (§3.2).
+
+Counts are the operators' tensor inventories (``planner.budget.dispatch_inventory``, read off
+``planner/runtime/{expert_parallel,llep,pipelined_llep}.py``), evaluated in two ways:
+
+- **expected** (``dispatch_bound = expected``): the integer plan of ``planner.plans`` evaluated on
+  the named routing profile's synthetic routing (every rank the same profile), maximised over
+  ranks; the binding rank's buffers become the terms.
+- **guarantee** (PipelinedLLEP, ``dispatch_bound = guarantee``): the same inventory with
+  per-chunk rows ``E_p·k·c_eff`` received and ``k·c_eff`` sent per chunk, GEMM blocks of
+  ``max(m, ceil(E_p·k·c_eff/E))`` rows, a residue of ``ceil(max(α,λ)·k·N_max) + (E/E_p)·(m-1)``
+  rows and ``n_import_max`` imported experts. It holds for every routing whose LLEP plan places
+  every excess of ``m`` or more routes (``Assignment.unplaced == 0``; see ``planner.plans.llep``).
+  LLEP's received rows have the same cap; standard EP has no launch-time bound and is sized under
+  the routing assumption (``worst``: ``E_p·N·min(k, E/E_p)`` rows to one rank).
+
+Phases (``moe`` regions): inside a checkpointed region (``per_layer``/``sco``, FSDP2 ``ac=full``)
+``forward[r]`` holds the non-saving forward and ``backward[r]`` the recompute, then the backward.
+Left to ``boundaries``: the region's input and output in forward, the boundary gradients in
+backward, and (``checkpoint = none``) earlier regions' saved activations.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+import numpy as np
+
+from planner.budget import dispatch_inventory as inv
+from planner.budget.context import Ctx
+from planner.budget.terms import Term
+from planner.plans import chunking, dispatch as plans_dispatch, llep, routing
+
+SOURCE = "DESIGN §3.2 Dispatch; planner/runtime dispatch operators (dispatch_inventory)"
+
+
+# ---- one rank's sizes under a plan --------------------------------------------------------------
+def rank_sizes(plan: plans_dispatch.DispatchPlan, d: int) -> dict:
+    """Per-chunk rows of rank ``d``: sent ``C``, received ``Q``, largest GEMM block ``r``."""
+    send = plan.send_KWW
+    C = send[:, d, :].sum(1).tolist()
+    Q = send[:, :, d].sum(1).tolist()
+    slot_rows = plan.chunk_KWWS[:, :, d, :].sum(1)            # [K, S]
+    if plan.block_rows:
+        slot_rows = np.minimum(slot_rows, plan.block_rows)
+    return dict(N=int(plan.tokens_W[d]), C=C, Q=Q, r=slot_rows.max(1).tolist(),
+                X=len(plan.assignment.imports[d]), X_e=len(plan.assignment.exports[d]))
+
+
+def moments(op: str, shape: inv.Shape, sz: dict, n_local: int, *, standalone: bool) -> dict:
+    """The inventory timelines of ``op`` for one rank (see ``dispatch_inventory``)."""
+    s = inv.Shape(sz["N"], shape.H, shape.I, shape.E, shape.k, shape.b)
+    if op == "pipelined_llep":
+        resid = np.cumsum(sz["Q"]).tolist()
+        return inv.pipelined(s, sz["C"], sz["Q"], sz["r"], resid, sz["X"], sz["X_e"],
+                             standalone=standalone)
+    return inv.unchunked(s, sum(sz["Q"]), sz["r"][0], sz["X"], sz["X_e"], n_local,
+                         standalone=standalone)
+
+
+def peak(moment_list: list[dict]) -> tuple[int, dict]:
+    """(bytes, moment) of the largest moment (scalar counts)."""
+    best = max(moment_list, key=lambda m: int(inv.total_bytes(m)))
+    return int(inv.total_bytes(best)), best
+
+
+def phase_moments(mom: dict, regime: str) -> dict[str, list[dict]]:
+    """Moments per phase kind: ``standalone`` (one step of the bare operator), ``checkpointed``
+    (inside a non-reentrant region checkpoint) or ``saved`` (no checkpointing)."""
+    def drop_out(ms):
+        return [{k: v for k, v in m.items() if k[0] != "output"} for m in ms]
+
+    if regime == "standalone":
+        return {"forward": mom["forward"], "backward": mom["backward"]}
+    if regime == "checkpointed":
+        return {"forward": drop_out(mom["forward_nosave"]), "backward": mom["forward"] + mom["backward"]}
+    return {"forward": drop_out(mom["forward"]), "backward": mom["backward"]}
+
+
+# ---- expected: the plan on the profile --------------------------------------------------------
+@lru_cache(maxsize=4096)
+def expected(op: str, profile: str, N: int, H: int, I: int, E: int, k: int, b: int, E_p: int,
+             c: int, K_max: int, alpha: float, m: int, lam: float, n_imp: int, regime: str,
+             standalone: bool = False) -> dict:
+    """Binding moment per phase, maximised over the ranks of the plan on ``profile``."""
+    counts = routing.profile_counts(profile, N, E, k, E_p)
+    plan = plans_dispatch.plan_layer(counts, top_k=k, operator=op, token_budget=c, max_chunks=K_max,
+                                     alpha=alpha, min_tokens=m, lam=lam, max_imports=n_imp)
+    shape = inv.Shape(N, H, I, E, k, b)
+    out: dict = {}
+    for d in plan.rank_classes():
+        ph = phase_moments(moments(op, shape, rank_sizes(plan, d), E // E_p, standalone=standalone),
+                           regime)
+        for kind, ms in ph.items():
+            pk, mo = peak(ms)
+            if kind not in out or pk > out[kind][0]:
+                out[kind] = (pk, mo, d)
+    return out
+
+
+# ---- guarantee: bounds substituted ---------------------------------------------------------------
+def guarantee_sizes(ctx_like: dict) -> dict:
+    """Bounded sizes (numpy-friendly) of PipelinedLLEP / LLEP for ``guarantee_moments``: a chunk
+    and, when ``K >= 2``, the next one (its prefetch), both at the per-chunk bounds."""
+    g = ctx_like
+    N, k, E, E_p, m = g["N"], g["k"], g["E"], g["E_p"], g["m"]
+    K = chunking.num_chunks(N, g["c"], g["K_max"])
+    c_eff = chunking.chunk_tokens(N, K)
+    resid = llep.residue_bound_routes(k, N, E, E_p, g["alpha"], g["lam"], m)
+    q = E_p * k * c_eff
+    r = np.minimum(q, chunking.expert_block_rows(k, c_eff, E_p, E, m))
+    n = E // np.asarray(E_p)
+    x_e = np.minimum(n * (np.asarray(E_p) - 1), (np.asarray(E_p) - 1) * g["n_imp"])
+    more = np.asarray(K) >= 2
+    return dict(N=N, C=[k * c_eff, k * c_eff * more], Q=[q, q * more], r=[r, r * more],
+                resid=[resid, resid], tok=[k * np.asarray(N)] * 2, X=g["n_imp"], X_e=x_e)
+
+
+def guarantee_moments(op: str, shape: inv.Shape, g: dict, *, standalone: bool) -> dict:
+    """Inventory timelines at the bounds (representative chunks; arrays broadcast)."""
+    sz = guarantee_sizes(g)
+    s = inv.Shape(g["N"], shape.H, shape.I, shape.E, shape.k, shape.b)
+    if op == "pipelined_llep":
+        return inv.pipelined(s, sz["C"], sz["Q"], sz["r"], sz["resid"], sz["X"], sz["X_e"],
+                             standalone=standalone, tokc=sz["tok"])
+    return inv.unchunked(s, sz["resid"][0], sz["resid"][0], sz["X"], sz["X_e"],
+                         shape.E // np.asarray(g["E_p"]), standalone=standalone)
+
+
+def vector_peak(moment_list: list[dict]) -> tuple[np.ndarray, dict]:
+    """Per candidate: bytes of the largest moment, and its components (numpy arrays)."""
+    keys = sorted({key for m in moment_list for key in m})
+    tot = np.stack(np.broadcast_arrays(*[np.asarray(inv.total_bytes(m)) for m in moment_list]))
+    arg = tot.argmax(0)
+    comps = {}
+    for key in keys:
+        vals = np.stack(np.broadcast_arrays(*[np.asarray(m.get(key, 0), dtype=np.int64)
+                                              for m in moment_list], tot[0]))[:-1]
+        comps[key] = np.take_along_axis(vals, arg[None], 0)[0]
+    return tot.max(0), comps
+
+
+# ---- terms(ctx) ---------------------------------------------------------------------------------
+OPERATOR_NAMES = {"ep": "standard EP", "llep": "LLEP", "pipelined_llep": "PipelinedLLEP"}
+KNOBS = ("tokens_per_rank", "expert_parallel", "token_budget", "max_chunks", "llep_alpha",
+         "llep_min_tokens", "llep_lambda", "max_imports")
+
+FORMULAS = {
+    "router softmax": "N·E (fp32 softmax of the router logits; 2·N·E with the fp32 logits, 3·N·E in "
+                      "its backward)",
+    "router weights": "N·(2k+1) fp32 (top-k values, their sum, the weights)",
+    "router logits grad": "N·E", "router input grad": "N·H",
+    "send order": "k·N int64 route indices in send order (×5 while sorting; ×2 with tokens)",
+    "imported weights": "X·3·H·I (X imported experts)", "imported weight grads": "X·3·H·I",
+    "returned expert grads": "X_e·3·H·I (exported experts' gradients coming home)",
+    "output": "N·H (the output accumulator; the region output belongs to boundaries in forward)",
+    "input gradient": "N·H (standalone runs only)",
+    "residue rows": "Σ_{j≤i} Q_j·H (reentrant-checkpoint inputs kept to the layer's backward)",
+    "residue route weights": "Σ_{j≤i} Q_j fp32", "chunk token ids": "Σ_{j≤i} C_j int64",
+    "prefetch send rows": "C_{i+1}·H (next chunk's rows, gathered and in flight)",
+    "prefetch send weights": "C_{i+1} fp32", "chunk index": "Q_i int64",
+    "chunk outputs": "Q_i·H (weighted expert outputs of chunk i)",
+    "combined rows": "C_i·H (combine all-to-all output)", "chunk rows": "Q_i·H",
+    "chunk route weights": "Q_i fp32", "next chunk rows": "Q_{i+1}·H",
+    "next chunk route weights": "Q_{i+1} fp32",
+    "expert block": "bytes of one GEMM block of r rows: fwd max(r(H+4I), r(2H+3I))·b, bwd "
+                    "max(r(4H+2I)·b, r(H+6I)·b, …) (dispatch_inventory)",
+    "grad chunk outputs": "Q_i·H", "grad combined rows": "C_i·H",
+    "recomputed gate|up": "Q_i·2I", "grad chunk rows": "Q_i·H", "grad chunk route weights": "Q_i fp32",
+    "grad sent rows": "C_i·H",
+    "sent rows": "R·H (R = k·N)", "received rows": "Q·H", "slot-major rows": "Q·H (saved)",
+    "saved gate|up, silu, h": "Q·4I (saved by the grouped MLP)",
+    "permutation indices": "Q int64 per permutation (slot-major and back)",
+    "expert outputs": "Q·H per buffer", "combine rows": "Q·H + R·H",
+    "weights cast": "R (route weights in the activation dtype, saved)",
+    "sent route weights": "R fp32", "route weight grad": "R",
+    "stacked weight grads": "(n + X)·3·H·I", "grad expert outputs": "Q·H per buffer",
+    "grad received rows": "Q·H per buffer",
+}
+
+
+def regime(ctx: Ctx) -> str:
+    """``checkpointed`` when the MoE region runs inside a non-reentrant checkpoint, else ``saved``."""
+    if ctx.stack == "fsdp2":
+        return "checkpointed" if ctx.ac == "full" else "saved"
+    return "saved" if ctx.checkpoint == "none" else "checkpointed"
+
+
+def profile_of(ctx: Ctx) -> str:
+    """The routing profile the plan is evaluated on (``worst`` → every token to one rank)."""
+    return routing.profile_name(ctx.routing, ctx.routing_hot_share, ctx.routing_hot_experts)
+
+
+def _knob_arrays(ctx: Ctx, op: str):
+    vals = {name: getattr(ctx, name) for name in KNOBS}
+    if ctx.stack == "fsdp2":
+        vals["expert_parallel"] = ctx.ep
+    arrs = np.broadcast_arrays(*[np.asarray(vals[n], dtype=np.float64) for n in KNOBS])
+    return arrs[0].shape, {n: a for n, a in zip(KNOBS, arrs)}
+
+
+def _expected_components(ctx: Ctx, op: str, reg: str) -> dict:
+    shape, arrs = _knob_arrays(ctx, op)
+    flat = np.stack([arrs[n].reshape(-1) for n in KNOBS], 1)
+    uniq, inv_idx = np.unique(flat, axis=0, return_inverse=True)
+    prof = profile_of(ctx)
+    per_phase: dict = {}
+    for u, row in enumerate(uniq):
+        kw = dict(zip(KNOBS, row))
+        res = expected(op, prof, int(kw["tokens_per_rank"]), ctx.hidden_size, ctx.expert_ffn,
+                       ctx.num_experts, ctx.top_k, ctx.act_bytes, int(kw["expert_parallel"]),
+                       int(kw["token_budget"]), int(kw["max_chunks"]), float(kw["llep_alpha"]),
+                       int(kw["llep_min_tokens"]), float(kw["llep_lambda"]), int(kw["max_imports"]),
+                       reg)
+        for kind, (_, mom, _) in res.items():
+            comp = per_phase.setdefault(kind, {})
+            for key, c in mom.items():
+                comp.setdefault(key, np.zeros(len(uniq), np.int64))[u] = int(c)
+    out = {}
+    for kind, comp in per_phase.items():
+        out[kind] = {key: (v[inv_idx.reshape(-1)].reshape(shape) if shape else int(v[0]))
+                     for key, v in comp.items()}
+    return out
+
+
+def worst_ep_moments(shape: inv.Shape, E_p, *, standalone: bool) -> dict:
+    """Standard EP under ``worst``: ``Q = E_p·N·min(k, E/E_p)`` rows to one rank, at most
+    ``E_p·N`` of them to one expert (tokens pick distinct experts; DESIGN §3.2)."""
+    N, E_p = np.asarray(shape.N), np.asarray(E_p)
+    q = E_p * N * np.minimum(shape.k, shape.E // E_p)
+    return inv.unchunked(shape, q, np.minimum(q, E_p * N), 0, 0, shape.E // E_p,
+                         standalone=standalone)
+
+
+def _worst_ep(ctx: Ctx, reg: str) -> dict:
+    s = inv.Shape(np.asarray(ctx.tokens_per_rank), ctx.hidden_size, ctx.expert_ffn, ctx.num_experts,
+                  ctx.top_k, ctx.act_bytes)
+    mom = worst_ep_moments(s, ctx.ep if ctx.stack == "fsdp2" else ctx.expert_parallel,
+                           standalone=False)
+    return {kind: vector_peak(ms)[1] for kind, ms in phase_moments(mom, reg).items()}
+
+
+def _guarantee_components(ctx: Ctx, op: str, reg: str) -> dict:
+    shape, arrs = _knob_arrays(ctx, op)
+    g = dict(N=arrs["tokens_per_rank"].astype(np.int64), k=ctx.top_k, E=ctx.num_experts,
+             E_p=arrs["expert_parallel"].astype(np.int64), c=arrs["token_budget"].astype(np.int64),
+             K_max=arrs["max_chunks"].astype(np.int64), alpha=arrs["llep_alpha"],
+             lam=arrs["llep_lambda"], m=arrs["llep_min_tokens"].astype(np.int64),
+             n_imp=arrs["max_imports"].astype(np.int64))
+    s = inv.Shape(g["N"], ctx.hidden_size, ctx.expert_ffn, ctx.num_experts, ctx.top_k, ctx.act_bytes)
+    mom = guarantee_moments(op, s, g, standalone=False)
+    return {kind: vector_peak(ms)[1] for kind, ms in phase_moments(mom, reg).items()}
+
+
+def terms(ctx: Ctx) -> list[Term]:
+    """Dispatch terms of one rank (resident in forward/backward of ``moe`` regions)."""
+    if not ctx.model.is_moe or "moe" not in set(ctx.regions):
+        return []
+    op = "ep" if ctx.stack == "fsdp2" else ctx.dispatch
+    reg = regime(ctx)
+    bound = ctx.dispatch_bound
+    if op == "ep" and ctx.routing == "worst":
+        comps, how = _worst_ep(ctx, reg), "worst: E_p·N·min(k, E/E_p) rows to one rank"
+    elif bound == "guarantee" and op != "ep":
+        comps, how = _guarantee_components(ctx, op, reg), (
+            "guarantee: Q_i ≤ E_p·k·c_eff, C_i ≤ k·c_eff, Σ Q ≤ ceil(max(α,λ)·k·N_max) + (E/E_p)(m−1), "
+            "X ≤ n_import_max")
+    else:
+        comps, how = _expected_components(ctx, op, reg), (
+            f"expected: the {OPERATOR_NAMES[op]} plan on routing {profile_of(ctx)}, binding rank")
+    out = []
+    for kind in ("forward", "backward"):
+        for (name, eb), count in sorted(comps.get(kind, {}).items()):
+            if not np.any(np.asarray(count)):
+                continue
+            out.append(Term(f"{OPERATOR_NAMES[op]}: {name}", "dispatch", count, eb,
+                            FORMULAS.get(name, name), (kind,), regions=("moe",),
+                            source=f"{SOURCE}; {how}; {reg} region"))
+    return out

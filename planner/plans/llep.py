@@ -1,0 +1,177 @@
+"""Least-loaded expert assignment (LLEP) as an integer plan (DESIGN §7; LLEP, arXiv 2601.17111).
+
+Legend:
+    E, E_p, n   routed experts, expert-parallel degree, experts per rank ``n = E/E_p``
+    load_E      routes to each expert, summed over every source rank (``T = Σ load_E``)
+    α, m, λ     capacity factor, minimum routes per spilled GEMM, imbalance threshold
+    cap         ``ceil(α·T/E_p)``: routes a rank computes before its experts spill
+    n_imp       ``n_import_max``: most foreign experts one rank may import per layer
+
+Rules (all integer, deterministic, the same on every rank):
+
+1. LLEP is skipped (every expert stays with its owner) when the most loaded rank is below
+   ``λ × mean``, i.e. ``max·E_p < λ·T``. A rank then computes fewer than ``λ·T/E_p`` routes.
+2. Otherwise every owner keeps its experts, smallest first, up to ``cap``; what is left of an
+   expert is its excess.
+3. Excesses of at least ``m`` routes spill, largest first, to the least-loaded other rank (ties to
+   the lowest rank) that is below ``cap`` and has a free import slot (or already imports the
+   expert). A piece is ``min(excess, room)``; when the room is below ``m`` the piece is ``m``, so
+   no spilled GEMM is smaller than ``m`` and a target ends below ``cap + m``. What is left below
+   ``m`` stays with the owner (at most ``m-1`` per expert).
+
+With ``α >= 1`` some rank is always below ``cap`` while routes remain, so the only way an excess of
+``m`` or more stays with its owner is that every rank below ``cap`` has used its ``n_imp`` import
+slots. ``unplaced`` counts such routes; when it is 0 every rank computes at most
+``max(cap + n·(m-1), λ·T/E_p) <= max(α, λ)·k·N_max + n·(m-1)`` routes (the residue bound of
+DESIGN §3.2). ``unplaced`` is 0 whenever ``n_imp`` is at least the number of experts that spill.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from planner.errors import InvalidPlan
+
+
+@dataclass(frozen=True)
+class Assignment:
+    """Which ranks compute which routes of every expert."""
+
+    num_ranks: int
+    """``E_p``."""
+    active: bool
+    """Whether LLEP moved anything (False: standard EP, or skipped below ``λ``)."""
+    cap: int
+    """Per-rank capacity in routes (0 when LLEP did not run)."""
+    holders: tuple[tuple[tuple[int, int], ...], ...]
+    """Per expert, ``((rank, routes), …)``: the owner first (when it keeps any), then importers
+    in the order they were filled. The routes of each expert sum to its load."""
+    imports: tuple[tuple[int, ...], ...]
+    """Per rank, the foreign experts it imports, in import-slot order."""
+    load: np.ndarray
+    """``[E_p]`` routes each rank computes."""
+    unplaced: int
+    """Routes of excesses ``>= m`` left on their owners because no import slot was free."""
+
+    @property
+    def num_experts(self) -> int:
+        return len(self.holders)
+
+    @property
+    def experts_per_rank(self) -> int:
+        return self.num_experts // self.num_ranks
+
+    def owner(self, expert: int) -> int:
+        return expert // self.experts_per_rank
+
+    @property
+    def exports(self) -> tuple[tuple[tuple[int, int], ...], ...]:
+        """Per owner rank, ``((expert, importer rank), …)``: the weights it sends each layer."""
+        out: list[list[tuple[int, int]]] = [[] for _ in range(self.num_ranks)]
+        per = self.experts_per_rank
+        for e, hs in enumerate(self.holders):
+            own = e // per
+            if len(hs) > 1 or hs and hs[0][0] != own:
+                out[own].extend((e, r) for r, _ in hs if r != own)
+        return tuple(tuple(x) for x in out)
+
+
+def check_knobs(num_experts: int, num_ranks: int, alpha: float, min_tokens: int, lam: float,
+                max_imports: int) -> None:
+    """Raise ``InvalidPlan`` for knobs the assignment cannot honour."""
+    if num_ranks < 1 or num_experts % num_ranks:
+        raise InvalidPlan("plan.composed.expert_parallel", num_ranks,
+                          f"must divide model.num_experts ({num_experts})", "choose a divisor of E")
+    if alpha < 1:
+        raise InvalidPlan("plan.composed.llep_alpha", alpha, "must be >= 1 (the ranks' capacity "
+                          "must hold every route)", "use --llep-alpha 1.0")
+    if min_tokens < 1:
+        raise InvalidPlan("plan.composed.llep_min_tokens", min_tokens, "must be >= 1", "use 1024")
+    if lam < 1:
+        raise InvalidPlan("plan.composed.llep_lambda", lam, "must be >= 1", "use 1.3")
+    if max_imports < 0:
+        raise InvalidPlan("plan.composed.max_imports", max_imports, "must be >= 0", "use 4")
+
+
+def standard_assignment(load_E, num_ranks: int) -> Assignment:
+    """Every expert computed by its owner (standard EP)."""
+    load = np.asarray(load_E, dtype=np.int64)
+    n = len(load) // num_ranks
+    holders = tuple(((e // n, int(c)),) if c else () for e, c in enumerate(load.tolist()))
+    return Assignment(num_ranks, False, 0, holders, tuple(() for _ in range(num_ranks)),
+                      load.reshape(num_ranks, n).sum(1), 0)
+
+
+def assign(load_E, num_ranks: int, *, alpha: float = 1.0, min_tokens: int = 1024,
+           lam: float = 1.3, max_imports: int = 4) -> Assignment:
+    """The least-loaded assignment of the module docstring.
+
+    Args:
+        load_E: routes per expert over every source (length ``E``).
+        num_ranks: ``E_p``.
+    Raises:
+        InvalidPlan: see ``check_knobs``.
+    """
+    load = np.asarray(load_E, dtype=np.int64)
+    num_experts = len(load)
+    check_knobs(num_experts, num_ranks, alpha, min_tokens, lam, max_imports)
+    n = num_experts // num_ranks
+    native = load.reshape(num_ranks, n).sum(1)
+    total = int(load.sum())
+    if num_ranks == 1 or total == 0 or int(native.max()) * num_ranks < lam * total:
+        return standard_assignment(load, num_ranks)
+    cap = int(math.ceil(alpha * total / num_ranks))
+    a = np.zeros(num_ranks, dtype=np.int64)
+    hold: list[dict[int, int]] = [dict() for _ in range(num_experts)]
+    excess = np.zeros(num_experts, dtype=np.int64)
+    for r in range(num_ranks):                       # 2. owners keep, smallest first, up to cap
+        mine = list(range(r * n, (r + 1) * n))
+        for e in sorted(mine, key=lambda e: (int(load[e]), e)):
+            keep = min(int(load[e]), max(cap - int(a[r]), 0))
+            if keep:
+                hold[e][r] = keep
+                a[r] += keep
+            excess[e] = load[e] - keep
+    imports: list[list[int]] = [[] for _ in range(num_ranks)]
+    unplaced = 0
+    order = sorted((e for e in range(num_experts) if excess[e] > 0),
+                   key=lambda e: (-int(excess[e]), e))
+    for e in order:                                  # 3. spill, largest first
+        owner, left = e // n, int(excess[e])
+        while left >= min_tokens:
+            cands = [t for t in range(num_ranks) if t != owner and a[t] < cap
+                     and (len(imports[t]) < max_imports or e in imports[t])]
+            if not cands:
+                break
+            t = min(cands, key=lambda t: (int(a[t]), t))
+            room = cap - int(a[t])
+            piece = left if left <= room else (room if room >= min_tokens else min_tokens)
+            if e not in imports[t]:
+                imports[t].append(e)
+            hold[e][t] = hold[e].get(t, 0) + piece
+            a[t] += piece
+            left -= piece
+        if left:
+            hold[e][owner] = hold[e].get(owner, 0) + left
+            a[owner] += left
+            if left >= min_tokens:
+                unplaced += left
+    holders = []
+    for e in range(num_experts):
+        owner = e // n
+        items = [(owner, hold[e][owner])] if owner in hold[e] else []
+        items += [(r, c) for r, c in hold[e].items() if r != owner]   # insertion = fill order
+        holders.append(tuple(items))
+    assert int(a.sum()) == total
+    return Assignment(num_ranks, True, cap, tuple(holders), tuple(tuple(x) for x in imports),
+                      a, unplaced)
+
+
+def residue_bound_routes(top_k, n_max, num_experts, num_ranks, alpha, lam, min_tokens):
+    """``ceil(max(α, λ)·k·N_max) + (E/E_p)·(m-1)``: most routes one rank computes in a layer
+    (when ``unplaced == 0``). Works on numpy arrays."""
+    top = np.ceil(np.maximum(alpha, lam) * np.asarray(top_k) * np.asarray(n_max))
+    return top.astype(np.int64) + (np.asarray(num_experts) // np.asarray(num_ranks)) * (min_tokens - 1)
