@@ -76,8 +76,7 @@ def build_planfile(*, model: str | None = None, plan_file: str | None = None, cl
             plan.setdefault("baseline", {})[k] = v
     from planner.schema.io import validate
 
-    return validate(PlanFile, {"model": m.model_dump(), "cluster": c.model_dump(), "workload": wl,
-                               "plan": plan}, "plan")
+    return validate(PlanFile, {"model": m, "cluster": c, "workload": wl, "plan": plan}, "plan")
 
 
 def resolved_planfile(pf: PlanFile, ctx: Ctx) -> PlanFile:
@@ -218,8 +217,8 @@ def dispatch_bounds(ctx: Ctx, ev: Evaluation) -> dict[str, int]:
     from planner.budget import dispatch
     from planner.budget.peak import _rows
 
-    if not ctx.model.is_moe:
-        return {}
+    if not ctx.model.is_moe or ctx.dispatch == "ep":
+        return {}  # standard EP has no launch-time bound: it is sized under the routing assumption
     out = {ctx.dispatch_bound: int(ev.live_set_bytes("dispatch").max())}
     other = "expected" if ctx.dispatch_bound == "guarantee" else "guarantee"
     rows = [_rows(t, ev.phases) for t in dispatch.terms(dataclasses.replace(ctx, dispatch_bound=other))]

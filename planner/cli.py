@@ -3,8 +3,6 @@
 Exit codes: 0 fits, 1 does not fit, 2 invalid input (one line, no traceback), 3 internal error.
 """
 
-from __future__ import annotations
-
 import json
 import sys
 import traceback
@@ -186,8 +184,10 @@ def _frontier_signature(fn):
     import inspect
 
     base = [p for n, p in inspect.signature(check).parameters.items() if n != "explain"]
-    own = [p for p in inspect.signature(fn).parameters.values() if p.name not in {q.name for q in base}]
+    own = [p for p in inspect.signature(fn).parameters.values()
+           if p.name not in {q.name for q in base} and p.kind != inspect.Parameter.VAR_KEYWORD]
     fn.__signature__ = inspect.Signature(base + own)
+    fn.__annotations__ = {p.name: p.annotation for p in base + own}
     return fn
 
 

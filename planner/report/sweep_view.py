@@ -57,28 +57,33 @@ def write_plot(rows, path: str, title: str) -> None:
         from planner.errors import InvalidPlan
 
         raise InvalidPlan("--plot", path, "needs matplotlib", "pip install 'moe-planner[plot]'") from None
+    import numpy as np
+
     df = frame(rows)
+    colors = dict(zip(LIVE_SETS, plt.get_cmap("tab10").colors))
     fig, axes = plt.subplots(1, 2, figsize=(13, 5), sharey=True)
-    for ax, stack, name in ((axes[0], "composed", "composed stack"), (axes[1], "fsdp2", "FSDP2-best")):
-        d = df[df.stack == stack].sort_values("seq_len")
-        x = d.seq_len.to_numpy()
+    for ax, stack, name in ((axes[0], "composed", "composed stack (best plan per S)"),
+                            (axes[1], "fsdp2", "FSDP2-best (lowest peak where none fits)")):
+        d = df[df["stack"] == stack].sort_values("seq_len")
+        x = d["seq_len"].to_numpy()
         for ls in LIVE_SETS:
-            y = d[f"{ls}_gib"].to_numpy()
-            if y.max() > 0.01:
-                ax.plot(x, y, marker=".", label=ls)
-        ax.plot(x, d.peak_gib, color="black", linewidth=2.5, label="peak (max over phases)")
-        ax.axhline(d.capacity_gib.iloc[0], color="red", linestyle="--", label="usable HBM")
-        fit = d[d.fits]
+            y = d[f"{ls}_gib"].to_numpy(dtype=float)
+            ax.plot(x, np.where(y > 0, y, np.nan), marker=".", color=colors[ls], label=ls)
+        ax.plot(x, d["peak_gib"], color="black", linewidth=2.5, label="peak (max over phases)")
+        ax.axhline(d["capacity_gib"].iloc[0], color="red", linestyle="--", label="usable HBM")
+        fit = d[d["fits"]]
         if len(fit):
-            reach = int(fit.seq_len.max())
+            reach = int(fit["seq_len"].max())
             ax.axvline(reach, color="green", linestyle=":", label=f"reach {fmt_count(reach)}")
+        else:
+            ax.text(0.5, 0.95, "nothing fits", transform=ax.transAxes, ha="center", color="red")
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
         ax.set_xlabel("context length S (tokens)")
         ax.set_title(name)
         ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=7, loc="lower right")
     axes[0].set_ylabel("per-rank GiB")
-    axes[1].legend(fontsize=8, loc="upper left")
     fig.suptitle(title)
     fig.tight_layout()
     Path(path).parent.mkdir(parents=True, exist_ok=True)

@@ -26,6 +26,15 @@ from typing import Callable
 import torch
 
 
+def host_instance() -> str:
+    """This machine's boot id: host-CPU measurements compare only within one instance."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as f:
+            return f.read().strip()
+    except OSError:
+        return ""
+
+
 def provenance(command: str | None = None) -> dict:
     """Where this measurement ran: keys match ``planner.schema.Provenance``."""
     cuda = torch.cuda.is_available()
@@ -43,6 +52,7 @@ def provenance(command: str | None = None) -> dict:
         "date": _dt.date.today().isoformat(),
         "command": command if command is not None else " ".join(shlex.quote(a) for a in sys.argv),
         "gpus_on_machine": _gpus_on_machine() if cuda else 0,
+        "host_instance": host_instance(),
     }
 
 

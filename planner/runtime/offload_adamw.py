@@ -79,7 +79,7 @@ class OffloadStreamAdamW(torch.optim.Optimizer):
     """
 
     def __init__(self, params, lr: float = 1e-3, betas=(0.9, 0.999), eps: float = 1e-8,
-                 weight_decay: float = 1e-2, *, maximize: bool = False, bucket_params: int = 100 * 2**20,
+                 weight_decay: float = 1e-2, *, maximize: bool = False, bucket_params: int = 100_000_000,
                  staging_slots: int = 2, register: bool | None = None, host: PinnedBuffer | None = None) -> None:
         if staging_slots < 1:
             raise ValueError(f"staging_slots ({staging_slots}) must be >= 1")

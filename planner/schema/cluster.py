@@ -30,6 +30,9 @@ class Provenance(Frozen):
     """The exact command that produced the number."""
     gpus_on_machine: int = Field(default=1, ge=0)
     """How many GPUs the measuring machine had."""
+    host_instance: str = ""
+    """The measuring machine's boot id (``/proc/sys/kernel/random/boot_id``): host-CPU rates are
+    comparable only between measurements that share it (virtual machines differ by ~20%)."""
 
 
 class Constant(Frozen):

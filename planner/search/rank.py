@@ -91,3 +91,39 @@ def search(model: ModelSpec, cluster: ClusterSpec, workload: Workload, *, world_
             progress(j + 1, len(groups))
     best_base = _candidates(base, 1)
     return SearchResult(_candidates(comp, top), best_base[0] if best_base else None, tally, btally, gaps, assumed)
+
+
+def lowest_peak(model: ModelSpec, cluster: ClusterSpec, workload: Workload, *, world_size: int, stack: str,
+                routing: str = "balanced", dispatch_bound: str = "guarantee", dtype: str = "bf16") -> tuple[Plan, int, int]:
+    """Memory only: the legal candidate of ``stack`` with the lowest per-rank peak among those that fit
+    the host (``(plan, peak_bytes, fitting_count)``); no time model. Answers "does anything fit, and
+    how close is the best?" where the time model has gaps."""
+    from planner.budget.build import make_context
+    from planner.budget.host import host_budget
+    from planner.budget.peak import capacity_bytes, evaluate
+
+    groups = composed_groups(model, workload, world_size) if stack == "composed" else \
+        baseline_groups(model, workload, world_size)
+    best: tuple | None = None
+    fitting = 0
+    for g in groups:
+        plan = group_plan(g, world_size, routing, dispatch_bound, dtype)
+        ctx = make_context(model, cluster, workload, plan, resolved=True, overrides=dict(g.numeric))
+        peak = np.broadcast_to(evaluate(ctx, critical=True, per_term=False).peak_bytes, (g.size,))
+        host = host_budget(ctx)
+        ok_host = np.broadcast_to(host.bytes <= host.capacity_bytes, (g.size,))
+        fitting += int(((peak <= capacity_bytes(ctx)) & ok_host).sum())
+        cand = np.where(ok_host, peak, np.iinfo(np.int64).max)
+        i = int(np.argmin(cand))
+        if ok_host[i] and (best is None or cand[i] < best[0]):
+            best = (int(cand[i]), g, plan, i)
+    assert best is not None, "no candidate fits the host"
+    peak, g, plan, i = best
+    knobs = {k: int(np.asarray(v)[i]) for k, v in g.numeric.items()}
+    pct = knobs.pop("sco_fraction_pct", None)
+    if pct is not None:
+        ctx = make_context(model, cluster, workload, plan, resolved=True,
+                           overrides={k: np.asarray(v)[i:i + 1] for k, v in g.numeric.items()})
+        knobs["sco_host_bytes"] = int(np.asarray(ctx.sco_host_bytes).reshape(-1)[0])
+    part = "composed" if stack == "composed" else "baseline"
+    return plan.model_copy(update={part: getattr(plan, part).model_copy(update=knobs)}), peak, fitting

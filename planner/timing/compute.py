@@ -173,6 +173,10 @@ def gemm_s(lk: Lookups, m, n, k, *, dtype: str = "bf16"):
     return lk.call(lambda a, b, c: _blocked_gemm_s(table, name, a, b, c), m, n, k, memo=("gemm", table))
 
 
+_HOST_OP: dict = {}
+"""``id(table) → (table, seconds)``: the launch floor of a GEMM table (the table kept alive)."""
+
+
 def host_op_s(lk: Lookups, dtype: str = "bf16") -> float:
     """Seconds of host time per kernel-launching torch call (module docstring); NaN with a gap."""
     name, table = gemm_table(lk, dtype)
@@ -186,9 +190,6 @@ def host_op_s(lk: Lookups, dtype: str = "bf16") -> float:
     lk.assume(f"host time per kernel-launching torch call: {hit[1] * 1e6:.1f} µs, the {name} table's "
               "launch floor (its fastest per-call time), for every kernel; view calls free")
     return hit[1]
-
-
-_HOST_OP: dict = {}
 
 
 # ------------------------------------------------------------------------------------------------

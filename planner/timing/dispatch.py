@@ -27,7 +27,8 @@ GPU AdamW curve, and the host's launch time per kernel. Per layer:
 each slot's rows in blocks of ``block_rows`` for PipelinedLLEP (the plan's), so skewed slots run
 several GEMMs. The chunk-count curve of the profile is not used: it is a single-rank emulation
 (no communication to overlap), i.e. this same compute at one shape, which the inventory models
-directly (``tests/unit/test_timing_dispatch.py`` compares the two).
+directly (``tests/unit/test_heldout_timing.py`` compares the two; ``test_timing_dispatch.py``
+checks the inventory against the runtime call by call).
 
 **Communication** (``comm=True``; per-rank emulation has none): dispatch all-to-all of
 ``k·c_eff`` rows of ``H·b`` bytes plus their fp32 route weights, combine all-to-all of the rows back,
@@ -143,6 +144,9 @@ def _balanced_parts(lk, op, N, E, k, E_p, K, H, I, b, dense_grad) -> dict:
     n = E // E_p
     kw = dict(N=N, copies=E_p == 1, dense_grad=dense_grad)
     if op == "pipelined_llep":
+        lk.assume("PipelinedLLEP, balanced routing: one GEMM block per slot and chunk at the mean share (the "
+                  "plan's strided-chunk jitter can add a remainder block of a few rows; a given rank or a skewed "
+                  "profile is timed from the plan's exact blocks)")
         r = DK.pipelined(lk, H, I, b, k, s=routes / K, q=routes / K, rows=(routes / n / K)[:, None],
                          cnt=n[:, None].astype(float), K=K, mult=K, **kw)
     else:

@@ -122,3 +122,20 @@ def test_models_lists_shipped_profiles():
     names = {r["name"] for r in json.loads(res.stdout)}
     assert {"gpt-oss-20b", "deepseek-v3", "moe-667b", "moe-120b", "moe-241b"} <= names
     assert len(names) == 14
+
+
+def test_frontier_commands_forward_and_exit(monkeypatch):
+    seen = _capture(monkeypatch, "max_context")
+    with pytest.raises(_Stop):
+        cli.app(["max-context", "gpt-oss-20b", "--gpus", "8", "--seq-step", "2k", "--max-seq-len", "4m",
+                 "--token-budget", "8k"], standalone_mode=False)
+    assert seen["seq_step"] == 2048 and seen["max_seq_len"] == 4 << 20 and seen["gpus"] == 8
+    assert seen["overrides"]["token_budget"] == 8192
+
+
+def test_max_context_json_real():
+    res = _run("max-context", "olmoe-1b-7b", "--gpus", "8", "--max-seq-len", "256k", "--json")
+    doc = json.loads(res.stdout)
+    assert res.returncode == (0 if doc["max_seq_len"] else 1)
+    fits = doc["grid"]["fits"]
+    assert doc["max_seq_len"] == max(v for v, ok in zip(doc["grid"]["values"], fits) if ok)

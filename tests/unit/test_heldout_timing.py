@@ -7,16 +7,35 @@ process group, so no communication time) and what is predicted for each row:
 - ``bench/results/vocab.json`` (``bench/vocab.py``, fp32, TF32 off): dense head and Ring-DTP
   forward and forward+backward (``ops.dense_head_time``, ``ops.ring_dtp_time``);
 - ``bench/results/dispatch.json`` (``bench/dispatch.py``): EP, LLEP, PipelinedLLEP forward and
-  forward+backward at shapes A and B per routing profile (``ops.dispatch_time``);
+  forward+backward at shapes A and B per routing profile, on the rank the bench timed (its
+  ``rank``), router and ``out.sum()`` included (``ops.dispatch_time``);
 - ``bench/results/offload.json`` (``bench/offload.py``): OffloadStreamAdamW, CPUOffloadAdamW and
   fused GPU AdamW seconds per 10⁹ parameters (``ops.offload_adamw_time`` …).
 
-A row is compared only when it is **held out**: its dominant GEMM shape is not a point of the
-rate table, its copy size is not a measured size, or its parameter count lies beyond the measured
-ones (``Case.held_out`` says why; rows read back at their own calibration points are listed and
-skipped). Until a results file is committed, its test skips naming the missing file. The row
-layouts are read through ``READERS``; the dispatch bench was not written when this test was, so
-its field names are the ``DISPATCH_FIELDS`` aliases (adapt them there).
+A row is compared only when it is **held out** (``Case.held_out`` says why; rows read back at
+their own calibration points are listed and skipped): a vocabulary head whose GEMM is not a
+point of the rate table; every dispatch row (an operator of many GEMM blocks, memory-bound
+kernels and launches that no calibration curve measured as a whole); an offload row whose copy
+size is not a measured size or whose parameter count lies beyond the measured ones.
+
+**Host-CPU rows.** A CPUOffloadAdamW step is mostly host work (the fused CPU AdamW and the casts),
+and host throughput differs by ~20% between VM instances of the same H200 type. The row is
+compared only when the ``cpu_adamw`` and ``cpu_cast`` tables were measured on the bench's machine
+instance: all three provenances carry the same non-empty ``host_instance`` (the kernel's
+``boot_id``). Otherwise ``Case.not_comparable`` says why, the row is printed with its error and
+not asserted (the shipped tables and the bench ran on three different instances on 2026-11-29).
+
+The profile's chunk-count curve (PipelinedLLEP on one rank at 1..20 chunks) is compared the same
+way (``test_heldout_chunk_count_curve``): the model does not read it.
+
+Known misses (2026-11-29 measurements): the dispatch rows and the chunk-count curve are predicted
+15–45% fast. The kernel inventory is exact against the runtime (``test_timing_dispatch.py``); what
+is not measured is each kernel's own rate (``index_add_`` with bf16 atomics, gathers, transposed and
+sustained GEMMs) and the host's time per block beyond one GEMM-floor per launch:
+``calibration/dispatch_kernels.py`` measures them (``DISPATCH_GAPS``).
+
+Until a results file is committed, its test skips naming the missing file. The row layouts are
+read through ``READERS``; dispatch field names go through the ``DISPATCH_FIELDS`` aliases.
 """
 
 from __future__ import annotations
@@ -24,6 +43,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -36,6 +56,11 @@ from planner.units import ceil_div
 
 HELDOUT_TOL = 0.10
 """|predicted / measured − 1| at most 10% (issue 6)."""
+DISPATCH_GAPS = ("unmeasured in the profile: the memory-bound kernels' own rates (timed at the fused-AdamW "
+                 "HBM rate; bf16 index_add_ uses atomics), transposed and sustained GEMM rates, and host time "
+                 "per block beyond the GEMM table's launch floor; `python3 -m calibration.dispatch_kernels` "
+                 "measures them")
+"""Why dispatch predictions may miss (module docstring); printed with a failure."""
 ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "bench" / "results"
 DISPATCH_FIELDS = {
@@ -56,6 +81,9 @@ class Case:
     predicted_s: float
     held_out: str
     """Why the calibration did not measure this shape ('' when it did: not compared)."""
+    not_comparable: str = ""
+    """Why the measurement and the curves it is predicted from are not comparable ('' when they
+    are); such a row is printed, not asserted (module docstring)."""
 
     @property
     def error(self) -> float:
@@ -105,7 +133,6 @@ def _field(row: dict, key: str, default=None):
 
 
 def dispatch_cases(doc: dict, cluster) -> list[Case]:
-    table = cluster.curves.gemm
     out = []
     for r in doc["rows"]:
         if r.get("nccl") or r.get("mode") in ("nccl", "real"):
@@ -119,15 +146,32 @@ def dispatch_cases(doc: dict, cluster) -> list[Case]:
             r = {**doc["shapes"][base], **({"E_p": 1} if ep1 else {}), **r}
         op, N, H, I, E, k, E_p = (_field(r, f) for f in ("op", "N", "H", "I", "E", "k", "E_p"))
         c, K_max, routing = _field(r, "c", 4096), _field(r, "K_max", 10), _field(r, "routing", "balanced")
-        fwd, fb = ops.dispatch_time(op, N, H, I, E, k, E_p, c, routing, cluster, max_chunks=K_max)
+        knobs = (r.get("alpha", 1.0), r.get("m", 1024), r.get("lam", 1.3), r.get("n_imp", 4))
+        fwd, fb = ops.dispatch_time(op, N, H, I, E, k, E_p, c, routing, cluster, max_chunks=K_max, knobs=knobs,
+                                    rank=r.get("rank"))
         K = num_chunks(N, c, K_max) if op == "pipelined_llep" else 1
-        rows = k * N * E_p // E // K
-        why = _gemm_held_out(table, [(rows, 2 * I, H), (rows, H, I)]) if routing == "balanced" else \
-            f"skewed routing {routing}: slot loads from the plan"
-        tag = f"{op} {routing} N={N} H={H} I={I} E_p={E_p}"
+        why = f"operator replay (K={K}): GEMM blocks, memory-bound kernels and launches; no curve measured it"
+        tag = f"{op} {routing} N={N} H={H} I={I} E_p={E_p}" + (f" rank {r['rank']}" if "rank" in r else "")
         out += [Case(tag + " fwd", _field(r, "fwd_s"), fwd, why),
                 Case(tag + " fwd+bwd", _field(r, "fwdbwd_s"), fb, why)]
     return out
+
+
+HOST_TABLES = ("cpu_adamw", "cpu_cast")
+"""Host-CPU tables a CPUOffloadAdamW prediction reads (module docstring)."""
+
+
+def host_mismatch(doc: dict, cluster) -> str:
+    """'' when every ``HOST_TABLES`` curve shares the bench's ``host_instance``, else why not."""
+    bench = doc.get("provenance", {}).get("host_instance", "")
+    if not bench:
+        return "bench provenance records no host_instance: host tables from other VMs (±20% host speed)"
+    for name in HOST_TABLES:
+        curve = getattr(cluster.curves, name, None)
+        other = getattr(getattr(curve, "provenance", None), "host_instance", "") if curve is not None else ""
+        if other != bench:
+            return f"{name} measured on host instance {other or 'unrecorded'}, the bench on {bench}"
+    return ""
 
 
 def offload_cases(doc: dict, cluster) -> list[Case]:
@@ -141,10 +185,11 @@ def offload_cases(doc: dict, cluster) -> list[Case]:
         why = "" if 4 * r["bucket_params"] in sizes else f"bucket copies of {4 * r['bucket_params']} B not measured"
         t = ops.offload_adamw_time(theta, r["bucket_params"], r["staging_slots"], cluster) / scale
         out.append(Case(f"stream β={r['bucket_params']:,} s={r['staging_slots']}", r["s_per_1e9"], t, why))
+    host = host_mismatch(doc, cluster)
     for r in o["cpu_offload"]:
         t = ops.cpu_offload_adamw_time(theta, r["threads"], cluster) / scale
         out.append(Case(f"CPUOffloadAdamW {r['threads']} threads", r["s_per_1e9"], t,
-                        "composite step (copies, casts, AdamW) at Θ = 1e9"))
+                        "composite step (copies, casts, AdamW) at Θ = 1e9", host))
     return out
 
 
@@ -153,13 +198,15 @@ READERS = {"vocab": ("vocab.json", vocab_cases), "dispatch": ("dispatch.json", d
 
 
 def compare(cases: list[Case]) -> tuple[list[Case], str]:
-    """The held-out cases outside the tolerance, and a printable table of every case."""
-    lines = [f"{'case':58s} {'measured s':>11s} {'predicted s':>12s} {'error':>8s}  held out because"]
+    """The held-out, comparable cases outside the tolerance, and a printable table of every case."""
+    lines = [f"{'case':66s} {'measured s':>11s} {'predicted s':>12s} {'error':>8s}  held out because"]
     bad = []
     for c in cases:
-        lines.append(f"{c.name:58s} {c.measured_s:11.4g} {c.predicted_s:12.4g} {c.error:+8.1%}  "
-                     f"{c.held_out or '(calibration point: not compared)'}")
-        if c.held_out and not abs(c.error) <= HELDOUT_TOL:
+        why = c.held_out or "(calibration point: not compared)"
+        if c.not_comparable:
+            why = f"(not comparable: {c.not_comparable})"
+        lines.append(f"{c.name:66s} {c.measured_s:11.4g} {c.predicted_s:12.4g} {c.error:+8.1%}  {why}")
+        if c.held_out and not c.not_comparable and not abs(c.error) <= HELDOUT_TOL:
             bad.append(c)
     return bad, "\n".join(lines)
 
@@ -183,7 +230,33 @@ def test_heldout_operator_times(h200, bench):
     bad, table = compare(cases)
     print(table)
     assert any(c.held_out for c in cases), f"no held-out row in {fname}\n{table}"
-    assert not bad, f"{len(bad)} held-out predictions outside {HELDOUT_TOL:.0%}:\n{table}"
+    why = f"\n{DISPATCH_GAPS}" if bench == "dispatch" else ""
+    assert not bad, f"{len(bad)} held-out predictions outside {HELDOUT_TOL:.0%}:\n{table}{why}"
+
+
+def chunk_count_cases(cluster) -> list[Case]:
+    """The profile's chunk-count curve (``calibration/chunks.py``: ``pipelined_llep.calibration_case``,
+    one rank, balanced, shape A, ``c = ceil(N/K)``, router and ``out.sum()`` included) as operator
+    rows. The time model does not read this curve, so for it these rows are held out."""
+    cc = cluster.curves.chunk_count
+    s = cc.shape
+    N, E_p = s["tokens_per_rank"], s["expert_parallel"]
+    out = []
+    for K, t in zip(cc.num_chunks, cc.time_s):
+        _, fb = ops.dispatch_time("pipelined_llep", N, s["hidden_size"], s["expert_ffn"], s["num_experts"], s["top_k"],
+                                  E_p, ceil_div(N, K), "balanced", cluster, max_chunks=max(K, 10), rank=0)
+        out.append(Case(f"chunk-count curve K={K} (E_p={E_p}) fwd+bwd", t, fb,
+                        "calibration curve the model does not read (per-block cost vs K)"))
+    return out
+
+
+def test_heldout_chunk_count_curve(h200):
+    """PipelinedLLEP at 1..20 chunks on one rank: the per-block GEMMs, kernels and launches."""
+    if h200.curves.chunk_count is None:
+        pytest.skip("the shipped profile has no chunk_count curve")
+    bad, table = compare(chunk_count_cases(h200))
+    print(table)
+    assert not bad, f"{len(bad)} chunk-count points outside {HELDOUT_TOL:.0%}:\n{table}\n{DISPATCH_GAPS}"
 
 
 # ------------------------------------------------------------------------------------------------
@@ -226,10 +299,26 @@ def test_dispatch_and_offload_readers(flat):
                fwd_s=1.0, fwdbwd_s=2.0)
     cases = dispatch_cases({"rows": [row, {**row, "routing": "80/16"}]}, flat)
     assert len(cases) == 4 and all(np.isfinite(c.predicted_s) for c in cases)
-    assert cases[0].held_out.startswith("GEMM") and cases[2].held_out.startswith("skewed routing")
+    assert all(c.held_out.startswith("operator replay (K=10)") for c in cases)
     opt = {"theta": 10**9, "gpu_fused_adamw_s_per_1e9": 0.01,
            "stream": [{"bucket_params": 100_000_000, "staging_slots": 2, "s_per_1e9": 0.3}],
            "cpu_offload": [{"threads": 16, "s_per_1e9": 0.4}]}
     cases = offload_cases({"optimizer": opt}, flat)
     assert [c.name for c in cases] == ["gpu fused AdamW", "stream β=100,000,000 s=2", "CPUOffloadAdamW 16 threads"]
     assert all(np.isfinite(c.predicted_s) and c.predicted_s > 0 for c in cases)
+
+
+def test_host_rows_compared_only_on_the_bench_host(flat):
+    """CPUOffloadAdamW rows are asserted only when the host tables share the bench's instance."""
+    opt = {"theta": 10**9, "gpu_fused_adamw_s_per_1e9": 0.01, "stream": [],
+           "cpu_offload": [{"threads": 16, "s_per_1e9": 99.0}]}
+    row = offload_cases({"optimizer": opt}, flat)[-1]
+    assert "host_instance" in row.not_comparable
+    bad, text = compare([row])
+    assert not bad and "not comparable" in text
+    prov = SimpleNamespace(host_instance="vm-1")
+    cluster = SimpleNamespace(curves=SimpleNamespace(cpu_adamw=SimpleNamespace(provenance=prov),
+                                                     cpu_cast=SimpleNamespace(provenance=prov)))
+    assert host_mismatch({"provenance": {"host_instance": "vm-1"}}, cluster) == ""
+    assert "vm-2" in host_mismatch({"provenance": {"host_instance": "vm-2"}}, cluster)
+    assert compare([Case("x", 1.0, 2.0, "held out", "")])[0]
