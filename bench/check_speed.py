@@ -23,7 +23,7 @@ CASES = [
     ["moe-667b", "--gpus", "64", "--seq-len", "1m"],
 ]
 TARGET_S = 0.5
-"""Issue 2's budget for one ``planner check`` process."""
+"""The budget for one ``planner check`` process."""
 
 
 def main() -> None:

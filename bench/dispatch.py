@@ -1,4 +1,4 @@
-"""Issue 4 bench: standard EP, LLEP and PipelinedLLEP — formula, trace and measurement.
+"""Bench: standard EP, LLEP and PipelinedLLEP — formula, trace and measurement.
 
 Usage (H200):
 
@@ -122,7 +122,7 @@ def measure(op, s, profile, plan, device, group, pad_bytes, iters, *, timed=True
 
 
 def checks(rows: list[dict]) -> None:
-    """Attach the issue-4 verdicts to each row (``checks``: name → bool)."""
+    """Attach the targets to each row (``checks``: name → bool)."""
     peak = {}
     for r in rows:
         c, m = {}, r.get("peak_allocated_bytes")

@@ -1,4 +1,4 @@
-"""Issue 5 bench: SCO and OffloadStreamAdamW against their baselines, formula vs measured.
+"""Bench: SCO and OffloadStreamAdamW against their baselines, formula vs measured.
 
 Usage (the whole GPU run takes about 3 minutes on one H200; < 6 min with every mode):
 
@@ -39,7 +39,7 @@ import torch  # noqa: E402
 
 import offload_opt  # noqa: E402
 import offload_sco  # noqa: E402
-from planner.runtime.measure import provenance  # noqa: E402
+from planner.runtime.measure import provenance, wall_time  # noqa: E402
 from planner.runtime.pinned import PinnedBuffer  # noqa: E402
 from planner.units import GiB, MiB  # noqa: E402
 
@@ -55,17 +55,7 @@ def bandwidth(device: torch.device, smoke: bool) -> dict:
     s2 = torch.cuda.Stream() if cuda else None
 
     def timed(fn, iters=5):
-        out = []
-        for i in range(iters + 1):
-            if cuda:
-                torch.cuda.synchronize()
-            t0 = time.perf_counter()
-            fn()
-            if cuda:
-                torch.cuda.synchronize()
-            if i:
-                out.append(time.perf_counter() - t0)
-        return sorted(out)[len(out) // 2]
+        return wall_time(fn, iters=iters, warmup=1)
 
     def h2d():
         dev_a.copy_(up_host.tensor, non_blocking=True)

@@ -7,13 +7,12 @@ i.e. per 10⁹ parameters.
 
 from __future__ import annotations
 
-import statistics
 import time
 
 import torch
 
 from planner.runtime.cpu_offload_adamw import CPUOffloadAdamW
-from planner.runtime.measure import peak_memory
+from planner.runtime.measure import peak_memory, wall_time
 from planner.runtime.offload_adamw import OffloadStreamAdamW, set_race_sleep
 from planner.runtime.pinned import PinnedBuffer
 from planner.units import GiB
@@ -23,7 +22,7 @@ BETAS = (50_000_000, 100_000_000, 200_000_000)
 SLOTS = (2, 3)
 THREADS, THREADS_SMOKE = (8, 16), (1, 2)
 FLOOR_TARGET = 1.1
-"""Issue 5 target: within 1.1× of the host-link floor with at least 20 buckets."""
+"""Target: within 1.1× of the host-link floor with at least 20 buckets."""
 FRACTIONS = (0.31, 0.23, 0.17, 0.13, 0.09, 0.05)
 
 
@@ -33,16 +32,7 @@ def _sizes(theta: int) -> list[int]:
 
 
 def _time(fn, iters: int, cuda: bool) -> float:
-    out = []
-    for _ in range(iters):
-        if cuda:
-            torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        fn()
-        if cuda:
-            torch.cuda.synchronize()
-        out.append(time.perf_counter() - t0)
-    return statistics.median(out)
+    return wall_time(fn, iters=iters)
 
 
 def _pct(formula, measured) -> float | None:

@@ -9,14 +9,13 @@ region's forward outlasts one boundary's D2H (401 MB at ~54 GB/s ≈ 7.4 ms).
 from __future__ import annotations
 
 import contextlib
-import statistics
 import time
 
 import torch
 import torch.nn.functional as F
 
 from planner.plans.sco import pinned_host_bytes
-from planner.runtime.measure import peak_memory
+from planner.runtime.measure import peak_memory, wall_time
 from planner.runtime.pinned import live_pinned_bytes
 from planner.runtime.sco import SCO, checkpoint_region, set_race_sleep
 from planner.units import GiB
@@ -27,7 +26,7 @@ RACE = dict(layers=4, N=4096, H=512, heads=4, head_dim=64, ffn=1024, d_in=64)
 RACE_SMOKE = dict(layers=2, N=64, H=32, heads=2, head_dim=8, ffn=48, d_in=8)
 BUDGETS_GIB = (0, 8, 16, "full")
 STEP_TIME_TOLERANCE = 0.02
-"""Issue 5 target: SCO moves the step time by at most 2%."""
+"""Target: SCO moves the step time by at most 2%."""
 
 
 class Decoder:
@@ -109,16 +108,7 @@ def _formula(shape: dict, budget: int):
 
 
 def _time(fn, iters: int, cuda: bool) -> float:
-    out = []
-    for _ in range(iters):
-        if cuda:
-            torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        fn()
-        if cuda:
-            torch.cuda.synchronize()
-        out.append(time.perf_counter() - t0)
-    return statistics.median(out)
+    return wall_time(fn, iters=iters)
 
 
 def run(device: torch.device, smoke: bool) -> dict:

@@ -1,4 +1,4 @@
-"""The 1M-context claim (issue 6): for moe-120b/241b/667b at 16/32/64 GPUs and S = 1M, does the
+"""The 1M-context claim: for moe-120b/241b/667b at 16/32/64 GPUs and S = 1M, does the
 composed stack fit, what binds, and how does the FSDP2 baseline fare? Memory only (no time model).
 
 Usage: ``python3 bench/one_million.py [--out bench/results]`` → ``one_million.json`` / ``.md``.

@@ -1,4 +1,4 @@
-"""Issue 3 bench: the dense head and Ring-DTP — formula, trace and measurement side by side.
+"""Bench: the dense head and Ring-DTP — formula, trace and measurement side by side.
 
 Usage (H200; one GPU: about 4 minutes at ~50 TFLOP/s fp32, peak ~80 GiB for the dense head at
 N = 32768; ``--n 16384`` / ``--n 32768`` split it in two):
@@ -104,7 +104,7 @@ def measure(kind: str, s, device, group, iters: int) -> dict:
 
 
 def checks(rows: list[dict]) -> None:
-    """Attach the verdicts of issue 3 to each row (``checks``: name → bool)."""
+    """Attach the targets to each row (``checks``: name → bool)."""
     dense = {r["N"]: r for r in rows if r["kind"] == "dense"}
     for r in rows:
         c, m = {}, r.get("peak_allocated_bytes")

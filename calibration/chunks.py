@@ -1,6 +1,6 @@
 """PipelinedLLEP chunk-count curve: step time against the chunk count ``K`` (DESIGN §4).
 
-The operator lives in ``planner/runtime/pipelined_llep.py`` (issue 4), imported lazily here. The
+The operator lives in ``planner/runtime/pipelined_llep.py``, imported lazily here. The
 hook it must offer::
 
     calibration_case(num_chunks: int, *, smoke: bool, device: torch.device)

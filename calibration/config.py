@@ -23,8 +23,10 @@ from dataclasses import dataclass, field
 KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
 
 GPU_SECTIONS = ("constants", "gemm", "gemm_fp32", "grouped_gemm", "attention", "transfer", "gpu_adamw",
-                "cpu_adamw", "cpu_cast", "fragmentation", "host_copy", "chunk_count")
-"""Sections of a GPU calibration, in run order (constants first: before anything is cached)."""
+                "cpu_adamw", "cpu_cast", "fragmentation", "host_copy", "chunk_count", "dispatch_kernels")
+"""Sections of a GPU calibration, in run order (constants first: before anything is cached).
+``dispatch_kernels`` (``calibration.dispatch_kernels``, ~15 s on an H200) runs its own fixed shapes
+(shape-A widths) in every GPU grid."""
 
 CPU_SECTIONS = ("gemm", "cpu_adamw", "cpu_cast", "host_copy")
 """Sections of the CPU-only quick profile."""

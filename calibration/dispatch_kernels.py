@@ -3,9 +3,13 @@ reads from assumptions today, measured kernel by kernel.
 
     python3 -m calibration.dispatch_kernels --out DIR            # one H200: ~3 min, ≤ 30 GB
     python3 -m calibration.dispatch_kernels --smoke --out DIR    # CPU, tiny shapes, same code paths
+    python3 -m calibration.dispatch_kernels --convert JSON --out DIR  # an earlier run → fragment
+    python3 -m calibration --sections dispatch_kernels --out FILE     # the same, as a calibration section
 
 Writes ``DIR/dispatch_kernels.json`` and ``.md`` (command line, device, torch/CUDA, date and the
-host instance: the kernel's ``boot_id``). Sections:
+host instance: the kernel's ``boot_id``), and the profile fragment ``DIR/dispatch_kernels.yaml``
+(``curves.dispatch_kernels``, ``planner.schema.curves.DispatchKernelsCurve``) to fold in with
+``python3 -m calibration.merge PROFILE DIR/dispatch_kernels.yaml``. Sections:
 
 - ``memory``: each memory-bound kernel class of the operators at shape-A widths (``H = 7168``,
   ``I = 2048``, ``k = 8``; ``R = k·N`` rows): seconds, the model's byte count, the achieved
@@ -32,15 +36,21 @@ import sys
 import time
 from pathlib import Path
 
-import torch
-import torch.nn.functional as F
-
-from planner.runtime.measure import provenance, sync, time_rep, time_reps
-
 FULL = dict(N=16384, H=7168, I=2048, k=8, E=128, slots=128, rows=(32768, 3277, 410), tiny=8, min_time_s=0.02)
 SMOKE = dict(N=128, H=64, I=32, k=4, E=16, slots=16, rows=(32, 8), tiny=4, min_time_s=0.001)
 LAUNCHES = {"grouped_fwd": 4, "grouped_bwd": 11, "chunk_fwd": 9, "chunk_recompute": 2, "chunk_bwd": 23}
 """Kernel-launching calls per block in the model (``planner.timing.dispatch_kernels.LAUNCH``)."""
+SHORT_WINDOW_S = 1e-3
+"""The sustained test's short windows: the GEMM table's ``min_time_s`` (``calibration.config.FULL``)."""
+CLASSES = {  # kernel label → class of ``planner.schema.curves.DISPATCH_KERNEL_CLASSES``
+    "gather rows, k-dup (x.index_select)": "gather_dup", "gather rows, permutation": "gather_perm",
+    "index_add_ bf16, k-dup (combine)": "index_add_bf16", "index_add_ bf16, permutation": "index_add_bf16_perm",
+    "index_add_ fp32, k-dup": "index_add_fp32", "index_copy_ rows": "index_copy", "zero-fill (new_zeros)": "zero",
+    "route weight (y·w[:, None])": "route_weight", "row sum (sum(1))": "row_sum", "copy_ rows": "copy",
+    "SiLU on gate half (strided)": "silu", "mul with up half (strided)": "mul_strided", "silu_backward": "silu_bwd",
+    "cat([gg, gu·act], 1)": "cat", "weight-grad add_ (2 experts)": "add", "sort ids (send_order)": "sort",
+}
+"""The class each timed kernel stands for in the time model."""
 
 
 def host_instance() -> str:
@@ -52,11 +62,15 @@ def host_instance() -> str:
 
 
 def _t(fn, dev, min_time_s) -> float:
+    from planner.runtime.measure import time_rep
+
     return time_rep(fn, min_time_s=min_time_s, iters=3, device=dev)
 
 
 def memory(c: dict, dev, dt) -> tuple[float, list[dict]]:
     """``(AdamW reference bytes/s, rows)`` (module docstring)."""
+    import torch
+
     N, H, I, k, b = c["N"], c["H"], c["I"], c["k"], 2
     R = N * k
     ids = torch.randint(0, c["E"], (R,), device=dev)
@@ -96,13 +110,15 @@ def memory(c: dict, dev, dt) -> tuple[float, list[dict]]:
     rows = []
     for name, (fn, nbytes) in cases.items():
         s = _t(fn, dev, c["min_time_s"])
-        rows.append(dict(kernel=name, seconds=s, model_bytes=nbytes, bytes_per_s=nbytes / s,
+        rows.append(dict(kernel=name, cls=CLASSES[name], seconds=s, model_bytes=nbytes, bytes_per_s=nbytes / s,
                          vs_adamw_rate=nbytes / s / ref, rows=R, H=H, I=I))
     return ref, rows
 
 
 def gemm_layouts(c: dict, dev, dt) -> list[dict]:
     """Runtime layout vs ``NN`` at the same ``(m, n, k)`` for every expert GEMM (module docstring)."""
+    import torch
+
     H, I = c["H"], c["I"]
     out = []
     for r in c["rows"]:
@@ -124,17 +140,24 @@ def gemm_layouts(c: dict, dev, dt) -> list[dict]:
 
 def sustained(c: dict, dev, dt) -> dict:
     """One GEMM: the calibration's 1 ms windows against a ~1.5 s continuous run (10× in smoke)."""
+    import torch
+
+    from planner.runtime.measure import time_rep, time_reps
+
     m, n, k = c["rows"][0], 2 * c["I"], c["H"]
     a, b = torch.randn(m, k, device=dev, dtype=dt), torch.randn(k, n, device=dev, dtype=dt)
     out = torch.empty(m, n, device=dev, dtype=dt)
     fn = lambda: torch.mm(a, b, out=out)  # noqa: E731
-    short = time_rep(fn, min_time_s=1e-3, iters=3, device=dev)
+    short = time_rep(fn, min_time_s=SHORT_WINDOW_S, iters=3, device=dev)
     long_s = 1.5 if dev.type == "cuda" else 0.05
     long = time_reps(fn, max(1, math.ceil(long_s / short)), iters=1, warmup=0, device=dev)
-    return dict(m=m, n=n, k=k, short_window_s=short, continuous_s=long, ratio=long / short, window_s=long_s)
+    return dict(m=m, n=n, k=k, short_window_s=short, continuous_s=long, ratio=long / short, window_s=long_s,
+                short_window_len_s=SHORT_WINDOW_S)
 
 
 def _wall(fn, dev) -> float:
+    from planner.runtime.measure import sync
+
     sync(dev)
     t0 = time.perf_counter()
     fn()
@@ -144,6 +167,9 @@ def _wall(fn, dev) -> float:
 
 def host_blocks(c: dict, dev, dt) -> dict:
     """Host seconds per block of the runtime's expert loops at tiny rows (module docstring)."""
+    import torch
+
+    from planner.runtime.measure import time_rep
     from planner.runtime.expert_chunk import ExpertChunk
     from planner.runtime.expert_mlp import ExpertShard, GroupedMLP, SlotWeights
 
@@ -206,30 +232,85 @@ def markdown(doc: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", required=True, help="folder for dispatch_kernels.json / .md")
-    ap.add_argument("--smoke", action="store_true", help="tiny shapes (CPU), same code paths")
-    args = ap.parse_args(argv)
-    cuda = torch.cuda.is_available() and not args.smoke
+def measure(smoke: bool, command: str) -> dict:
+    """Run every section on this machine (CUDA unless ``smoke``): the JSON document."""
+    import torch
+
+    from planner.runtime.measure import provenance
+
+    cuda = torch.cuda.is_available() and not smoke
     dev, dt = torch.device("cuda" if cuda else "cpu"), torch.bfloat16
-    c = SMOKE if args.smoke else FULL
-    cmd = " ".join(shlex.quote(a) for a in ["python3", "-m", "calibration.dispatch_kernels",
-                                            *(sys.argv[1:] if argv is None else argv)])
+    c = SMOKE if smoke else FULL
     t0 = time.perf_counter()
     ref, mem = memory(c, dev, dt)
     if cuda:
         torch.cuda.empty_cache()
-    doc = {"provenance": {**provenance(cmd), "host_instance": host_instance()}, "command": cmd, "shape": c,
+    doc = {"provenance": {**provenance(command), "host_instance": host_instance()}, "command": command, "shape": c,
            "adamw_ref_bytes_per_s": ref, "memory": mem, "gemm_layouts": gemm_layouts(c, dev, dt),
            "sustained": sustained(c, dev, dt), "host_blocks": host_blocks(c, dev, dt)}
     doc["wall_s"] = time.perf_counter() - t0
+    return doc
+
+
+def curve_data(doc: dict) -> dict:
+    """The ``curves.dispatch_kernels`` mapping (``DispatchKernelsCurve``) of a run's JSON document,
+    its provenance kept (runs before the ``cls`` and ``short_window_len_s`` keys: ``CLASSES`` and
+    ``SHORT_WINDOW_S``)."""
+    ref = doc["adamw_ref_bytes_per_s"]
+    mem = {}
+    for r in doc["memory"]:
+        cls = r.get("cls") or CLASSES[r["kernel"]]
+        mem[cls] = dict(kernel=r["kernel"], seconds=r["seconds"], model_bytes=r["model_bytes"],
+                        bytes_per_s=r["bytes_per_s"], vs_reference=r["bytes_per_s"] / ref)
+    gl = [dict(role=r["gemm"].split()[0], m=r["m"], n=r["n"], k=r["k"], runtime_s=r["runtime_s"], nn_s=r["nn_s"])
+          for r in doc["gemm_layouts"]]
+    s = doc["sustained"]
+    hb = doc["host_blocks"]
+    sh = doc["shape"]
+    return {"status": "measured", "provenance": doc["provenance"],
+            "note": f"calibration.dispatch_kernels at N={sh['N']}, H={sh['H']}, I={sh['I']}, k={sh['k']} "
+                    "(memory rows: R = k·N routes of H-wide bf16 rows)",
+            "reference_bytes_per_s": ref, "memory": mem, "gemm_layouts": gl,
+            "sustained": dict(m=s["m"], n=s["n"], k=s["k"], short_window_s=s["short_window_s"],
+                              short_window_len_s=s.get("short_window_len_s", SHORT_WINDOW_S),
+                              continuous_s=s["continuous_s"], continuous_len_s=s["window_s"]),
+            "host_loops": {key: dict(s_per_block=v["s_per_block"], launches=v["launches"])
+                           for key, v in hb.items() if "s_per_block" in v},
+            "host_call_s": hb["tiny_mm_floor"]["s_per_call"],
+            "widths": dict(H=sh["H"], I=sh["I"], k=sh["k"], R=sh["N"] * sh["k"])}
+
+
+def fragment(doc: dict) -> dict:
+    """A profile fragment for ``calibration.merge``: ``{"curves": {"dispatch_kernels": …}}``, validated."""
+    from planner.schema.curves import DispatchKernelsCurve
+
+    curve = DispatchKernelsCurve.model_validate(curve_data(doc))
+    return {"curves": {"dispatch_kernels": curve.model_dump(mode="json")}}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", required=True, help="folder for dispatch_kernels.json / .md / .yaml")
+    ap.add_argument("--smoke", action="store_true", help="tiny shapes (CPU), same code paths")
+    ap.add_argument("--convert", metavar="JSON", help="write the fragment of an earlier run's JSON (no measuring)")
+    args = ap.parse_args(argv)
+    from calibration.io import write_yaml_atomic
+
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    if args.convert:
+        doc = json.loads(Path(args.convert).read_text())
+        write_yaml_atomic(out / "dispatch_kernels.yaml", fragment(doc))
+        print(f"wrote {out / 'dispatch_kernels.yaml'} from {args.convert}")
+        return 0
+    cmd = " ".join(shlex.quote(a) for a in ["python3", "-m", "calibration.dispatch_kernels",
+                                            *(sys.argv[1:] if argv is None else argv)])
+    doc = measure(args.smoke, cmd)
     (out / "dispatch_kernels.json").write_text(json.dumps(doc, indent=1))
     (out / "dispatch_kernels.md").write_text(markdown(doc))
+    write_yaml_atomic(out / "dispatch_kernels.yaml", fragment(doc))
     print(markdown(doc))
-    print(f"wrote {out / 'dispatch_kernels.json'} in {doc['wall_s']:.1f} s")
+    print(f"wrote {out / 'dispatch_kernels.json'} (and .md, .yaml) in {doc['wall_s']:.1f} s")
     return 0
 
 

@@ -13,8 +13,10 @@
 - The result is validated (every curve's device must equal ``topology.gpu_name``) and written
   atomically; a failure leaves the profile untouched.
 
-The measured file is a whole profile (``python -m calibration``) or a fragment with
-``curves``/``memory`` only (``calibration.collectives``).
+The measured file is a whole profile (``python -m calibration``), a fragment with
+``curves``/``memory`` only (``calibration.collectives``, ``calibration.dispatch_kernels``'s
+``dispatch_kernels.yaml``), or a ``calibration.dispatch_kernels`` JSON document, which is converted
+to its fragment first (``curves.dispatch_kernels``, the run's provenance kept).
 
 Usage: ``python -m calibration.merge PROFILE MEASURED [MEASURED ...] [--out FILE]``.
 """
@@ -65,6 +67,16 @@ def merge_data(base: dict, measured: dict) -> dict:
     return out
 
 
+def read_measured(path) -> dict:
+    """A measured file as a profile mapping (module docstring: a dispatch-kernels run is converted)."""
+    data = read_yaml(path)
+    if "gemm_layouts" in data and "host_blocks" in data and "curves" not in data:
+        from calibration.dispatch_kernels import fragment
+
+        return fragment(data)
+    return data
+
+
 def merge(profile_path, measured_path, *, out_path=None):
     """Merge ``measured_path`` into ``profile_path`` and write the result to ``out_path``
     (default: ``profile_path``) atomically.
@@ -75,7 +87,7 @@ def merge(profile_path, measured_path, *, out_path=None):
         InvalidPlan: unreadable files, a schema-version mismatch, or a merged profile that does not
         validate (e.g. measured on another device than the declared ``gpu_name``).
     """
-    spec = parse_cluster(merge_data(read_yaml(profile_path), read_yaml(measured_path)))
+    spec = parse_cluster(merge_data(read_yaml(profile_path), read_measured(measured_path)))
     write_yaml_atomic(out_path or profile_path, spec.model_dump(mode="json"))
     return spec
 
@@ -89,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         data = read_yaml(args.profile)
         for m in args.measured:
-            data = merge_data(data, read_yaml(m))
+            data = merge_data(data, read_measured(m))
         spec = parse_cluster(data)
         path = write_yaml_atomic(args.out or args.profile, spec.model_dump(mode="json"))
     except PlanError as err:

@@ -39,7 +39,7 @@ two reserve floors (chosen margins), ``assumed`` for the rest."""
 
 POLICY = ("reserve_fraction", "host_reserve_fraction")
 
-CUDA_ONLY = ("constants", "fragmentation")
+CUDA_ONLY = ("constants", "fragmentation", "dispatch_kernels")
 
 
 @dataclass
@@ -156,6 +156,14 @@ def _section(name: str, grid, device, prov, st: RunState, bar: _Bar) -> None:
         except chunks.Skipped as why:
             st.skipped.append(f"chunk_count: {why}")
             bar.log(f"[yellow]skipped[/] {why}")
+    elif name == "dispatch_kernels":
+        from calibration import dispatch_kernels
+        from planner.schema.curves import DispatchKernelsCurve
+
+        doc = dispatch_kernels.measure(grid.name == "smoke", prov["command"])
+        st.curves["dispatch_kernels"] = DispatchKernelsCurve.model_validate(
+            {**dispatch_kernels.curve_data(doc), "provenance": {**doc["provenance"], **prov}})
+        tick(1)
     else:
         raise AssertionError(f"unknown section {name}")
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 from rich.console import Console
 from rich.table import Table
 
@@ -21,6 +23,25 @@ def _knobs(plan) -> str:
     b = plan.baseline
     return (f"tp={b.tp} cp={b.cp} dp_shard={b.dp_shard} ep={b.ep} · AC {b.ac}"
             + (" · CPU offload" if b.cpu_offload else ""))
+
+
+_COLL = re.compile(r"^collectives\.(\w+)\.(\d+): (.*)$")
+
+
+def summarize_assumed(items: list[str], width: int = 150) -> list[str]:
+    """Fold the per-curve collective assumptions into one line per rule; shorten the rest."""
+    rules: dict[str, list[str]] = {}
+    out = []
+    for a in items:
+        m = _COLL.match(a)
+        if m:
+            rules.setdefault(m.group(3), []).append(f"{m.group(1)}@{m.group(2)}")
+        else:
+            out.append(a if len(a) <= width else a[: width - 1] + "…")
+    for rule, where in rules.items():
+        line = f"collectives {', '.join(sorted(set(where)))}: {rule}"
+        out.append(line if len(line) <= width else line[: width - 1] + "…")
+    return out
 
 
 def render_search(rep, console: Console) -> None:
@@ -46,7 +67,9 @@ def render_search(rep, console: Console) -> None:
     console.print(f"composed: {r.tally.text()}")
     console.print(f"FSDP2:    {r.baseline_tally.text()}")
     if r.assumed:
-        console.print("[yellow]assumed:[/] " + "; ".join(r.assumed))
+        console.print(f"[yellow]assumed ({len(r.assumed)}, all in --json):[/]")
+        for line in summarize_assumed(r.assumed):
+            console.print(f"  - {line}", markup=False, highlight=False)
     if r.gaps:
         console.print(f"[yellow]time-model gaps ({len(r.gaps)}):[/] " + "; ".join(r.gaps[:3]))
     console.print(f"searched in {rep.elapsed_s:.2f} s", style="dim")

@@ -54,40 +54,6 @@ class ExpertShard(torch.nn.Module):
 
 
 def mlp(x_rH: torch.Tensor, w_up_HJ: torch.Tensor, w_down_IH: torch.Tensor) -> torch.Tensor:
-    """``o = (silu(x·Wg) ⊙ (x·Wu))·Wd`` for one expert, under autograd."""
-    i = w_down_IH.shape[0]
-    gu_rJ = torch.mm(x_rH, w_up_HJ)
-    h_rI = F.silu(gu_rJ[:, :i]) * gu_rJ[:, i:]
-    return torch.mm(h_rI, w_down_IH)
-
-
-@dataclass
-class SlotWeights:
-    """The weights of every slot of a rank, and where their gradients accumulate."""
-
-    shard: ExpertShard
-    imp_grads: list = field(default_factory=list)
-    """``[g_up_XHJ, g_down_XIH]`` for imported experts, allocated on first backward."""
-
-    def up(self, slot: int, w_up_imp: torch.Tensor) -> torch.Tensor:
-        n = self.shard.num_local
-        return self.shard.w_up_nHJ[slot] if slot < n else w_up_imp[slot - n]
-
-    def down(self, slot: int, w_down_imp: torch.Tensor) -> torch.Tensor:
-        n = self.shard.num_local
-        return self.shard.w_down_nIH[slot] if slot < n else w_down_imp[slot - n]
-
-    def grads(self, slot: int, w_up_imp, w_down_imp):
-        n = self.shard.num_local
-        if slot < n:
-            g_up, g_down = self.shard.ensure_grads()
-            return g_up[slot], g_down[slot]
-        if not self.imp_grads:
-            self.imp_grads = [torch.zeros_like(w_up_imp), torch.zeros_like(w_down_imp)]
-        return self.imp_grads[0][slot - n], self.imp_grads[1][slot - n]
-
-
-def mlp(x_rH: torch.Tensor, w_up_HJ: torch.Tensor, w_down_IH: torch.Tensor) -> torch.Tensor:
     """``o = (silu(x·Wg) ⊙ (x·Wu))·Wd`` for one expert."""
     i = w_down_IH.shape[0]
     gu_rJ = torch.mm(x_rH, w_up_HJ)

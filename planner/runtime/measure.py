@@ -125,6 +125,23 @@ def time_fn(fn: Callable[[], object], *, warmup: int = 2, iters: int = 5) -> flo
     return statistics.median(times)
 
 
+def wall_time(fn: Callable[[], object], *, iters: int, warmup: int = 0) -> float:
+    """Median wall seconds of ``fn`` with the device synchronised around each call (host work,
+    such as a CPU optimizer step between GPU copies, counts)."""
+    cuda = torch.cuda.is_available()
+    out = []
+    for i in range(warmup + iters):
+        if cuda:
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        fn()
+        if cuda:
+            torch.cuda.synchronize()
+        if i >= warmup:
+            out.append(time.perf_counter() - t0)
+    return statistics.median(out)
+
+
 def nvml_used_bytes(index: int | None = None) -> int | None:
     """Device memory in use as NVML sees it (context + allocator + NCCL), or ``None`` without NVML."""
     try:

@@ -220,6 +220,109 @@ class ChunkCurve(Curve):
         return self
 
 
+DISPATCH_KERNEL_CLASSES = ("gather_dup", "gather_perm", "index_add_bf16", "index_add_bf16_perm", "index_add_fp32",
+                           "index_copy", "zero", "route_weight", "row_sum", "copy", "silu", "mul_strided",
+                           "silu_bwd", "cat", "add", "sort")
+"""Memory-bound kernel classes of the dispatch operators (``planner.timing.dispatch_kernels``)."""
+DISPATCH_GEMM_ROLES = ("up", "down", "g_down", "gh", "g_up", "gx")
+"""Expert GEMMs as the runtime calls them: forward ``x@Wu``, ``h@Wd``; backward ``h.t()@go``,
+``go@Wd.t()``, ``x.t()@ggu``, ``ggu@Wu.t()``."""
+DISPATCH_HOST_LOOPS = ("grouped_fwd", "grouped_bwd", "chunk_fwd", "chunk_recompute", "chunk_bwd")
+"""Per-block host loops: ``GroupedMLP`` forward/backward, ``ExpertChunk`` forward/recompute/backward."""
+
+
+class KernelRate(Frozen):
+    """One memory-bound kernel class timed at one shape."""
+
+    kernel: str
+    """What was timed (e.g. ``index_add_ bf16, k-dup (combine)``)."""
+    seconds: float = Field(gt=0)
+    """Median seconds of one call."""
+    model_bytes: float = Field(gt=0)
+    """Bytes the time model counts for that call (reads + writes)."""
+    bytes_per_s: float = Field(gt=0)
+    """``model_bytes / seconds``."""
+    vs_reference: float = Field(gt=0)
+    """``bytes_per_s`` over the curve's ``reference_bytes_per_s`` (same run)."""
+
+
+class GemmLayout(Frozen):
+    """One expert GEMM as the runtime calls it against ``A @ B`` (both row-major) at the same shape."""
+
+    role: Literal["up", "down", "g_down", "gh", "g_up", "gx"]
+    """Which expert GEMM (``DISPATCH_GEMM_ROLES``)."""
+    m: int = Field(gt=0)
+    """Rows of ``C[m,n] = A[m,k] @ B[k,n]``."""
+    n: int = Field(gt=0)
+    """Columns of ``C``."""
+    k: int = Field(gt=0)
+    """Reduction length."""
+    runtime_s: float = Field(gt=0)
+    """Seconds of the runtime's call (its operand layouts)."""
+    nn_s: float = Field(gt=0)
+    """Seconds of ``A[m,k] @ B[k,n]`` with fresh row-major operands (the GEMM table's layout)."""
+
+
+class SustainedGemm(Frozen):
+    """One bf16 GEMM timed in the calibration's short windows and in one long continuous run."""
+
+    m: int = Field(gt=0)
+    """Rows of ``C[m,n] = A[m,k] @ B[k,n]``."""
+    n: int = Field(gt=0)
+    """Columns of ``C``."""
+    k: int = Field(gt=0)
+    """Reduction length."""
+    short_window_s: float = Field(gt=0)
+    """Seconds per call in windows of ``short_window_len_s``."""
+    short_window_len_s: float = Field(gt=0)
+    """Length of one short window (the GEMM table's ``min_time_s``)."""
+    continuous_s: float = Field(gt=0)
+    """Seconds per call over a continuous run of ``continuous_len_s``."""
+    continuous_len_s: float = Field(gt=0)
+    """Length of the continuous run, seconds."""
+
+
+class HostLoop(Frozen):
+    """Host seconds of one block of a runtime loop (tiny rows: the host binds)."""
+
+    s_per_block: float = Field(gt=0)
+    """Wall seconds per block."""
+    launches: int = Field(ge=1)
+    """Kernel-launching torch calls per block in the time model."""
+
+
+class DispatchKernelsCurve(Curve):
+    """What the dispatch operators' kernels cost beyond the GEMM table (``calibration.dispatch_kernels``):
+    memory-bound kernel classes relative to a fused GPU AdamW timed in the same run, the runtime's
+    expert-GEMM layouts against ``NN``, the sustained-GEMM clock factor, and host seconds per block
+    of each runtime loop and per kernel-launching call."""
+
+    reference_bytes_per_s: float = Field(gt=0)
+    """Fused GPU AdamW at 28 B/param, measured in the same run (the reference of ``vs_reference``)."""
+    memory: dict[str, KernelRate]
+    """By kernel class (``DISPATCH_KERNEL_CLASSES``)."""
+    gemm_layouts: list[GemmLayout]
+    """Runtime layouts vs ``NN`` at the measured ``(m, n, k)``."""
+    sustained: SustainedGemm
+    """Short windows vs a continuous run."""
+    host_loops: dict[str, HostLoop]
+    """By loop (``DISPATCH_HOST_LOOPS``)."""
+    host_call_s: float = Field(gt=0)
+    """Host seconds of one kernel-launching call (a tiny ``torch.mm`` loop)."""
+    widths: dict[str, int] = Field(default_factory=dict)
+    """Widths of the memory and GEMM rows (``H``, ``I``, ``k``, routes ``R``)."""
+
+    @model_validator(mode="after")
+    def _keys(self):
+        bad = sorted(set(self.memory) - set(DISPATCH_KERNEL_CLASSES))
+        if bad:
+            raise ValueError(f"memory classes {bad} are not in {DISPATCH_KERNEL_CLASSES}")
+        bad = sorted(set(self.host_loops) - set(DISPATCH_HOST_LOOPS))
+        if bad:
+            raise ValueError(f"host_loops {bad} are not in {DISPATCH_HOST_LOOPS}")
+        return self
+
+
 class CollectiveCurves(Frozen):
     """NCCL collective curves by group size (the dict key). ``size_bytes`` conventions:
 
@@ -281,6 +384,8 @@ class Curves(Frozen):
     """NCCL collectives by group size (``torchrun``, W > 1)."""
     chunk_count: ChunkCurve | None = None
     """PipelinedLLEP time against chunk count (``calibration.chunks``)."""
+    dispatch_kernels: DispatchKernelsCurve | None = None
+    """Dispatch operators' kernel rates, layouts and host loops (``calibration.dispatch_kernels``)."""
 
     @model_validator(mode="after")
     def _axes(self):

@@ -57,7 +57,8 @@ def _candidates(evs: list[Evaluated], n: int) -> list[Candidate]:
     for ev in evs:
         for i in np.nonzero(np.isfinite(ev.step_s))[0]:
             rows.append((float(ev.step_s[i]), ev, int(i)))
-    rows.sort(key=lambda r: r[0])
+    # Equal step times (knobs the time model does not see) rank the plan with more headroom first.
+    rows.sort(key=lambda r: (round(r[0], 3), int(r[1].peak_bytes[r[2]])))
     out = []
     for step, ev, i in rows[:n]:
         st = ev.timing

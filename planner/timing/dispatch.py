@@ -15,10 +15,12 @@ given one); sends and receives for communication are the largest over ranks. ``E
 nothing is sent (zero dispatch traffic), and the shim's all-to-alls are local copies.
 
 **Compute** is the runtime's kernels, one by one (``planner.timing.dispatch_kernels``): every
-expert ``torch.mm`` at its own block rows from the GEMM table, the memory-bound kernels (row
-gathers and permutations, SwiGLU, route weights, ``index_add_``/``index_copy_`` combines, casts,
-zero-fills, weight-gradient accumulation) by the bytes they move at the HBM rate of the measured
-GPU AdamW curve, and the host's launch time per kernel. Per layer:
+expert ``torch.mm`` at its own block rows from the GEMM table (backward GEMMs × their measured
+layout ratio, all × the sustained-clock factor), the memory-bound kernels (row gathers and
+permutations, SwiGLU, route weights, ``index_add_``/``index_copy_`` combines, casts, zero-fills,
+weight-gradient accumulation) by the bytes they move at their kernel class's measured rate, and the
+host's measured time per block of each runtime loop and per other launching call (the profile's
+``dispatch_kernels`` curve, ``planner.timing.kernel_rates``). Per layer:
 
     EP, LLEP        forward up+down; backward (autograd of ``mlp``) g_down, gh, g_up, gx
     PipelinedLLEP   forward up+down (no grad, inside the reentrant checkpoint), inner recompute

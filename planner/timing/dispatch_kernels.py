@@ -37,89 +37,140 @@ reentrant recompute up, ``ExpertChunk.backward`` down + the four gradients.
                   X·w3·b (``imp_grads``) and X·w3·b (autograd materialises ``ImportWeights``'
                   undefined output gradients); 3·w3·b per export
 
-timed at the HBM rate derived from the measured fused GPU AdamW curve (``compute.hbm_bytes_per_s``).
+Each term carries its kernel class (``planner.schema.curves.DISPATCH_KERNEL_CLASSES``; the bytes
+per class are checked call by call against the runtime in ``tests/unit/test_timing_dispatch.py``):
+``index_select`` from the token tensor or its gradient ``gather_dup`` (rows repeated up to ``k``
+times), other gathers ``gather_perm``; ``index_add(_)`` into token rows ``index_add_bf16`` (combine),
+into route rows ``index_add_bf16_perm``, fp32 ``index_add_fp32``; an out-of-place ``index_add``'s copy
+of its target, ``copy_`` and dtype casts ``copy``; ``index_copy_``; zero-fills ``zero``;
+``y·w[:, None]`` ``route_weight``; ``sum(1)`` ``row_sum``; SiLU / ``silu_backward`` on the strided
+gate half ``silu`` / ``silu_bwd``; a product with a strided half ``mul_strided``; ``cat``; contiguous
+same-shape ``add``/``add_``/``mul`` ``add`` (the weight-gradient ``add_`` row); the ids' sort of
+``send_order`` ``sort`` (``SORT_BYTES``); the rest ``other``. Each class runs at its measured rate
+(``planner.timing.kernel_rates``).
 The host→device index copies (``torch.as_tensor(...).to(device)``: ``send_order``'s two, EP's
 ``perm_Q``/``inv_Q``, ``ExpertChunk``'s ``slot_index``) cross PCIe, not HBM: launches only.
 
-**Launches.** Every torch call that launches a kernel costs the host ``compute.host_op_s`` (the
-GEMM table's launch floor); view and allocation calls are free (assumed). Per block: EP/LLEP 4
-forward, 11 backward; PipelinedLLEP 9 forward, 2 recompute, 23 backward. Per chunk/layer: the
-constants below. A phase (a whole EP/LLEP pass, one PipelinedLLEP chunk: ``ExpertChunk`` starts
-with a synchronous host→device index copy) takes ``max(GPU seconds, host seconds)``: the host
-runs ahead of the GPU within a phase, and the GPU waits for it when its kernels are shorter.
+**Launches.** Per block: EP/LLEP 4 forward, 11 backward; PipelinedLLEP 9 forward, 2 recompute,
+23 backward (``kernel_rates.LOOP_LAUNCH``), each block at the measured host seconds of its loop;
+per chunk/layer the constants below, each at the measured host seconds of one launching call
+(``kernel_rates.host_s``); view and allocation calls are free (assumed). A phase (a whole EP/LLEP
+pass, one PipelinedLLEP chunk: ``ExpertChunk`` starts with a synchronous host→device index copy)
+takes ``max(GPU seconds, host seconds)``: the host runs ahead of the GPU within a phase, and the
+GPU waits for it when its kernels are shorter.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from planner.timing.compute import elementwise_s, gemm_s, host_op_s
+from planner.timing import kernel_rates as KR
+from planner.timing.compute import gemm_s
 from planner.timing.flops import expert_bwd, expert_fwd
 from planner.timing.lookups import Lookups
 
-SEND_ORDER_BYTES = 336
-"""Bytes per route of ``exchange.send_order`` (approximate: a stable 64-bit radix sort of ids and
-indices, 8 passes × 32 B, plus arange, searchsorted, the shift and the scatter, 80 B)."""
+SORT_BYTES = 256
+"""Nominal bytes per route of ``send_order``'s stable 64-bit radix sort (8 passes × 32 B): the
+``sort`` class's measured rate is per these bytes."""
+SEND_ORDER_BYTES = SORT_BYTES + 80
+"""Bytes per route of ``exchange.send_order``: the sort, plus arange, searchsorted, the shift and the
+scatter, 80 B (approximate)."""
 IDX = 8
 """Bytes of one int64 index."""
 LAUNCH = {  # kernel-launching torch calls (module docstring), read from the runtime
-    "send_order": 9, "ep_fwd_layer": 11, "ep_bwd_layer": 13, "ep_fwd_block": 4, "ep_bwd_block": 11,
-    "pl_fwd_chunk": 5, "pl_bwd_chunk": 8, "pl_fwd_block": 9, "pl_up_block": 2, "pl_bwd_block": 23,
-    "copies": 2, "pl_copies": 3,
+    "send_order": 9, "ep_fwd_layer": 11, "ep_bwd_layer": 13, "ep_fwd_block": KR.LOOP_LAUNCH["grouped_fwd"],
+    "ep_bwd_block": KR.LOOP_LAUNCH["grouped_bwd"], "pl_fwd_chunk": 5, "pl_bwd_chunk": 8,
+    "pl_fwd_block": KR.LOOP_LAUNCH["chunk_fwd"], "pl_up_block": KR.LOOP_LAUNCH["chunk_recompute"],
+    "pl_bwd_block": KR.LOOP_LAUNCH["chunk_bwd"], "copies": 2, "pl_copies": 3,
 }
+BWD_ROLES = ("g_down", "gh", "g_up", "gx")
+"""Roles of ``flops.expert_bwd``'s GEMMs, in its order."""
 
 
 def block_gemm_s(lk: Lookups, rows, cnt, H: int, I: int, which: str):
     """GEMM seconds of ``cnt`` blocks of ``rows`` rows (arrays, summed over the last axis) for
-    ``which`` ∈ {fwd, up, down, bwd}."""
+    ``which`` ∈ {fwd, up, down, bwd}; backward GEMMs × their layout factor
+    (``kernel_rates.layout_factor``)."""
     gs = {"fwd": expert_fwd(rows, H, I), "up": expert_fwd(rows, H, I)[:1],
           "down": expert_fwd(rows, H, I)[1:], "bwd": expert_bwd(rows, H, I)}[which]
     if which == "bwd":
-        lk.assume("expert backward GEMMs (transposed operands: h.t()@go, go@Wd.t(), x.t()@ggu, ggu@Wu.t()) "
-                  "at the NN table's rate for the same (m, n, k)")
-    t = sum(gemm_s(lk, g.m, g.n, g.k) for g in gs)
+        t = sum(gemm_s(lk, g.m, g.n, g.k) * KR.layout_factor(lk, role, rows, H, I) for g, role in zip(gs, BWD_ROLES))
+    else:
+        t = sum(gemm_s(lk, g.m, g.n, g.k) for g in gs)
     return (np.asarray(cnt, dtype=float) * t).sum(-1)
 
 
 class Phase:
-    """GPU seconds (GEMMs + memory-bound bytes) and host launches of one phase."""
+    """GPU seconds (GEMMs + memory-bound bytes by class) and host work (launching calls outside
+    the block loops, blocks per loop) of one phase."""
 
     def __init__(self) -> None:
-        self.gemm, self.nbytes, self.launches = 0.0, 0.0, 0.0
+        self.gemm, self.calls = 0.0, 0.0
+        self.nbytes: dict = {}
+        self.blocks: dict = {}
 
     def gemms(self, seconds) -> "Phase":
         """Add GEMM seconds."""
         self.gemm = self.gemm + seconds
         return self
 
-    def mem(self, nbytes, launches=0.0) -> "Phase":
-        """Add memory-bound bytes and kernel-launching host calls."""
-        self.nbytes = self.nbytes + np.asarray(nbytes, dtype=float)
-        self.launches = self.launches + np.asarray(launches, dtype=float)
+    def mem(self, launches=0.0, **by_class) -> "Phase":
+        """Add memory-bound bytes by class (``cls=bytes``) and kernel-launching host calls."""
+        for c, v in by_class.items():
+            self.nbytes[c] = self.nbytes.get(c, 0.0) + np.asarray(v, dtype=float)
+        self.calls = self.calls + np.asarray(launches, dtype=float)
         return self
 
-    def times(self, lk: Lookups) -> tuple:
-        """``(gemm, memory-bound, exposed host)`` seconds: the phase takes ``max(GPU, host)``."""
-        mem = elementwise_s(lk, self.nbytes)
-        host = self.launches * host_op_s(lk)
-        return self.gemm, mem, np.maximum(0.0, host - self.gemm - mem)
+    def loop(self, loop: str, blocks) -> "Phase":
+        """Add ``blocks`` blocks of the runtime loop ``loop`` (``kernel_rates.LOOP_LAUNCH``)."""
+        self.blocks[loop] = self.blocks.get(loop, 0.0) + np.asarray(blocks, dtype=float)
+        return self
+
+    @property
+    def launches(self):
+        """All kernel-launching host calls."""
+        return self.calls + sum(KR.LOOP_LAUNCH[lp] * n for lp, n in self.blocks.items())
+
+    def times(self, lk: Lookups, sustain=1.0) -> tuple:
+        """``(gemm, memory-bound, exposed host)`` seconds, GEMMs × ``sustain``: the phase takes
+        ``max(GPU, host)``."""
+        gemm = self.gemm * sustain
+        mem = KR.memory_s(lk, self.nbytes) if self.nbytes else 0.0
+        host = KR.host_s(lk, self.calls, self.blocks)
+        return gemm, mem, np.maximum(0.0, host - gemm - mem)
 
 
 def _finish(lk: Lookups, passes: dict, raw: bool) -> dict:
     """``{pass: [(phase, mult, sum_last_axis), …]}`` → per pass ``(gemm, mem, exposed host)``
-    seconds, or with ``raw`` ``(gemm seconds, bytes, launches)``: each phase ``mult`` times over,
-    its last axis summed where flagged (a plan's chunks)."""
-    if not raw:
-        lk.assume(f"dispatch phases (an EP/LLEP pass, a PipelinedLLEP chunk) take max(GPU, host launch) "
-                  f"seconds; send_order moves {SEND_ORDER_BYTES} B/route (approximate sort traffic)")
+    seconds, or with ``raw`` ``(gemm seconds, {class: bytes}, launches)``: each phase ``mult``
+    times over, its last axis summed where flagged (a plan's chunks). GEMMs × the sustained factor
+    of the forward + backward GEMM seconds (``kernel_rates.sustained_factor``)."""
+    def total(v, mult, axis):
+        v = np.asarray(mult) * np.asarray(v, dtype=float)
+        return v.sum(-1) if axis else v
+
+    if raw:
+        out = {}
+        for name, phases in passes.items():
+            g, nb, la = 0.0, {}, 0.0
+            for ph, mult, axis in phases:
+                g = g + total(ph.gemm, mult, axis)
+                la = la + total(ph.launches, mult, axis)
+                for c, v in ph.nbytes.items():
+                    nb[c] = nb.get(c, 0.0) + total(v, mult, axis)
+            out[name] = (g, nb, la)
+        return out
+    lk.assume("dispatch phases (an EP/LLEP pass, a PipelinedLLEP chunk) take max(GPU, host) seconds; "
+              f"send_order moves {SEND_ORDER_BYTES} B/route ({SORT_BYTES} B sort, approximate)")
+    T = sum(total(ph.gemm, mult, axis) for phases in passes.values() for ph, mult, axis in phases)
+    f = KR.sustained_factor(lk, T)
     out = {}
     for name, phases in passes.items():
         acc = [0.0, 0.0, 0.0]
         for ph, mult, axis in phases:
-            parts = (ph.gemm, ph.nbytes, ph.launches) if raw else ph.times(lk)
-            for i, v in enumerate(parts):
-                v = np.asarray(mult) * np.asarray(v, dtype=float)
-                acc[i] = acc[i] + (v.sum(-1) if axis else v)
+            fa = np.asarray(f)[..., None] if axis and np.ndim(f) else f
+            for i, v in enumerate(ph.times(lk, fa)):
+                acc[i] = acc[i] + total(v, mult, axis)
         out[name] = tuple(acc)
     return out
 
@@ -133,18 +184,23 @@ def unchunked(lk: Lookups, H: int, I: int, b: int, k: int, *, N, s, q, rows, cnt
     nb = (np.asarray(cnt, dtype=float) * (np.asarray(rows) > 0)).sum(-1)
     cp = np.asarray(copies, dtype=float)
     hb, ib, w3b = H * b, I * b, 3.0 * H * I * b
-    f = Phase().gemms(block_gemm_s(lk, rows, cnt, H, I, "fwd"))
-    f.mem(s * (SEND_ORDER_BYTES + 16 + 16 + 2 * hb + IDX + 6 + 2 * hb + b + 3 * hb + IDX) + N * hb,
-          LAUNCH["send_order"] + LAUNCH["ep_fwd_layer"] + LAUNCH["ep_fwd_block"] * nb + cp * LAUNCH["copies"])
-    f.mem(q * (2 * (2 * hb + IDX) + 5 * ib) + cp * 2 * hb * (s + q))
-    g = Phase().gemms(block_gemm_s(lk, rows, cnt, H, I, "bwd"))
-    g.mem(s * (hb * (1 + dense_grad) + IDX + 2 * hb + b + 3 * hb + hb + b + 6 + 20 + 3 * hb + IDX)
-          + N * (12 * k + 3 * hb), LAUNCH["ep_bwd_layer"] + LAUNCH["ep_bwd_block"] * nb + cp * LAUNCH["copies"])
-    g.mem(q * (2 * (3 * hb + 3 * hb + IDX) + 13 * ib + 2 * hb) + cp * 2 * hb * (s + q))
-    g.mem((n_own + X) * w3b + 3 * w3b * nb + 3 * n_own * w3b, 4 + 2 * (np.asarray(X) > 0))
+    f = Phase().gemms(block_gemm_s(lk, rows, cnt, H, I, "fwd")).loop("grouped_fwd", nb)
+    f.mem(LAUNCH["send_order"] + LAUNCH["ep_fwd_layer"] + cp * LAUNCH["copies"],
+          sort=s * SORT_BYTES, other=s * (SEND_ORDER_BYTES - SORT_BYTES + 16),
+          gather_perm=s * 16 + q * 2 * (2 * hb + IDX),
+          gather_dup=s * (2 * hb + IDX), copy=s * 6 + cp * 2 * hb * (s + q), silu=q * 2 * ib, mul_strided=q * 3 * ib,
+          route_weight=s * (2 * hb + b), zero=N * hb, index_add_bf16=s * (3 * hb + IDX))
+    g = Phase().gemms(block_gemm_s(lk, rows, cnt, H, I, "bwd")).loop("grouped_bwd", nb)
+    g.mem(LAUNCH["ep_bwd_layer"] + cp * LAUNCH["copies"],
+          gather_dup=s * (hb * (1 + dense_grad) + IDX), route_weight=s * (2 * hb + b), add=s * 3 * hb + q * 3 * ib,
+          row_sum=s * (hb + b), copy=s * 6 + N * (8 * k + 2 * hb) + q * (2 * 2 * hb + 2 * hb) + cp * 2 * hb * (s + q),
+          zero=N * (4 * k + hb) + q * 2 * hb, index_add_fp32=s * 20, index_add_bf16=s * (3 * hb + IDX),
+          index_add_bf16_perm=q * 2 * (3 * hb + IDX), mul_strided=q * 3 * ib, silu_bwd=q * 3 * ib, cat=q * 4 * ib)
+    g.mem(4 + 2 * (np.asarray(X) > 0), zero=(n_own + X) * w3b, add=3 * w3b * nb + 3 * n_own * w3b)
     X_e = np.asarray(X_e, dtype=float)
-    g.mem(np.where(X_e > 0, n_own * w3b + 5 * w3b * X_e + 3 * n_own * w3b, 0.0),
-          launches=np.where(X_e > 0, 4 + 4 * X_e, 0.0))
+    exp = X_e > 0
+    g.mem(np.where(exp, 4 + 4 * X_e, 0.0), zero=np.where(exp, n_own * w3b, 0.0),
+          add=np.where(exp, 3 * w3b * X_e + 3 * n_own * w3b, 0.0), copy=np.where(exp, 2 * w3b * X_e, 0.0))
     return _finish(lk, {"fwd": [(f, 1.0, False)], "bwd": [(g, 1.0, False)]}, raw)
 
 
@@ -160,20 +216,26 @@ def pipelined(lk: Lookups, H: int, I: int, b: int, k: int, *, N, s, q, rows, cnt
     cp = np.asarray(copies, dtype=float)
     hb, ib, w3b = H * b, I * b, 3.0 * H * I * b
     up, down = block_gemm_s(lk, rows, cnt, H, I, "up"), block_gemm_s(lk, rows, cnt, H, I, "down")
-    f = Phase().gemms(up + down)
-    f.mem(s * (16 + 2 * hb + IDX + 16 + 3 * hb + IDX), LAUNCH["pl_fwd_chunk"] + LAUNCH["pl_fwd_block"] * nb)
-    f.mem(q * (2 * hb + IDX + 5 * ib + 16 + 6 + 2 * hb + b + 2 * hb + IDX) + cp * ((2 * hb + IDX) * s + 2 * hb * q),
-          cp * LAUNCH["pl_copies"])
+    f = Phase().gemms(up + down).loop("chunk_fwd", nb)
+    f.mem(LAUNCH["pl_fwd_chunk"] + cp * LAUNCH["pl_copies"],
+          other=s * 16, gather_dup=s * (2 * hb + IDX), gather_perm=s * 16 + q * (2 * hb + IDX + 16),
+          index_add_bf16=s * (3 * hb + IDX), silu=q * 2 * ib, mul_strided=q * 3 * ib, copy=q * 6
+          + cp * ((2 * hb + IDX) * s + 2 * hb * q), route_weight=q * (2 * hb + b), index_copy=q * (2 * hb + IDX))
+    per_chunk = np.ones_like(s)                            # N-sized terms repeat in every chunk
     g = Phase().gemms(up + down + block_gemm_s(lk, rows, cnt, H, I, "bwd"))
-    g.mem(s * (hb * (1 + dense_grad) + IDX + 3 * hb + IDX + 20) + N * (hb + 4 * k),
-          LAUNCH["pl_bwd_chunk"] + (LAUNCH["pl_up_block"] + LAUNCH["pl_bwd_block"]) * nb)
-    g.mem(q * (2 * hb + IDX + 12 * hb + 18 * ib + 2 * b + 68) + 3 * w3b * nb
-          + cp * (2 * hb * q + (2 * hb + IDX) * s), cp * LAUNCH["pl_copies"])
+    g.loop("chunk_recompute", nb).loop("chunk_bwd", nb)
+    g.mem(LAUNCH["pl_bwd_chunk"] + cp * LAUNCH["pl_copies"],
+          gather_dup=s * (hb * (1 + dense_grad) + IDX), index_add_bf16=s * (3 * hb + IDX), index_add_fp32=s * 20,
+          zero=per_chunk * N * (hb + 4 * k), gather_perm=q * (3 * (2 * hb + IDX) + 16), silu=q * 2 * ib,
+          mul_strided=q * 6 * ib, copy=q * 12 + cp * (2 * hb * q + (2 * hb + IDX) * s), add=q * (3 * hb + 3 * ib)
+          + 3 * w3b * nb, row_sum=q * (hb + b), route_weight=q * (2 * hb + b), silu_bwd=q * 3 * ib, cat=q * 4 * ib,
+          index_copy=q * (2 * hb + IDX + 16))
 
     X, X_e = np.asarray(X, dtype=float), np.asarray(X_e, dtype=float)
-    lf = Phase().mem(N * k * SEND_ORDER_BYTES + N * hb, LAUNCH["send_order"] + 1)
-    lb = Phase().mem((K - 1) * (3 * N * hb + 12 * N * k) + 2 * X * w3b + 3 * w3b * X_e,
-                     launches=2 * (K - 1) + 4 * (X > 0) + 2 * X_e)
+    lf = Phase().mem(LAUNCH["send_order"] + 1, sort=N * k * SORT_BYTES,
+                     other=N * k * (SEND_ORDER_BYTES - SORT_BYTES), zero=N * hb)
+    lb = Phase().mem(2 * (K - 1) + 4 * (X > 0) + 2 * X_e, add=(K - 1) * (3 * N * hb + 12 * N * k) + 3 * w3b * X_e,
+                     zero=2 * X * w3b)
     return _finish(lk, {"fwd": [(f, mult, chunk_axis), (lf, 1.0, False)],
                         "bwd": [(g, mult, chunk_axis), (lb, 1.0, False)]}, raw)
 
@@ -182,9 +244,9 @@ def router_and_loss(lk: Lookups, N, H: int, E: int, k: int, b: int) -> dict:
     """What ``bench/dispatch.py`` times around the operator (``dispatch_trace.build_layer``): the
     ``TopKRouter`` on given ids (``F.linear``, fp32 cast, softmax, gather, renormalise), the loss
     ``out.sum()``, and in backward their gradients, the router GEMMs and the sum of ``x``'s two
-    gradients: ``{fwd, bwd}`` → ``(gemm, mem, host)``."""
+    gradients: ``{fwd, bwd}`` → ``(gemm, mem, host)`` (memory-bound kernels: class ``other``)."""
     N = np.asarray(N, dtype=float)
-    f = Phase().gemms(gemm_s(lk, N, E, H)).mem(N * E * (b + 4 + 8) + N * k * (IDX + 8 + 4 + 12) + N * H * b, 7)
+    f = Phase().gemms(gemm_s(lk, N, E, H)).mem(7, other=N * E * (b + 4 + 8) + N * k * (IDX + 8 + 4 + 12) + N * H * b)
     g = Phase().gemms(gemm_s(lk, N, H, E) + gemm_s(lk, E, H, N)).mem(
-        N * E * (4 + 12 + 4 + b) + N * k * (24 + 12) + 3 * N * H * b + 3 * E * H * b, 10)
+        10, other=N * E * (4 + 12 + 4 + b) + N * k * (24 + 12) + 3 * N * H * b + 3 * E * H * b)
     return _finish(lk, {"fwd": [(f, 1.0, False)], "bwd": [(g, 1.0, False)]}, False)

@@ -132,7 +132,18 @@ def test_smoke_runs_every_section_on_cpu(tmp_path):
                           ("gpu_adamw", "gpu_adamw")):
         fitted = getattr(spec.curves, name) is not None
         assert fitted or any(f.startswith(f"{section}: ") for f in st.failed), name
-    assert {"constants: needs CUDA", "fragmentation: needs CUDA"} <= set(st.skipped)
+    assert {"constants: needs CUDA", "fragmentation: needs CUDA", "dispatch_kernels: needs CUDA"} <= set(st.skipped)
+
+
+def test_dispatch_kernels_section_on_cpu_smoke():
+    """The GPU-only ``dispatch_kernels`` section's code path (``--sections dispatch_kernels``), run at
+    the smoke shapes on the CPU: a validated curve with the run's provenance and host instance."""
+    st = runner.RunState()
+    prov = {"device": "cpu", "date": "2026-11-29", "command": "pytest", "host_instance": "vm-test"}
+    runner._section("dispatch_kernels", config.SMOKE, torch.device("cpu"), prov, st, runner._Bar(False, 1))
+    cv = st.curves["dispatch_kernels"]
+    assert cv.provenance.command == "pytest" and cv.provenance.host_instance == "vm-test"
+    assert cv.memory and cv.host_loops and cv.gemm_layouts
 
 
 def _declared(tmp_path: Path) -> Path:

@@ -1,4 +1,4 @@
-"""OffloadStreamAdamW and CPUOffloadAdamW exactness on the CPU (DESIGN §7, issue 5).
+"""OffloadStreamAdamW and CPUOffloadAdamW exactness on the CPU (DESIGN §7).
 
 The reference is ``torch.optim.AdamW(fused=True)`` on the same device over fp32 parameters whose
 grads are the bf16 grads upcast: the master weights, m, v and step must be BITWISE equal, and

@@ -1,4 +1,4 @@
-"""SCO exactness on the CPU (DESIGN §7, issue 5).
+"""SCO exactness on the CPU (DESIGN §7).
 
 SCO only moves region inputs to pinned host memory and back, so the gradients must be BITWISE
 equal to plain per-region non-reentrant checkpointing, for every host budget (0 and full

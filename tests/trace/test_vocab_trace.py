@@ -18,6 +18,7 @@ import pytest
 
 from planner.budget import vocab
 from planner.budget.context import Ctx
+from tests.conftest import vocab_ctx
 from planner.runtime.vocab_trace import HeadShape, resident_weight_bytes, trace_head
 from planner.units import GiB
 
@@ -28,18 +29,13 @@ PAPER_RING_GIB = {(16384, 8): 7.322, (32768, 8): 10.622, (16384, 4): 11.519}
 PAPER_DENSE_GIB = {16384: 42.462, 32768: 79.521}
 """reference/paper-figures.md: the standard schedule's peaks (a check of the dense-head formula)."""
 PAPER_DENSE_TOL = 0.01
-"""Issue 2/3: the dense-head formula lands within 1% of the paper's standard peaks."""
+"""the dense-head formula lands within 1% of the paper's standard peaks."""
 H, V = 7168, 200000
 
 
 def make_ctx(*, N, P=1, B_v=1, b=4, vocab_op="ring_dtp", stack="composed", tp=1) -> Ctx:
-    """A context holding only what the vocab terms read (no model or cluster needed)."""
-    return Ctx(model=None, cluster=None, stack=stack, num_layers=1, num_boundaries=2, hidden_size=H,
-               expert_ffn=0, dense_ffn=0, num_experts=0, top_k=0, vocab_size=V, num_heads=1,
-               num_kv_heads=1, head_dim=1, v_head_dim=1, params={}, num_params=0, seq_len=N,
-               seqs_per_microbatch=1, tokens_per_rank=N, world_size=8, act_bytes=b, routing="balanced",
-               routing_hot_share=0.0, routing_hot_experts=0, routing_text="balanced",
-               dispatch_bound="guarantee", vocab=vocab_op, vocab_parallel=P, vocab_blocks=B_v, tp=tp)
+    """A context holding only what the vocab terms read, at the reference H and V."""
+    return vocab_ctx(N=N, H=H, V=V, P=P, B_v=B_v, b=b, vocab_op=vocab_op, stack=stack, tp=tp)
 
 
 def vocab_bytes(ctx: Ctx) -> int:

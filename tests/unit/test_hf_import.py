@@ -20,7 +20,7 @@ from planner.schema.io import load_model
 from planner.schema.model import ModelSpec
 
 PARAM_TOL = 0.02
-"""Imported total parameters vs a published total (issue 2: within 2%)."""
+"""Imported total parameters vs a published total (within 2%)."""
 PUBLISHED_EXCLUDES_MTP = {"deepseek-v3.json"}
 """Files whose published total counts the main model only (DeepSeek-V3: 671B main + 14B MTP module)."""
 DBRX_PUBLISHED_TOTAL, DBRX_PUBLISHED_ACTIVE = 132e9, 36e9

@@ -1,4 +1,4 @@
-"""Budget terms of issue 5: boundaries, optimizer step and its host bytes (DESIGN §3.2, §3.3)."""
+"""Budget terms: boundaries, optimizer step and its host bytes (DESIGN §3.2, §3.3)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Issue 2's checks of the planner against the reference figures and its own invariants:
+"""Checks of the planner against the reference figures and its own invariants:
 the dense head with our profile's constants, both dispatch bounds at shape A with their formulas,
 and a peak that never rises with the SCO budget."""
 
@@ -24,7 +24,7 @@ from tests.conftest import tiny_moe
 REFERENCE_DENSE_GIB = {16384: 42.462, 32768: 79.521}
 """reference/paper-figures.md: the standard (dense, fp32) head's peaks."""
 REFERENCE_TOL = 0.01
-"""Issue 2: the dense-head formula lands within 1% of them."""
+"""the dense-head formula lands within 1% of them."""
 SHAPE_A = Path(__file__).resolve().parents[2] / "docs" / "examples" / "shape-a.yaml"
 
 

@@ -14,7 +14,8 @@ runtime makes, forward and backward (dense output gradient). Per case and pass:
 - **GEMMs**: the multiset of ``torch.mm`` shapes equals the model's blocks (the plan's rows per
   slot and chunk, cut at ``block_rows``);
 - **bytes**: memory-bound bytes by the rules of ``_bytes`` below (what each call reads and writes
-  on the tensors it is given) equal the model's within ``BYTES_TOL``; ``send_order``'s calls are
+  on the tensors it is given) equal the model's within ``BYTES_TOL``, **per kernel class** (``_classes``:
+  the class each call is timed at, ``planner.timing.dispatch_kernels``); ``send_order``'s calls are
   excluded on both sides (the model's ``SEND_ORDER_BYTES`` is an approximate constant).
 """
 
@@ -89,12 +90,49 @@ def _bytes(name: str, args, kwargs, out) -> int:
     return reads + sum(_elems_bytes(t) for t in _tensors(out))
 
 
+ZERO = {"new_zeros", "zeros_like", "zero_", "fill_", "zeros"}
+COPY = {"copy_", "_to_copy", "clone"}
+SIMPLE = {"index_copy_": "index_copy", "silu": "silu", "silu_backward": "silu_bwd", "cat": "cat", "sum": "row_sum",
+          "sort": "sort", "add": "add", "add_": "add", "sub": "add"}
+
+
+def _classes(name: str, args, kwargs, out, tokens: set) -> dict:
+    """``{kernel class: bytes}`` of one call (``planner.timing.dispatch_kernels``' docstring): gathers
+    from the token tensor or its gradient (``tokens``: their data pointers) ``gather_dup``;
+    ``index_add`` into token rows (``N``) ``index_add_bf16``, into other rows ``index_add_bf16_perm``,
+    fp32 ``index_add_fp32``, its out-of-place copy ``copy``; products with a column-sliced operand
+    (row stride ≠ width, also for one-row blocks) ``mul_strided``, broadcast products
+    ``route_weight``, same-shape products ``add``."""
+    nbytes = _bytes(name, args, kwargs, out)
+    if name == "index_select":
+        return {"gather_dup" if args[0].data_ptr() in tokens else "gather_perm": nbytes}
+    if name in ("index_add_", "index_add"):
+        tgt = args[0]
+        copy = 2 * _elems_bytes(tgt) if name == "index_add" else 0
+        cls = "index_add_fp32" if tgt.dtype == torch.float32 else \
+            "index_add_bf16" if tgt.dim() == 2 and tgt.shape[0] == N else "index_add_bf16_perm"
+        return {"copy": copy, cls: nbytes - copy}
+    if name in ZERO:
+        return {"zero": nbytes}
+    if name in COPY:
+        return {"copy": nbytes}
+    if name == "mul":
+        ts = [t for t in args if isinstance(t, torch.Tensor)]
+        if any(t.dim() == 2 and t.stride() != (t.shape[1], 1) for t in ts):   # a column slice (gate/up half)
+            return {"mul_strided": nbytes}
+        return {"route_weight" if len({tuple(t.shape) for t in ts}) > 1 else "add": nbytes}
+    return {SIMPLE.get(name, "other"): nbytes}
+
+
 class Recorder(TorchDispatchMode):
-    """Launching calls, their bytes and the ``mm`` shapes; ``paused`` skips bytes (not launches)."""
+    """Launching calls, their bytes (in all and by class) and the ``mm`` shapes; ``paused`` skips
+    bytes (not launches). ``tokens``: data pointers of the token tensor and its gradient."""
 
     def __init__(self) -> None:
         super().__init__()
         self.launches, self.nbytes, self.paused, self.mm = 0, 0, False, collections.Counter()
+        self.by_class: collections.Counter = collections.Counter()
+        self.tokens: set = set()
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -108,6 +146,7 @@ class Recorder(TorchDispatchMode):
             self.mm[(a.shape[0], b.shape[1], a.shape[1])] += 1
         elif not self.paused:
             self.nbytes += _bytes(name, args, kwargs, out)
+            self.by_class.update(_classes(name, args, kwargs, out, self.tokens))
         return out
 
 
@@ -139,10 +178,12 @@ def _run(op: str, profile: str, E_p: int, rank: int, monkeypatch):
                                     mod._num_chunks(N) if op == "pipelined_llep" else None)
         x = torch.randn(N, H, dtype=torch.bfloat16, requires_grad=True)
         w = torch.rand(N, k, requires_grad=True)
+        g = torch.randn(N, H, dtype=torch.bfloat16)
+        for r in rec.values():
+            r.tokens = {x.data_ptr(), g.data_ptr()}
         ids = torch.from_numpy(expert_ids(profile, N, E, k, E_p))
         with rec["fwd"]:
             out = mod(x, ids, w, plan=plan)
-        g = torch.randn(N, H, dtype=torch.bfloat16)
         with rec["bwd"]:
             out.backward(g)
     finally:
@@ -191,8 +232,16 @@ def test_inventory_matches_the_runtime(op, profile, E_p, rank, monkeypatch):
     for p in ("fwd", "bwd"):
         assert rec[p].launches == raw[p][2] - h2d[p], (p, rec[p].launches, raw[p][2])
         assert rec[p].mm == mm[p], p
-        model_bytes = raw[p][1] - (N * k * DK.SEND_ORDER_BYTES if p == "fwd" else 0)
+        by_class = {c: float(v) for c, v in raw[p][1].items()}
+        if p == "fwd":                                    # send_order: excluded on both sides
+            by_class["sort"] -= N * k * DK.SORT_BYTES
+            by_class["other"] -= N * k * (DK.SEND_ORDER_BYTES - DK.SORT_BYTES)
+        model_bytes = sum(by_class.values())
         assert rec[p].nbytes == pytest.approx(model_bytes, rel=BYTES_TOL), (p, rec[p].nbytes, model_bytes)
+        got = {c: v for c, v in rec[p].by_class.items() if v}
+        want = {c: v for c, v in by_class.items() if abs(v) > 1e-9}
+        assert set(got) == set(want) and all(got[c] == pytest.approx(want[c], rel=BYTES_TOL) for c in want), \
+            (p, sorted(got.items()), sorted(want.items()))
     if op == "pipelined_llep" and profile != "balanced":
         assert (L["cnt"] > 1).any()                       # hot slots run in several GEMM blocks
 
@@ -206,7 +255,7 @@ def test_flat_profile_reads_back_bytes_and_gemm_seconds():
     t = DK.unchunked(lk, H, I, 2, k, **args)
     raw = DK.unchunked(lk, H, I, 2, k, raw=True, **args)
     for p in ("fwd", "bwd"):
-        assert t[p][1] * 28 * ADAMW_RATE == pytest.approx(raw[p][1], rel=1e-12)
+        assert t[p][1] * 28 * ADAMW_RATE == pytest.approx(sum(raw[p][1].values()), rel=1e-12)
         assert t[p][2] == 0.0 and t[p][0] == raw[p][0]
 
 
@@ -227,3 +276,10 @@ def test_dispatch_kernels_microbenchmark_smoke(tmp_path):
     assert len(doc["gemm_layouts"]) == 6 * len(bench.SMOKE["rows"]) and doc["sustained"]["ratio"] > 0
     assert set(doc["host_blocks"]) == set(bench.LAUNCHES) | {"tiny_mm_floor"}
     assert (tmp_path / "dispatch_kernels.md").read_text().startswith("# Dispatch-kernel microbenchmarks")
+    from calibration.io import read_yaml
+    from planner.schema.curves import DISPATCH_KERNEL_CLASSES, DispatchKernelsCurve
+
+    frag = read_yaml(tmp_path / "dispatch_kernels.yaml")
+    cv = DispatchKernelsCurve.model_validate(frag["curves"]["dispatch_kernels"])
+    assert set(cv.memory) == set(DISPATCH_KERNEL_CLASSES) and cv.provenance.host_instance
+    assert {g.role for g in cv.gemm_layouts} == {"up", "down", "g_down", "gh", "g_up", "gx"}

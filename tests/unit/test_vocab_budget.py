@@ -14,15 +14,11 @@ from hypothesis import strategies as st
 
 from planner.budget import vocab
 from planner.budget.context import Ctx
+from tests.conftest import vocab_ctx
 
 
 def make_ctx(*, N, H=512, V=20000, P=1, B_v=1, b=2, vocab_op="ring_dtp", stack="composed", tp=1) -> Ctx:
-    return Ctx(model=None, cluster=None, stack=stack, num_layers=1, num_boundaries=2, hidden_size=H,
-               expert_ffn=0, dense_ffn=0, num_experts=0, top_k=0, vocab_size=V, num_heads=1,
-               num_kv_heads=1, head_dim=1, v_head_dim=1, params={}, num_params=0, seq_len=N,
-               seqs_per_microbatch=1, tokens_per_rank=N, world_size=8, act_bytes=b, routing="balanced",
-               routing_hot_share=0.0, routing_hot_experts=0, routing_text="balanced",
-               dispatch_bound="guarantee", vocab=vocab_op, vocab_parallel=P, vocab_blocks=B_v, tp=tp)
+    return vocab_ctx(N=N, H=H, V=V, P=P, B_v=B_v, b=b, vocab_op=vocab_op, stack=stack, tp=tp)
 
 
 def total(ctx: Ctx):

@@ -1,0 +1,153 @@
+"""Measured costs of the dispatch operators' kernels beyond the GEMM table: the profile's
+``dispatch_kernels`` curve (``calibration.dispatch_kernels``, ``DispatchKernelsCurve``), DESIGN §4.
+
+Legend: ``c`` a memory-bound kernel class (``DISPATCH_KERNEL_CLASSES``, plus ``other``), ``r`` rows of
+one expert GEMM block, ``T`` seconds of continuous GEMM work.
+
+- **Memory-bound classes**: bytes / (``vs_reference_c`` × ``compute.hbm_bytes_per_s``): the class's
+  rate relative to a fused GPU AdamW timed in the same run, times the profile's HBM rate (derived
+  from its own fused-AdamW curve), so the ratio, not the run's absolute clock, carries over.
+  ``other`` (unmeasured kernels: int64 ``div``, the router's softmax …) and any class the curve
+  lacks run at the HBM rate (assumed, listed). A class's ratio is measured at one size and one set
+  of widths (``widths``) and used at all (assumed, listed: e.g. the bf16 ``index_add_``'s atomic
+  contention depends on ``k``).
+- **Transposed expert GEMMs** (backward ``g_down = h.t()@go``, ``gh = go@Wd.t()``, ``g_up =
+  x.t()@ggu``, ``gx = ggu@Wu.t()``): the GEMM table's time × ``runtime_s / nn_s`` of the measured
+  row of that role, piecewise-linear in ``log r`` between the measured rows; outside them the nearest
+  measured ratio (rule, listed); at other widths ``H``/``I`` the ratio at the same ``r`` (listed).
+  A row whose ``NN`` reference has ``k`` or ``n`` not a multiple of ``ALIGN_ELEMS`` is not used: its
+  row-major operands are misaligned, so ``nn_s`` carries a misalignment penalty that neither the
+  runtime's call nor the GEMM table (aligned grid) has (H200, 2026-11-29: ``nn_s`` at ``k`` = 3277
+  and 410 is 5.1× and 2.4–2.5× the table's time, while ``runtime_s`` is 0.86–1.14× it). Forward
+  ``up``/``down`` are the table's own layout (factor 1); their runtime/NN pairs only show the run's
+  spread (0.83–1.16).
+- **Sustained GEMMs**: the GEMM table is timed in short windows (``short_window_len_s``); a GEMM
+  stream of ``T`` seconds runs ``f(T)`` times slower: ``f = 1`` up to the short window, the measured
+  ``continuous_s / short_window_s`` from the continuous run's length on, log-linear in ``T`` between
+  (rule, listed). ``T`` is one forward + backward of the layer's expert GEMMs (the operator runs as
+  repeated forward/backward calls, the GPU loaded throughout).
+- **Host**: seconds per block of each runtime loop as measured (``host_loops``), and
+  ``host_call_s`` for every other kernel-launching call.
+- Without the curve (CPU profiles, older profiles): every class at the HBM rate, factors 1, and
+  the GEMM table's launch floor per call (``compute.host_op_s``), listed.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from planner.timing.compute import hbm_bytes_per_s, host_op_s
+from planner.timing.lookups import Lookups
+
+OTHER = "other"
+"""Class of memory-bound kernels the curve does not time (HBM rate)."""
+ALIGN_ELEMS = 8
+"""16 B of bf16: ``NN`` references with ``k`` or ``n`` not a multiple of this are misaligned."""
+ROWS_AXIS = {"g_down": "k", "gh": "m", "g_up": "k", "gx": "m"}
+"""Which GEMM dimension is the block's rows ``r`` for each transposed role (``flops.expert_bwd``)."""
+
+LOOP_LAUNCH = {"grouped_fwd": 4, "grouped_bwd": 11, "chunk_fwd": 9, "chunk_recompute": 2, "chunk_bwd": 23}
+"""Kernel-launching calls per block of each runtime loop (``dispatch_kernels`` module docstring)."""
+
+_CACHE: dict = {}
+
+
+def curve(lk: Lookups):
+    """The profile's ``dispatch_kernels`` curve, or None (then the module's fallback, listed)."""
+    cv = getattr(lk.curves, "dispatch_kernels", None)
+    if cv is None:
+        lk.assume("no dispatch_kernels curve: dispatch memory-bound kernels at the HBM rate, backward GEMMs at "
+                  "the NN table's rate, no sustained-clock factor, the GEMM table's launch floor per call")
+    return cv
+
+
+def class_rates(lk: Lookups) -> dict:
+    """``{class: bytes/s}`` (module docstring); ``OTHER`` and unmeasured classes at the HBM rate."""
+    hbm = hbm_bytes_per_s(lk)
+    cv = curve(lk)
+    if cv is None:
+        return {}
+    w = cv.widths
+    lk.assume(f"dispatch memory-bound kernels by class at the measured rate relative to fused AdamW × the "
+              f"profile's HBM rate ({hbm / 1e12:.2f} TB/s), measured at H={w.get('H')}, I={w.get('I')}, "
+              f"k={w.get('k')}, {w.get('R')} routes and used at every width, top-k and size; unmeasured kernels "
+              "(int64 div, router softmax…) at the HBM rate")
+    return {c: r.vs_reference * hbm for c, r in cv.memory.items()}
+
+
+def memory_s(lk: Lookups, nbytes: dict):
+    """Seconds of ``{class: bytes}`` (arrays) of memory-bound kernels."""
+    rates = class_rates(lk)
+    hbm = hbm_bytes_per_s(lk)
+    return sum(np.asarray(v, dtype=float) / rates.get(c, hbm) for c, v in nbytes.items())
+
+
+def _layout_points(cv, role: str):
+    hit = _CACHE.get(("layout", id(cv), role))
+    if hit is None or hit[0] is not cv:
+        pts = sorted((getattr(g, ROWS_AXIS[role]), g.runtime_s / g.nn_s) for g in cv.gemm_layouts
+                     if g.role == role and g.k % ALIGN_ELEMS == 0 and g.n % ALIGN_ELEMS == 0)
+        hit = (cv, np.log([p[0] for p in pts]), np.array([p[1] for p in pts]))
+        _CACHE[("layout", id(cv), role)] = hit
+    return hit[1], hit[2]
+
+
+def layout_factor(lk: Lookups, role: str, rows, H: int, I: int):
+    """Runtime-layout time over the table's (``NN``) time of expert GEMM ``role`` at block rows
+    ``rows`` (module docstring); 1 for forward roles or without the curve."""
+    cv = getattr(lk.curves, "dispatch_kernels", None)
+    if cv is None or role not in ROWS_AXIS:
+        return 1.0
+    x, y = _layout_points(cv, role)
+    if len(x) == 0:
+        lk.assume(f"expert {role} GEMM: no aligned runtime-vs-NN row measured; at the NN table's rate")
+        return 1.0
+    r = np.asarray(rows, dtype=float)
+    lk.assume("expert backward GEMMs (h.t()@go, go@Wd.t(), x.t()@ggu, ggu@Wu.t()): the NN table's time × the "
+              "measured runtime/NN ratio of the role, log-linear in the block rows; misaligned NN references "
+              f"(k or n % {ALIGN_ELEMS} ≠ 0) not used")
+    rr = r[r > 0]
+    if rr.size and (np.log(rr.min()) < x[0] - 1e-9 or np.log(rr.max()) > x[-1] + 1e-9):
+        lk.assume("expert backward GEMMs at block rows outside the measured layout rows: the nearest measured "
+                  "runtime/NN ratio")
+    w = cv.widths
+    if (w.get("H"), w.get("I")) != (H, I):
+        lk.assume(f"expert backward GEMM layout ratios measured at H={w.get('H')}, I={w.get('I')} used at "
+                  f"H={H}, I={I} (same block rows)")
+    return np.interp(np.log(np.maximum(r, 1.0)), x, y)
+
+
+def sustained_factor(lk: Lookups, gemm_s):
+    """``f(T)`` for ``T = gemm_s`` seconds of continuous GEMM work (module docstring)."""
+    cv = getattr(lk.curves, "dispatch_kernels", None)
+    if cv is None:
+        return 1.0
+    s = cv.sustained
+    f = s.continuous_s / s.short_window_s
+    lo, hi = np.log(s.short_window_len_s), np.log(s.continuous_len_s)
+    lk.assume(f"expert GEMMs under sustained load: × f(T), T = one forward+backward of the layer's expert GEMMs; "
+              f"f = 1 up to {s.short_window_len_s * 1e3:g} ms (the table's windows), {f:.3f} from "
+              f"{s.continuous_len_s:g} s (measured continuous run) on, log-linear in T between")
+    T = np.maximum(np.asarray(gemm_s, dtype=float), 1e-12)
+    x = np.clip((np.log(T) - lo) / (hi - lo), 0.0, 1.0)
+    return 1.0 + (f - 1.0) * x
+
+
+def host_s(lk: Lookups, calls, blocks: dict):
+    """Host seconds of ``calls`` kernel-launching calls outside the block loops plus ``{loop: blocks}``."""
+    cv = curve(lk)
+    if cv is None:
+        call = host_op_s(lk)
+        return (np.asarray(calls, dtype=float)
+                + sum(LOOP_LAUNCH[lp] * np.asarray(n, dtype=float) for lp, n in blocks.items())) * call
+    lk.assume(f"dispatch host time: measured seconds per block of each runtime loop, {cv.host_call_s * 1e6:.1f} µs "
+              "(a tiny torch.mm loop) per other kernel-launching call; view and allocation calls free")
+    out = np.asarray(calls, dtype=float) * cv.host_call_s
+    for lp, n in blocks.items():
+        loop = cv.host_loops.get(lp)
+        if loop is None:
+            lk.assume(f"host loop {lp} not measured: {cv.host_call_s * 1e6:.1f} µs per launching call")
+            out = out + np.asarray(n, dtype=float) * LOOP_LAUNCH[lp] * cv.host_call_s
+        else:
+            out = out + np.asarray(n, dtype=float) * loop.s_per_block
+    return out

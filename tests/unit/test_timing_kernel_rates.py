@@ -1,0 +1,90 @@
+"""The ``dispatch_kernels`` curve (``planner.schema.curves.DispatchKernelsCurve``): its conversion
+from a ``calibration.dispatch_kernels`` run, its merge into a profile, and the rules of
+``planner.timing.kernel_rates`` that read it (layout ratios, sustained factor, host loops)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from test_timing_profiles import flat_cluster
+
+from calibration import dispatch_kernels as bench
+from calibration.merge import merge_data, read_measured
+from planner.schema.curves import DispatchKernelsCurve
+from planner.timing import kernel_rates as KR
+from planner.timing.compute import hbm_bytes_per_s
+from planner.timing.curves import parse_cluster
+from planner.timing.lookups import Lookups
+
+RUN = Path(__file__).resolve().parents[2] / "bench" / "results" / "calibration" / "dispatch_kernels.json"
+
+
+def _with_curve(curve: dict):
+    base = flat_cluster().model_dump(mode="json")
+    prov = dict(curve["provenance"], device=base["topology"]["gpu_name"])
+    base["curves"]["dispatch_kernels"] = dict(curve, provenance=prov)
+    return parse_cluster(base)
+
+
+@pytest.fixture(scope="module")
+def run_doc() -> dict:
+    if not RUN.exists():
+        pytest.skip(f"{RUN.name} is not committed")
+    return json.loads(RUN.read_text())
+
+
+def test_conversion_keeps_the_run(run_doc, tmp_path):
+    """Every kernel row becomes its class (ratio recomputed from bytes/s), provenance and host
+    instance kept; the merge reads the JSON run directly."""
+    frag = bench.fragment(run_doc)["curves"]["dispatch_kernels"]
+    cv = DispatchKernelsCurve.model_validate(frag)
+    assert cv.provenance.host_instance == run_doc["provenance"]["host_instance"] != ""
+    assert len(cv.memory) == len(run_doc["memory"])
+    for r in run_doc["memory"]:
+        assert cv.memory[bench.CLASSES[r["kernel"]]].vs_reference == pytest.approx(r["vs_adamw_rate"], rel=1e-12)
+    assert len(cv.gemm_layouts) == len(run_doc["gemm_layouts"])
+    assert cv.sustained.continuous_s / cv.sustained.short_window_s == pytest.approx(run_doc["sustained"]["ratio"])
+    path = tmp_path / "run.json"
+    path.write_text(json.dumps(run_doc))
+    merged = merge_data({"curves": {}}, read_measured(path))
+    assert merged["curves"]["dispatch_kernels"] == frag
+
+
+def test_shipped_profile_carries_the_run(h200, run_doc):
+    cv = h200.curves.dispatch_kernels
+    assert cv is not None and cv.provenance.host_instance == run_doc["provenance"]["host_instance"]
+    assert cv.reference_bytes_per_s == run_doc["adamw_ref_bytes_per_s"]
+
+
+def test_rules(run_doc):
+    """Class rates = ratio × the profile's HBM rate; misaligned NN references are not used; the
+    layout ratio is clamped outside the measured rows; the sustained factor runs from 1 at the short
+    window to the measured ratio at the continuous run; host seconds per block as measured."""
+    c = _with_curve(bench.fragment(run_doc)["curves"]["dispatch_kernels"])
+    cv = c.curves.dispatch_kernels
+    lk = Lookups(c, strict=True)
+    rates = KR.class_rates(lk)
+    assert rates["index_add_bf16"] == pytest.approx(cv.memory["index_add_bf16"].vs_reference * hbm_bytes_per_s(lk))
+    aligned = [g for g in cv.gemm_layouts if g.role == "g_down" and g.k % 8 == 0]
+    assert len(aligned) == 1 and len([g for g in cv.gemm_layouts if g.role == "g_down"]) == 3
+    want = aligned[0].runtime_s / aligned[0].nn_s
+    assert np.allclose(KR.layout_factor(lk, "g_down", np.array([64, 3277, 10**6]), 7168, 2048), want)
+    gx = sorted((g.m, g.runtime_s / g.nn_s) for g in cv.gemm_layouts if g.role == "gx")
+    assert KR.layout_factor(lk, "gx", gx[1][0], 7168, 2048) == pytest.approx(gx[1][1])
+    assert KR.layout_factor(lk, "gx", 1, 7168, 2048) == pytest.approx(gx[0][1])
+    assert KR.layout_factor(lk, "up", 1000, 7168, 2048) == 1.0
+    s = cv.sustained
+    f = KR.sustained_factor(lk, np.array([s.short_window_len_s / 10, s.short_window_len_s, s.continuous_len_s, 100.0]))
+    assert np.allclose(f, [1.0, 1.0, s.continuous_s / s.short_window_s, s.continuous_s / s.short_window_s])
+    t = KR.host_s(lk, 3, {"chunk_bwd": 2.0})
+    assert t == pytest.approx(3 * cv.host_call_s + 2 * cv.host_loops["chunk_bwd"].s_per_block)
+
+
+def test_without_the_curve_everything_falls_back():
+    lk = Lookups(flat_cluster(), strict=True)
+    assert KR.class_rates(lk) == {} and KR.sustained_factor(lk, 1.0) == 1.0
+    assert KR.layout_factor(lk, "gx", 100, 64, 64) == 1.0
+    assert any("no dispatch_kernels curve" in a for a in lk.assumed)
