@@ -19,7 +19,7 @@ from planner.budget.resolve import resolve_plan
 from planner.budget.terms import LIVE_SETS, PHASE_KINDS
 from planner.errors import InvalidPlan
 from planner.schema import PlanFile, Workload
-from planner.schema.io import load_cluster, load_model, load_planfile
+from planner.schema.io import load_cluster, load_model, load_planfile, validate
 
 COMPOSED_KEYS = {
     "dispatch", "vocab", "optimizer", "checkpoint", "seq_parallel", "expert_parallel", "vocab_parallel",
@@ -61,6 +61,7 @@ def build_planfile(*, model: str | None = None, plan_file: str | None = None, cl
             raise InvalidPlan("--gpus", None, "is required without --plan", "add e.g. --gpus 8")
         if seq_len is None:
             raise InvalidPlan("--seq-len", None, "is required without --plan", "add e.g. --seq-len 128k")
+    ov = _stack_overrides(ov, ov.get("stack", plan.get("stack", "composed")))
     if gpus is not None:
         plan["world_size"] = gpus
     if seq_len is not None:
@@ -74,9 +75,34 @@ def build_planfile(*, model: str | None = None, plan_file: str | None = None, cl
             plan.setdefault("composed", {})[k] = v
         else:
             plan.setdefault("baseline", {})[k] = v
-    from planner.schema.io import validate
+    return validate(PlanFile, {"model": m, "cluster": c, "workload": wl, "plan": plan}, "")
 
-    return validate(PlanFile, {"model": m, "cluster": c, "workload": wl, "plan": plan}, "plan")
+
+def _flag(key: str) -> str:
+    return "--sco-host-gib" if key == "sco_host_bytes" else "--" + key.replace("_", "-")
+
+
+def _stack_overrides(ov: dict, stack: str) -> dict:
+    """Reject overrides of the stack that is not evaluated (they would be silently ignored);
+    ``expert_parallel`` means ``ep`` for the FSDP2 baseline.
+
+    Raises:
+        InvalidPlan: a baseline knob for the composed stack, or a composed knob for the baseline.
+    """
+    ov = dict(ov)
+    if stack == "fsdp2":
+        if "expert_parallel" in ov:
+            ov.setdefault("ep", ov.pop("expert_parallel"))
+        bad = sorted(set(ov) & COMPOSED_KEYS)
+        if bad:
+            raise InvalidPlan(_flag(bad[0]), ov[bad[0]], "applies to the composed stack, not the FSDP2 baseline",
+                              f"drop {_flag(bad[0])}, or drop --baseline to evaluate the composed stack")
+    else:
+        bad = sorted(set(ov) & BASELINE_KEYS)
+        if bad:
+            raise InvalidPlan(_flag(bad[0]), ov[bad[0]], "applies to the FSDP2 baseline only",
+                              f"add --baseline, or drop {_flag(bad[0])}")
+    return ov
 
 
 def resolved_planfile(pf: PlanFile, ctx: Ctx) -> PlanFile:
@@ -273,12 +299,10 @@ def max_context(*, seq_step: int = 1024, max_seq_len: int = 16 * 2**20, **kwargs
 
 def max_batch(*, max_tokens: int = 16 * 2**20, **kwargs) -> FrontierReport:
     """``planner max-batch``: scan sequences per micro-batch at fixed ``S`` (whole grid)."""
-    from planner.budget.frontier import scan
+    from planner.budget.frontier import batch_grid, scan
 
     pf = build_planfile(**kwargs)
-    n = max(1, max_tokens // pf.workload.seq_len)
-    return FrontierReport(pf, "seqs_per_microbatch",
-                          scan(pf, "seqs_per_microbatch", np.arange(1, n + 1, dtype=np.int64)))
+    return FrontierReport(pf, "seqs_per_microbatch", scan(pf, "seqs_per_microbatch", batch_grid(pf, max_tokens)))
 
 
 @dataclass
@@ -327,7 +351,24 @@ def search(*, model: str, cluster: str | None = None, gpus: int, seq_len: int, g
     t0 = time.perf_counter()
     res = run(pf.model, pf.cluster, pf.workload, world_size=gpus, routing=routing, dispatch_bound=dispatch_bound,
               dtype=dtype, top=top, progress=progress)
+    _raise_if_only_gaps(res)
     return SearchReport(pf.model, pf.cluster, pf.workload, gpus, res, time.perf_counter() - t0)
+
+
+def _raise_if_only_gaps(res) -> None:
+    """``ProfileGap`` (exit 2) when composed plans fit the memory but none could be timed: the answer
+    is "the profile cannot time this", not "no plan fits"."""
+    from planner.errors import ProfileGap
+    from planner.search.evaluate import Rejection
+
+    t = res.tally
+    if res.top or not t.fit or t.reasons.get(Rejection.PROFILE_GAP.value, 0) < t.fit:
+        return
+    first = res.gaps[0] if res.gaps else "a time-model curve is missing; fix: run `planner calibrate`"
+    if "; fix: " not in first:
+        first += "; fix: run `planner calibrate` on this cluster"
+    raise ProfileGap.summary(f"search: all {t.fit} composed candidates that fit the memory hit a time-model "
+                             f"gap, so none can be ranked: {' '.join(first.split())}")
 
 
 @dataclass
@@ -352,6 +393,8 @@ def sweep(*, model: str, cluster: str | None = None, gpus: int, seq_lens: list[i
     verdict and the peak of every live set of each."""
     from planner.search.sweep import best_plans
 
+    for S in seq_lens:
+        validate(Workload, {"seq_len": S}, "workload")
     pf = build_planfile(model=model, cluster=cluster, gpus=gpus, seq_len=seq_lens[0],
                         overrides={"routing": routing, "dtype": dtype})
     rows = []

@@ -4,8 +4,10 @@ Exit codes: 0 fits, 1 does not fit, 2 invalid input (one line, no traceback), 3 
 """
 
 import json
+import math
 import sys
 import traceback
+from decimal import Decimal
 from enum import Enum
 from typing import Annotated, Optional
 
@@ -13,7 +15,7 @@ import typer
 from rich.console import Console
 
 from planner.errors import InvalidPlan, PlanError
-from planner.units import parse_bytes, parse_count, parse_params
+from planner.units import GiB, parse_count, parse_params
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Per-rank memory and step-time planner for long-context MoE training.")
@@ -97,7 +99,10 @@ def _overrides(**kw) -> dict:
     if "bucket_params" in ov:
         ov["bucket_params"] = parse_params(ov["bucket_params"], "--bucket-params")
     if "sco_host_gib" in ov:
-        ov["sco_host_bytes"] = parse_bytes(f"{ov.pop('sco_host_gib')}GiB", "--sco-host-gib")
+        gib_ = ov.pop("sco_host_gib")
+        if not math.isfinite(gib_) or gib_ < 0:
+            raise InvalidPlan("--sco-host-gib", gib_, "must be >= 0 and finite", "give a budget in GiB, e.g. 64")
+        ov["sco_host_bytes"] = int(Decimal(repr(gib_)) * GiB)
     if "routing" in ov:
         from planner.schema.plan import Plan
 
@@ -243,10 +248,12 @@ def search(
     """Fastest configuration that fits, beside the fastest FSDP2 baseline that fits."""
     from planner import api
     from planner.report.search_view import render_search
-    from planner.schema.io import write_yaml_atomic
+    from planner.schema.io import check_writable, write_yaml_atomic
 
     if top < 1:
         raise InvalidPlan("--top", top, "must be >= 1", "list at least one plan")
+    if out_file:
+        check_writable(out_file, "--out")
     prog, cb = _progress("searching", progress and not json_out)
     try:
         if prog:
@@ -258,7 +265,7 @@ def search(
         if prog:
             prog.stop()
     if out_file and rep.result.top:
-        write_yaml_atomic(out_file, rep.planfile(0).model_dump(mode="json"))
+        write_yaml_atomic(out_file, rep.planfile(0).model_dump(mode="json"), "--out")
     if json_out:
         _print_json(rep.to_json())
     else:
@@ -284,10 +291,14 @@ def sweep(
     """Per context length: best composed plan and best baseline, peak per live set, verdict, throughput."""
     from planner import api
     from planner.report.sweep_view import frame, render_sweep, write_csv, write_plot
+    from planner.schema.io import check_writable
 
     lens = [parse_count(x, "--seq-lens") for x in seq_lens.split(",") if x.strip()]
     if not lens:
         raise InvalidPlan("--seq-lens", seq_lens, "must list at least one length", "write e.g. 32k,64k,128k")
+    for path, field in ((csv, "--csv"), (plot, "--plot")):
+        if path:
+            check_writable(path, field)
     prog, cb = _progress("sweeping", progress and not json_out)
     try:
         if prog:
@@ -343,8 +354,10 @@ def import_hf(config: Annotated[str, typer.Argument(help="Hugging Face config.js
 
     from planner.schema.hf_import import import_hf as _imp
     from planner.schema.hf_import import profile_yaml
-    from planner.schema.io import read_structured, write_text_atomic
+    from planner.schema.io import check_writable, read_structured, write_text_atomic
 
+    if output:
+        check_writable(output, "--output")
     data = read_structured(config)
     if not isinstance(data, dict):
         raise InvalidPlan(config, type(data).__name__, "must hold a JSON object", "pass a config.json")
@@ -354,16 +367,60 @@ def import_hf(config: Annotated[str, typer.Argument(help="Hugging Face config.js
         err.print(f"[yellow]warning:[/] {w}")
     text = profile_yaml(spec)
     if output:
-        write_text_atomic(output, text)
+        write_text_atomic(output, text, "--output")
         err.print(f"wrote {output}: {spec.param_counts()['total'] / 1e9:.2f}B parameters")
     else:
         sys.stdout.write(text)
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Entry point: maps errors to exit codes (2 invalid input, 3 internal error with traceback)."""
+def _usage_exception_types() -> tuple[tuple[type, ...], tuple[type, ...]]:
+    """(usage-error classes, abort classes) of every click flavour in use: typer >= 0.29 raises its
+    vendored ``typer._click`` exceptions, older typer raises ``click``'s own."""
+    import importlib
+
+    usage: list[type] = []
+    aborts: list[type] = [typer.Abort]
+    for name in ("typer._click.exceptions", "click.exceptions"):
+        try:
+            mod = importlib.import_module(name)
+        except ImportError:
+            continue
+        usage.append(mod.ClickException)
+        if hasattr(mod, "Abort"):
+            aborts.append(mod.Abort)
+    return tuple(usage), tuple(aborts)
+
+
+def _usage_line(e: Exception) -> str:
+    """One ``error: …; fix: …`` line for a click/typer usage error (DESIGN §10)."""
+    ctx = getattr(e, "ctx", None)
+    where = ctx.command_path if ctx is not None else "planner"
     try:
-        rv = app(args=argv, standalone_mode=False)
+        msg = e.format_message()
+    except Exception:  # noqa: BLE001 - any click flavour: fall back to the plain message
+        msg = str(e)
+    cause = getattr(e, "__cause__", None)
+    errors = getattr(cause, "errors", None)
+    if callable(errors):                  # typer coerces through pydantic: name the value typed
+        try:
+            value = errors()[0].get("input")
+        except Exception:  # noqa: BLE001
+            value = None
+        if value is not None and repr(value) not in msg:
+            msg = f"{msg} (got {value!r})"
+    msg = " ".join(msg.replace("Value error, ", "").split()).rstrip(".")
+    return f"error: {msg}; fix: see '{where} --help' for the commands and options"
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point: maps errors to exit codes (2 invalid input, 3 internal error with traceback).
+
+    Usage errors (bad option values, unknown options or commands, missing values) exit 2 with one
+    ``error:`` line; bare ``planner`` prints the help and exits 2 (click's convention).
+    """
+    usage_types, abort_types = _usage_exception_types()
+    try:
+        rv = app(args=argv, prog_name="planner", standalone_mode=False)
         code = int(rv or 0)
     except PlanError as e:
         err.print(f"error: {e}", markup=False, highlight=False, soft_wrap=True)
@@ -372,18 +429,18 @@ def main(argv: list[str] | None = None) -> int:
         code = e.exit_code
     except SystemExit as e:
         code = e.code if isinstance(e.code, int) else 1
-    except Exception as e:  # noqa: BLE001 - click usage errors and bugs
-        import click
-
-        if isinstance(e, click.exceptions.ClickException):
+    except abort_types:
+        code = 130
+    except usage_types as e:
+        if type(e).__name__ == "NoArgsIsHelpError":
             e.show()
-            code = 2
-        elif isinstance(e, click.exceptions.Abort):
-            code = 130
         else:
-            traceback.print_exc()
-            err.print("internal error: please report it with the traceback above", markup=False)
-            code = 3
+            err.print(_usage_line(e), markup=False, highlight=False, soft_wrap=True)
+        code = 2
+    except Exception:  # noqa: BLE001 - bugs
+        traceback.print_exc()
+        err.print("internal error: please report it with the traceback above", markup=False)
+        code = 3
     if argv is None:
         sys.exit(code)
     return code

@@ -3,6 +3,7 @@
 ``PlanError`` is the base of everything the CLI reports as a one-line message:
 
 - ``InvalidPlan`` (exit 2): bad input. The message names the field, the value and the fix.
+  ``UnwritableOutput`` is the one for an output path that cannot be written (also an ``OSError``).
 - ``Infeasible`` (exit 1): a valid configuration that does not fit; carries the budget.
 - ``ProfileGap`` (exit 2): the time model was asked about a shape outside a measured curve.
 
@@ -40,6 +41,11 @@ class InvalidPlan(PlanError):
         super().__init__(msg)
 
 
+class UnwritableOutput(InvalidPlan, OSError):
+    """An output path that cannot be written (a directory, a read-only or missing folder): invalid
+    input (exit 2) that is also the ``OSError`` the write raised, for callers that catch those."""
+
+
 class Infeasible(PlanError):
     """A valid configuration that does not fit; ``report`` holds the budget that proves it."""
 
@@ -61,3 +67,12 @@ class ProfileGap(PlanError):
         if fix:
             msg += f"; fix: {fix}"
         super().__init__(msg)
+
+    @classmethod
+    def summary(cls, message: str) -> "ProfileGap":
+        """A gap reported as one prepared line (e.g. "no candidate could be timed: <first gap>"),
+        when the structured fields were recorded as text by the time model."""
+        err = cls.__new__(cls)
+        err.curve = err.value = err.lo = err.hi = None
+        PlanError.__init__(err, message)
+        return err

@@ -6,7 +6,9 @@ Byte sizes accept ``KiB/MiB/GiB/TiB`` (powers of two) and ``KB/MB/GB/TB`` (power
 
 from __future__ import annotations
 
+import math
 import re
+from decimal import Decimal
 
 KiB = 1 << 10
 MiB = 1 << 20
@@ -27,6 +29,12 @@ _BYTE_SUFFIX = {
 _NUM = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*$")
 
 
+def _exact(number: str, scale: int) -> Decimal:
+    """``number · scale`` exactly (``Decimal``: no float round trip, so integers above 2^53 stay
+    exact and ``1.5k`` is 1536)."""
+    return Decimal(number) * scale
+
+
 def parse_count(text: str | int, field: str = "size") -> int:
     """Parse a token or element count: ``131072``, ``128k``, ``1m``, ``100M`` (k/m/g are 2^10/2^20/2^30).
 
@@ -43,10 +51,10 @@ def parse_count(text: str | int, field: str = "size") -> int:
         m = _NUM.match(str(text))
         if not m or m.group(2).lower() not in _COUNT_SUFFIX:
             raise InvalidPlan(field, text, "is not a size", "write e.g. 131072, 128k or 1m")
-        value = float(m.group(1)) * _COUNT_SUFFIX[m.group(2).lower()]
-        if value != int(value):
+        exact = _exact(m.group(1), _COUNT_SUFFIX[m.group(2).lower()])
+        if exact != exact.to_integral_value():
             raise InvalidPlan(field, text, "must be a whole number", "write e.g. 128k")
-        value = int(value)
+        value = int(exact)
     if value <= 0:
         raise InvalidPlan(field, text, "must be > 0", "give a positive size")
     return value
@@ -69,7 +77,7 @@ def parse_params(text: str | int, field: str = "params") -> int:
         m = _NUM.match(str(text))
         if not m or m.group(2).lower() not in _PARAM_SUFFIX:
             raise InvalidPlan(field, text, "is not a parameter count", "write e.g. 100M or 100000000")
-        value = int(float(m.group(1)) * _PARAM_SUFFIX[m.group(2).lower()])
+        value = int(_exact(m.group(1), _PARAM_SUFFIX[m.group(2).lower()]))
     if value <= 0:
         raise InvalidPlan(field, text, "must be > 0", "give a positive count")
     return value
@@ -83,13 +91,15 @@ def parse_bytes(text: str | int | float, field: str = "bytes") -> int:
     """
     from planner.errors import InvalidPlan
 
+    if isinstance(text, float) and not math.isfinite(text):
+        raise InvalidPlan(field, text, "must be a finite size", "give a size such as 8GiB")
     if isinstance(text, (int, float)) and not isinstance(text, bool):
-        value = float(text)
+        value = Decimal(text)
     else:
         m = _NUM.match(str(text))
         if not m or m.group(2).lower() not in _BYTE_SUFFIX:
             raise InvalidPlan(field, text, "is not a byte size", "write e.g. 8GiB or 17179869184")
-        value = float(m.group(1)) * _BYTE_SUFFIX[m.group(2).lower()]
+        value = _exact(m.group(1), _BYTE_SUFFIX[m.group(2).lower()])
     if value < 0:
         raise InvalidPlan(field, text, "must be >= 0", "give a non-negative size")
     return int(value)

@@ -12,6 +12,11 @@ from planner.errors import InvalidPlan
 from planner.schema import ClusterSpec, ModelSpec, Plan, Workload, parse_routing
 from planner.units import DTYPE_BYTES, ceil_div
 
+MAX_ESTIMATE_BYTES = 1 << 58
+"""Largest per-rank byte estimate (``magnitude_estimate``) the budget evaluates: 256 PiB. The
+estimate over-counts every live set, and numpy's int64 holds 2^63, so every term, phase sum and peak
+of an accepted configuration is exact. Anything near this is thousands of times any GPU's HBM."""
+
 
 def make_context(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan: Plan, *,
                  resolved: bool = False, overrides: dict | None = None) -> Ctx:
@@ -29,9 +34,7 @@ def make_context(model: ModelSpec, cluster: ClusterSpec, workload: Workload, pla
     if not resolved:
         plan = resolve_plan(model, workload, plan)
     kind, hot_share, hot = parse_routing(plan.routing)
-    if kind == "skew" and model.is_moe and hot > model.num_experts:
-        raise InvalidPlan("plan.routing", plan.routing, f"hot experts must be <= model.num_experts "
-                          f"({model.num_experts})", "lower H in R/H")
+    check_routing(model, plan.routing)
     params = model.param_counts()
     overrides = dict(overrides or {})
     seq_len = overrides.pop("seq_len", workload.seq_len)
@@ -77,7 +80,67 @@ def make_context(model: ModelSpec, cluster: ClusterSpec, workload: Workload, pla
                   checkpoint="none" if k.ac == "none" else "per_layer", expert_parallel=ep,
                   vocab_parallel=fields["tp"], sco_host_bytes=0)
     _check_global_batch(workload, plan, ctx)
+    _check_magnitude(ctx)
     return _with_sco(ctx, sco_pct)
+
+
+def magnitude_estimate(ctx: Ctx) -> int:
+    """A generous upper estimate of any per-rank byte count of ``ctx`` (Python int, exact).
+
+    Per token and checkpointed region ``b·(256·H + 32·E + 16·n_h·(d_h + d_v))`` (activations,
+    router, attention), per token and MoE region holding routed rows ``16·b·E_p·k·(H + I)`` (two such
+    regions when the regions are checkpointed, all ``L_b`` without checkpointing), plus ``16·V`` per
+    token (logits and their gradients), ``16·Θ`` (weights, gradients, optimizer state) and ``16·s·β``
+    (staging), all with the largest ``N`` and ``E_p`` of the candidates.
+    """
+    N = int(np.max(np.asarray(ctx.tokens_per_rank)))
+    E_p = int(np.max(np.asarray(ctx.ep if ctx.stack == "fsdp2" else ctx.expert_parallel)))
+    H, I, E, k = ctx.hidden_size, ctx.expert_ffn, ctx.num_experts, ctx.top_k
+    attn = ctx.num_heads * (ctx.head_dim + ctx.v_head_dim)
+    saved = ctx.checkpoint == "none" if ctx.stack == "composed" else ctx.ac != "full"
+    routed_regions = ctx.num_boundaries if saved else 2
+    per_token = ctx.num_boundaries * ctx.act_bytes * (256 * H + 32 * E + 16 * attn)
+    per_token += routed_regions * ctx.act_bytes * 16 * E_p * k * (H + I) + 16 * ctx.vocab_size
+    staging = 16 * int(np.max(np.asarray(ctx.staging_slots))) * int(np.max(np.asarray(ctx.bucket_params)))
+    return N * per_token + 16 * int(ctx.num_params) + staging
+
+
+def _check_magnitude(ctx: Ctx) -> None:
+    est = magnitude_estimate(ctx)
+    if est > MAX_ESTIMATE_BYTES:
+        N = int(np.max(np.asarray(ctx.tokens_per_rank)))
+        raise InvalidPlan("workload.seq_len", int(np.max(np.asarray(ctx.seq_len))),
+                          f"gives N = {N} tokens per rank, whose per-rank byte counts (estimate "
+                          f"{est:.3g} B) exceed what the planner evaluates exactly "
+                          f"(2^58 B = 256 PiB, far past any GPU)",
+                          "lower --seq-len / the batch, or raise --seq-parallel")
+
+
+def check_routing(model: ModelSpec, routing: str) -> None:
+    """Reject skew profiles ``R/H`` no top-k router can produce (DESIGN §3.2 profiles).
+
+    A top-k router never picks one expert twice for a token, so the hot tokens need ``H >= k``
+    distinct hot experts and the cold tokens ``E - H >= k`` cold ones (or none, ``H = E``: the cold
+    tokens then use the hot experts). Under these, standard EP's ``worst`` is the maximum.
+
+    Raises:
+        InvalidPlan: ``H > E``, ``H < k`` with hot tokens, or ``0 < E - H < k`` with cold tokens.
+    """
+    kind, hot_share, hot = parse_routing(routing)
+    if kind != "skew" or not model.is_moe:
+        return
+    E, k = model.num_experts, model.top_k
+    if hot > E:
+        raise InvalidPlan("plan.routing", routing, f"hot experts must be <= model.num_experts ({E})",
+                          "lower H in R/H")
+    if hot_share > 0 and hot < k:
+        raise InvalidPlan("plan.routing", routing,
+                          f"hot experts H ({hot}) must be >= model.top_k ({k}): a top-k router never "
+                          "picks one expert twice for a token", f"use H >= {k}, or --routing worst")
+    if hot_share < 1 and 0 < E - hot < k:
+        raise InvalidPlan("plan.routing", routing,
+                          f"cold experts E - H ({E - hot}) must be 0 or >= model.top_k ({k}): a top-k "
+                          "router never picks one expert twice for a token", f"use H <= {E - k} or H = {E}")
 
 
 def _check_global_batch(workload: Workload, plan: Plan, ctx: Ctx) -> None:

@@ -8,9 +8,11 @@ Counts are the operators' tensor inventories (``planner.budget.dispatch_inventor
   ranks; the binding rank's buffers become the terms.
 - **guarantee** (PipelinedLLEP, ``dispatch_bound = guarantee``): the same inventory with
   per-chunk rows ``E_p·k·c_eff`` received and ``k·c_eff`` sent per chunk, GEMM blocks of
-  ``max(m, ceil(E_p·k·c_eff/E))`` rows, a residue of ``ceil(max(α,λ)·k·N_max) + (E/E_p)·(m-1)``
-  rows and ``n_import_max`` imported experts. It holds for every routing whose LLEP plan places
-  every excess of ``m`` or more routes (``Assignment.unplaced == 0``; see ``planner.plans.llep``).
+  ``max(m, ceil(E_p·k·c_eff/E))`` rows, a residue of
+  ``min(E_p·k·N_max, max(ceil(max(α,λ)·k·N_max) + (E/E_p)·(m-1), U))`` rows and ``n_import_max``
+  imported experts. ``U`` bounds a rank whose LLEP plan leaves excess unplaced because the import
+  slots ran out (``planner.plans.llep.unplaced_bound_routes``), so the guarantee holds for every
+  routing; ``E_p·k·N_max`` (all routes of the group) caps it, ``α = inf`` included.
   LLEP's received rows have the same cap; standard EP has no launch-time bound and is sized under
   the routing assumption (``worst``: ``E_p·N·min(k, E/E_p)`` rows to one rank).
 
@@ -106,7 +108,7 @@ def guarantee_sizes(ctx_like: dict) -> dict:
     N, k, E, E_p, m = g["N"], g["k"], g["E"], g["E_p"], g["m"]
     K = chunking.num_chunks(N, g["c"], g["K_max"])
     c_eff = chunking.chunk_tokens(N, K)
-    resid = llep.residue_bound_routes(k, N, E, E_p, g["alpha"], g["lam"], m)
+    resid = llep.residue_bound_routes(k, N, E, E_p, g["alpha"], g["lam"], m, g["n_imp"])
     q = E_p * k * c_eff
     r = np.minimum(q, chunking.expert_block_rows(k, c_eff, E_p, E, m))
     n = E // np.asarray(E_p)
@@ -167,7 +169,9 @@ FORMULAS = {
     "returned expert grads": "X_e·3·H·I (exported experts' gradients coming home)",
     "output": "N·H (the output accumulator; the region output belongs to boundaries in forward)",
     "input gradient": "N·H (standalone runs only)",
-    "residue rows": "Σ_{j≤i} Q_j·H (reentrant-checkpoint inputs kept to the layer's backward)",
+    "residue rows": "Σ_{j≤i} Q_j·H (reentrant-checkpoint inputs kept to the layer's backward; guarantee: "
+                    "Σ Q ≤ min(E_p·k·N_max, max(ceil(max(α,λ)·k·N_max) + (E/E_p)(m−1), U)), U = rows of a "
+                    "rank left with unplaced excess when import slots run out)",
     "residue route weights": "Σ_{j≤i} Q_j fp32", "chunk token ids": "Σ_{j≤i} C_j int64",
     "prefetch send rows": "C_{i+1}·H (next chunk's rows, gathered and in flight)",
     "prefetch send weights": "C_{i+1} fp32", "chunk index": "Q_i int64",
@@ -283,8 +287,9 @@ def terms(ctx: Ctx) -> list[Term]:
         comps, how = _worst_ep(ctx, reg), "worst: E_p·N·min(k, E/E_p) rows to one rank"
     elif bound == "guarantee" and op != "ep":
         comps, how = _guarantee_components(ctx, op, reg), (
-            "guarantee: Q_i ≤ E_p·k·c_eff, C_i ≤ k·c_eff, Σ Q ≤ ceil(max(α,λ)·k·N_max) + (E/E_p)(m−1), "
-            "X ≤ n_import_max")
+            "guarantee: Q_i ≤ E_p·k·c_eff, C_i ≤ k·c_eff, Σ Q ≤ min(E_p·k·N_max, max(ceil(max(α,λ)·k·N_max) "
+            "+ (E/E_p)(m−1), U)) with U the rows of a rank left with unplaced excess when its import slots "
+            "run out (planner.plans.llep), X ≤ n_import_max")
     else:
         comps, how = _expected_components(ctx, op, reg), (
             f"expected: the {OPERATOR_NAMES[op]} plan on routing {profile_of(ctx)}, binding rank")

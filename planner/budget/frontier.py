@@ -18,9 +18,12 @@ from planner.budget.peak import capacity_bytes, evaluate
 from planner.budget.resolve import resolve_plan
 from planner.errors import InvalidPlan
 from planner.schema import PlanFile
+from planner.schema.base import MAX_TOKENS
 
 CHUNK = 4096
 """Candidates evaluated per vectorised batch (bounds the scan's working memory)."""
+MAX_GRID_POINTS = 1 << 18
+"""Most grid points one scan evaluates (262,144: about a second and a half on one core)."""
 
 
 @dataclass
@@ -64,7 +67,14 @@ def scan(pf: PlanFile, axis: str, values: np.ndarray) -> FrontierScan:
     cap = host_cap = 0
     for lo in range(0, len(values), CHUNK):
         v = np.asarray(values[lo:lo + CHUNK], dtype=np.int64)
-        ctx = make_context(pf.model, pf.cluster, workload, plan, resolved=True, overrides={axis: v})
+        try:
+            ctx = make_context(pf.model, pf.cluster, workload, plan, resolved=True, overrides={axis: v})
+        except InvalidPlan as e:          # the grid's far end is too large to evaluate exactly
+            if e.field != "workload.seq_len":
+                raise
+            flag = "--max-seq-len" if axis == "seq_len" else "--max-tokens"
+            raise InvalidPlan(flag, int(v[-1]) if axis == "seq_len" else int(v[-1]) * workload.seq_len,
+                              f"reaches a grid point that {e.problem}", f"lower {flag}") from None
         ev = evaluate(ctx, critical=True, per_term=False)
         host = host_budget(ctx)
         cap, host_cap = capacity_bytes(ctx), host.capacity_bytes
@@ -84,8 +94,28 @@ def seq_len_grid(pf: PlanFile, seq_step: int, max_seq_len: int) -> np.ndarray:
     plan = resolve_plan(pf.model, pf.workload, pf.plan)
     D = plan.composed.seq_parallel if plan.stack == "composed" else plan.baseline.cp
     step_s = seq_step * D
+    if max_seq_len > MAX_TOKENS:
+        raise InvalidPlan("--max-seq-len", max_seq_len, f"must be <= {MAX_TOKENS} (2^32 tokens)",
+                          "lower --max-seq-len")
     n = max_seq_len // step_s
     if n < 1:
         raise InvalidPlan("--max-seq-len", max_seq_len, f"must be >= one grid step ({step_s})",
                           "raise --max-seq-len or lower --seq-step")
+    if n > MAX_GRID_POINTS:
+        raise InvalidPlan("--max-seq-len", max_seq_len,
+                          f"over --seq-step·D ({step_s}) gives {n} grid points, must be <= {MAX_GRID_POINTS}",
+                          f"raise --seq-step or lower --max-seq-len (at most {MAX_GRID_POINTS * step_s})")
     return step_s * np.arange(1, n + 1, dtype=np.int64)
+
+
+def batch_grid(pf: PlanFile, max_tokens: int) -> np.ndarray:
+    """Sequences per micro-batch ``1..max_tokens // S`` (at least 1) for ``max-batch``."""
+    S = pf.workload.seq_len
+    n = max(1, max_tokens // S)
+    if n > MAX_GRID_POINTS or n * S > MAX_TOKENS:
+        limit = min(MAX_GRID_POINTS, MAX_TOKENS // S)
+        raise InvalidPlan("--max-tokens", max_tokens,
+                          f"over --seq-len ({S}) gives {n} grid points, must be <= {limit} "
+                          f"(at most {MAX_GRID_POINTS} points and 2^32 tokens per sequence group)",
+                          f"lower --max-tokens to at most {limit * S}")
+    return np.arange(1, n + 1, dtype=np.int64)

@@ -125,10 +125,15 @@ def outside_allocator_bytes(ctx: Ctx) -> int:
     return int(mem.cuda_context_bytes.value + nccl)
 
 
+RESERVE_FLOOR = 0.02
+"""DESIGN §3.1: the fragmentation reserve is at least 2% of the usable HBM, whatever the profile says."""
+
+
 def reserve_fraction(ctx: Ctx) -> float:
-    """The fragmentation reserve: at least ``reserve_fraction``, never below the measured fragmentation."""
+    """The fragmentation reserve: at least 2% (``RESERVE_FLOOR``) and the profile's
+    ``reserve_fraction``, never below the measured fragmentation."""
     mem = ctx.cluster.memory
-    return max(mem.reserve_fraction.value, mem.fragmentation_fraction.value)
+    return max(RESERVE_FLOOR, mem.reserve_fraction.value, mem.fragmentation_fraction.value)
 
 
 def capacity_bytes(ctx: Ctx) -> int:

@@ -10,8 +10,17 @@ from planner.schema import BaselineKnobs, ComposedKnobs, ModelSpec, Plan, Worklo
 
 
 def divisors(n: int) -> list[int]:
-    """Positive divisors of ``n`` in increasing order."""
-    return [d for d in range(1, n + 1) if n % d == 0]
+    """Positive divisors of ``n`` in increasing order, by trial division up to ``sqrt(n)``
+    (``O(sqrt(n))``: ``W`` is at most 2^20, so at most 1024 trials)."""
+    import math
+
+    small, large = [], []
+    for d in range(1, math.isqrt(n) + 1):
+        if n % d == 0:
+            small.append(d)
+            if d * d != n:
+                large.append(n // d)
+    return small + large[::-1]
 
 
 def largest_divisor(n: int, ok) -> int:
@@ -78,6 +87,11 @@ def resolve_composed(model: ModelSpec, workload: Workload, plan: Plan) -> Compos
         P = k.vocab_parallel or default_vocab_parallel(W)
         _need(W % P == 0, f, P, f"must divide world_size ({W})", f"use one of {_choices(W, lambda d: True)}")
         _need(P <= model.vocab_size, f, P, f"must be <= model.vocab_size ({model.vocab_size})", "lower P")
+    from planner.plans.buckets import BUCKET_ALIGN
+
+    _need(k.bucket_params >= BUCKET_ALIGN, "plan.composed.bucket_params", k.bucket_params,
+          f"must be >= the OffloadStreamAdamW cut alignment ({BUCKET_ALIGN} parameters, "
+          "planner.plans.buckets)", "use e.g. --bucket-params 100M")
     rows = -(-model.vocab_size // P)
     _need(k.vocab_blocks <= rows, "plan.composed.vocab_blocks", k.vocab_blocks,
           f"must be <= the rows of one vocabulary shard ({rows})", "lower --vocab-blocks")

@@ -24,6 +24,25 @@ With ``α >= 1`` some rank is always below ``cap`` while routes remain, so the o
 slots. ``unplaced`` counts such routes; when it is 0 every rank computes at most
 ``max(cap + n·(m-1), λ·T/E_p) <= max(α, λ)·k·N_max + n·(m-1)`` routes (the residue bound of
 DESIGN §3.2). ``unplaced`` is 0 whenever ``n_imp`` is at least the number of experts that spill.
+
+**Unplaced routes** (``residue_bound_routes`` with ``max_imports``). Take an owner ``r`` left with
+an excess, the first such expert ``e_1`` of ``r`` (initial excess ``x_1``), and ``B`` the other ranks
+below ``cap`` at that moment, ``β = |B|``. A rank of ``B`` only ever received *final* pieces (any
+other piece lifts its target to ``cap``), one per expert, and all its ``n_imp`` slots are used; its
+experts spilled before ``e_1``, so each had an excess ``>= x_1 >= m``. Excesses sum to at most
+``T - cap <= T·(1 - 1/E_p)`` (``α >= 1``), hence
+
+- ``β·n_imp + 1 <= X = min(E - n, floor(T·(1 - 1/E_p)/m))`` (experts that can spill), so
+  ``β <= b = min(E_p - 1, floor((X - 1)/n_imp))`` (``E_p - 1`` when ``n_imp = 0``);
+- ``x_1 <= T·(1 - 1/E_p)/(β·n_imp + 1)``, and ``r``'s stuck experts (at most ``n``, each at most
+  ``x_1``) give ``load_r <= f_2(β) = cap + n·(m-1) + n·T·(1 - 1/E_p)/(β·n_imp + 1)``;
+- every rank outside ``B ∪ {r}`` holds at least ``cap >= T/E_p`` (and ``B`` only shrinks), so
+  ``load_r <= f_1(β) = T·(1 + β)/E_p``.
+
+``U = max over 0 <= β <= b of min(f_1, f_2)`` at ``T = E_p·k·N_max`` and ``cap <= α·k·N_max + 1``
+(both sides are nondecreasing in ``T``; only ``f_2`` depends on ``α``, increasingly, so the bound is
+monotone in ``α``). ``f_1`` rises and ``f_2`` falls with ``β``: the maximum sits at their crossing,
+found by bisection. ``E_p·k·N_max`` (all routes) caps the whole bound, ``α = inf`` included.
 """
 
 from __future__ import annotations
@@ -123,7 +142,9 @@ def assign(load_E, num_ranks: int, *, alpha: float = 1.0, min_tokens: int = 1024
     total = int(load.sum())
     if num_ranks == 1 or total == 0 or int(native.max()) * num_ranks < lam * total:
         return standard_assignment(load, num_ranks)
-    cap = int(math.ceil(alpha * total / num_ranks))
+    # A cap at or above T changes nothing (every owner keeps all); capping it there keeps α = inf
+    # (no cap) an integer plan.
+    cap = total if alpha * total >= total * num_ranks else int(math.ceil(alpha * total / num_ranks))
     a = np.zeros(num_ranks, dtype=np.int64)
     hold: list[dict[int, int]] = [dict() for _ in range(num_experts)]
     excess = np.zeros(num_experts, dtype=np.int64)
@@ -170,8 +191,62 @@ def assign(load_E, num_ranks: int, *, alpha: float = 1.0, min_tokens: int = 1024
                       a, unplaced)
 
 
-def residue_bound_routes(top_k, n_max, num_experts, num_ranks, alpha, lam, min_tokens):
-    """``ceil(max(α, λ)·k·N_max) + (E/E_p)·(m-1)``: most routes one rank computes in a layer
-    (when ``unplaced == 0``). Works on numpy arrays."""
-    top = np.ceil(np.maximum(alpha, lam) * np.asarray(top_k) * np.asarray(n_max))
-    return top.astype(np.int64) + (np.asarray(num_experts) // np.asarray(num_ranks)) * (min_tokens - 1)
+def residue_bound_routes(top_k, n_max, num_experts, num_ranks, alpha, lam, min_tokens, max_imports=None):
+    """Most routes one rank computes in a layer under the LLEP plan, for every routing (module
+    docstring). Works on numpy arrays; ``alpha``/``lam`` may be ``inf``.
+
+    ``min(E_p·k·N_max, max(ceil(max(α,λ)·k·N_max) + (E/E_p)·(m-1), U))``: ``E_p·k·N_max`` bounds
+    the routes of the whole expert-parallel group, ``U`` the owner of unplaced routes (module
+    docstring; ``U = 0`` when no expert can spill). ``max_imports = None`` gives the bound for plans
+    that place every excess (``Assignment.unplaced == 0``) only.
+    """
+    k, N = np.asarray(top_k, dtype=np.int64), np.asarray(n_max, dtype=np.int64)
+    E, Ep = np.asarray(num_experts, dtype=np.int64), np.asarray(num_ranks, dtype=np.int64)
+    m = np.asarray(min_tokens, dtype=np.int64)
+    n = E // Ep
+    total = Ep * k * N                                    # every route of the group: T <= E_p·k·N_max
+    top = np.minimum(np.maximum(alpha, lam) * (k * N).astype(np.float64), total.astype(np.float64))
+    bound = np.ceil(top).astype(np.int64) + n * (m - 1)
+    if max_imports is not None:
+        bound = np.maximum(bound, unplaced_bound_routes(total, n, E, Ep, alpha, m, max_imports))
+    out = np.minimum(bound, total)
+    return int(out) if out.ndim == 0 else out
+
+
+_BISECT_STEPS = 22
+"""Bisection steps over ``β <= E_p - 1 < 2^20`` (schema bound on degrees), plus one spare."""
+
+
+def unplaced_bound_routes(total, n, E, Ep, alpha, m, max_imports):
+    """``U`` of the module docstring: most routes an owner left with unplaced excess computes
+    (``total`` = ``E_p·k·N_max``, ``n`` = ``E/E_p``, ``α >= 1``). Works on numpy arrays; 0 where no
+    expert can spill (``E_p = 1`` or ``T·(1 - 1/E_p) < m``)."""
+    T = np.asarray(total, dtype=np.float64)
+    Ep_f = np.asarray(Ep, dtype=np.float64)
+    n_imp = np.asarray(max_imports, dtype=np.int64)
+    spare = T * (1.0 - 1.0 / Ep_f)                                   # >= T - cap, as cap >= T/E_p
+    X = np.minimum(np.asarray(E) - np.asarray(n), np.floor(spare / np.asarray(m)).astype(np.int64))
+    b = np.where(n_imp >= 1, np.minimum(np.asarray(Ep) - 1, (X - 1) // np.maximum(n_imp, 1)),
+                 np.asarray(Ep) - 1)
+    b = np.maximum(b, 0)
+    with np.errstate(over="ignore", invalid="ignore"):
+        cap_hi = np.minimum(np.asarray(alpha, dtype=np.float64) * T / Ep_f, T) + 1.0   # α = inf: T
+    n_f, m_f, imp_f = (np.asarray(v, dtype=np.float64) for v in (n, m, n_imp))
+
+    def f1(beta):
+        return T * (1.0 + beta) / Ep_f
+
+    def f2(beta):
+        return cap_hi + n_f * (m_f - 1.0) + n_f * spare / (beta * imp_f + 1.0)
+
+    lo, hi = np.zeros_like(b), b.copy()                  # largest β <= b with f1(β) <= f2(β)
+    for _ in range(_BISECT_STEPS):
+        mid = (lo + hi + 1) // 2
+        ok = f1(mid) <= f2(mid)
+        step = lo < hi
+        lo = np.where(step & ok, mid, lo)
+        hi = np.where(step & ~ok, mid - 1, hi)
+    nxt = np.minimum(lo + 1, b)
+    best = np.maximum(np.minimum(f1(lo), f2(lo)), np.minimum(f1(nxt), f2(nxt)))
+    U = np.ceil(best * (1.0 + 1e-12)).astype(np.int64) + 1          # float rounding guard
+    return np.where(X >= 1, np.minimum(U, np.asarray(total)), 0)

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from rich.console import Console
 from rich.table import Table
 
@@ -37,9 +35,10 @@ def render_sweep(rows, console: Console) -> None:
 
 
 def write_csv(rows, path: str) -> None:
+    """Write the sweep as CSV, atomically. Raises ``InvalidPlan`` when ``path`` cannot be written."""
     from planner.schema.io import write_text_atomic
 
-    write_text_atomic(path, frame(rows).to_csv(index=False))
+    write_text_atomic(path, frame(rows).to_csv(index=False), "--csv")
 
 
 def write_plot(rows, path: str, title: str) -> None:
@@ -86,8 +85,11 @@ def write_plot(rows, path: str, title: str) -> None:
     axes[0].set_ylabel("per-rank GiB")
     fig.suptitle(title)
     fig.tight_layout()
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(path).with_suffix(".tmp.png")
-    fig.savefig(tmp, dpi=120)
-    tmp.replace(path)
+    import io
+
+    from planner.schema.io import write_bytes_atomic
+
+    buf = io.BytesIO()
+    fig.savefig(buf, dpi=120, format="png")
     plt.close(fig)
+    write_bytes_atomic(path, buf.getvalue(), "--plot")

@@ -10,6 +10,12 @@ GEMM block, ``x_QH`` / ``w_Q`` the received rows and fp32 route weights, ``y_QH 
 - Expert-weight gradients accumulate **in place** into one stacked tensor per weight
   (``param.grad``; one import-gradient buffer for imported experts): no chunk allocates a
   full-size weight gradient.
+- Every rank's stacked ``param.grad`` exists after backward, zeros when none of its experts
+  received a route (as ``GroupedMLP`` gives for standard EP and LLEP, so AdamW updates every
+  replica alike): backward allocates them on entry (``ExpertShard.ensure_grads``), and the
+  shard's weights are optional inputs (``w_up``, ``w_down``; no gradient returned through them)
+  so that the node's output requires grad, and its backward runs, even when neither the rows nor
+  the route weights do.
 - Inside the reentrant checkpoint's inner recompute (``recompute=True``) it computes only the
   gate|up output ``gu_QJ`` for backward and returns a zero-stride placeholder: the reentrant
   checkpoint never reads the recomputed output's values.
@@ -69,11 +75,13 @@ def _backward_block(x_QH, w_Q, gu_rJ, gy_QH, gx_QH, gw_Q, idx_r, w_up, w_down, g
 
 class ExpertChunk(torch.autograd.Function):
     """``y_QH`` of one chunk (module docstring). ``layout``: ``[(slot, [(offset, rows), …]), …]``,
-    the pieces of the received buffer of each non-empty slot, in slot order."""
+    the pieces of the received buffer of each non-empty slot, in slot order. ``w_up``/``w_down``:
+    the shard's own stacked weights (read through ``weights``; passed only to tie the output to
+    them in the graph)."""
 
     @staticmethod
     def forward(ctx, x_QH, w_Q, w_up_imp, w_down_imp, token, layout, weights: SlotWeights,
-                block_rows, recompute: bool):
+                block_rows, recompute: bool, w_up=None, w_down=None):
         i = weights.shard.expert_ffn
         q = x_QH.shape[0]
         ctx.layout, ctx.weights, ctx.block_rows = layout, weights, block_rows
@@ -97,6 +105,7 @@ class ExpertChunk(torch.autograd.Function):
         x_QH, w_Q, w_up_imp, w_down_imp, gu_QJ = ctx.saved_tensors
         assert gu_QJ is not None, "ExpertChunk backward needs the reentrant checkpoint's recompute"
         weights: SlotWeights = ctx.weights
+        weights.shard.ensure_grads()              # zeros on a rank whose experts got no routes
         gx_QH = torch.empty_like(x_QH)
         gw_Q = torch.empty_like(w_Q)
         idx_Q, blocks = slot_index(ctx.layout, x_QH.device, ctx.block_rows)
@@ -105,4 +114,5 @@ class ExpertChunk(torch.autograd.Function):
             _backward_block(x_QH, w_Q, gu_QJ[at:at + rows], gy_QH, gx_QH, gw_Q, idx_Q[at:at + rows],
                             weights.up(slot, w_up_imp), weights.down(slot, w_down_imp), g_up, g_down)
         token_grad = x_QH.new_zeros(0) if ctx.needs_input_grad[4] else None
-        return gx_QH, gw_Q, None, None, token_grad, None, None, None, None
+        extra = (None,) * (len(ctx.needs_input_grad) - 9)      # w_up, w_down: accumulated in place
+        return (gx_QH, gw_Q, None, None, token_grad, None, None, None, None, *extra)

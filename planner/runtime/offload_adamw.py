@@ -31,6 +31,22 @@ coefficient scales the upcast grad in the slot.
 
 Collectives: none. Bytes moved per step: ``12·Θ_r`` H2D and ``12·Θ_r`` D2H. Live device buffers
 beyond the model's weights and grads: the staging and the step counters.
+
+Beyond the steady state:
+
+- ``add_param_group`` appends the group's parameters to the flat order (earlier offsets unchanged),
+  re-partitions the buckets and gives the new parameters host state as torch does lazily (master
+  = their value in fp32, ``m = v = 0``, step 0). When the pinned buffer is too small for
+  ``12·Θ_r'`` bytes a new one is pinned (about 0.4 s/GiB), then an owned old one released (a
+  buffer passed as ``host`` is left to its owner): both are pinned for a moment; the state moves
+  through a transient unpinned copy (``12·Θ_r`` bytes).
+- In-place changes of the parameters between steps (``model.load_state_dict``, ``p.copy_`` under
+  ``no_grad``, ``p.data = t``) are honoured: each step compares every parameter's ``_version`` and
+  ``data_ptr`` with those recorded after the previous step (a Python loop over ``#params``, no
+  device work) and re-loads the master of a changed parameter from its current value, so the
+  master then equals the working dtype's value, as ``torch.optim.AdamW`` on those parameters
+  would see it; ``m``, ``v`` and the step are kept, as torch keeps them. Writes through ``p.data``
+  bypass the version counter: call ``reload_params()`` after them.
 """
 
 from __future__ import annotations
@@ -41,6 +57,7 @@ import torch
 
 from planner.plans.buckets import partition
 from planner.runtime import shim
+from planner.runtime.offload_adamw_state import OffloadStateMixin
 from planner.runtime.pinned import PinnedBuffer
 
 RACE_SLEEP_CYCLES = {"h2d": 0, "update": 0, "d2h": 0}
@@ -61,7 +78,7 @@ def _scalar(x) -> float:
     return float(x.item()) if isinstance(x, torch.Tensor) else float(x)
 
 
-class OffloadStreamAdamW(torch.optim.Optimizer):
+class OffloadStreamAdamW(OffloadStateMixin, torch.optim.Optimizer):
     """AdamW with fp32 master, m and v in pinned host memory, streamed in flat-slice buckets.
 
     Args:
@@ -76,6 +93,7 @@ class OffloadStreamAdamW(torch.optim.Optimizer):
     Raises:
         ValueError: parameters on several devices, non-contiguous, or ``staging_slots < 1``.
         InvalidPlan: ``bucket_params`` below the cut alignment.
+        RuntimeError: any use after ``close()``.
     """
 
     def __init__(self, params, lr: float = 1e-3, betas=(0.9, 0.999), eps: float = 1e-8,
@@ -83,38 +101,86 @@ class OffloadStreamAdamW(torch.optim.Optimizer):
                  staging_slots: int = 2, register: bool | None = None, host: PinnedBuffer | None = None) -> None:
         if staging_slots < 1:
             raise ValueError(f"staging_slots ({staging_slots}) must be >= 1")
+        self._ready = self._closed = False
         super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
                                       maximize=maximize))
-        self._params = [p for g in self.param_groups for p in g["params"]]
-        self._group_of = [gi for gi, g in enumerate(self.param_groups) for _ in g["params"]]
-        devices = {p.device for p in self._params}
+        self.bucket_params, self.staging_slots = int(bucket_params), int(staging_slots)
+        self._register, self._owns_host, self.host = register, False, None
+        self._params: list = []
+        self._lay_out(host)
+        self._clip_coef: torch.Tensor | None = None
+        self._streams = [shim.side_stream(self.device) for _ in range(3)]
+        self._ready = True
+
+    def _check_params(self, params) -> None:
+        devices = {p.device for p in params}
         if len(devices) != 1:
             raise ValueError(f"OffloadStreamAdamW needs parameters on one device, got {sorted(map(str, devices))}")
-        if not all(p.is_contiguous() for p in self._params):
+        if not all(p.is_contiguous() for p in params):
             raise ValueError("OffloadStreamAdamW needs contiguous parameters")
-        self.device = devices.pop()
-        self.plan = partition([p.numel() for p in self._params], int(bucket_params))
-        self.staging_slots = int(staging_slots)
-        n = self.plan.total
+
+    @torch.no_grad()
+    def _lay_out(self, host: PinnedBuffer | None) -> None:
+        """(Re-)partition every parameter of ``param_groups`` and place its host state; earlier
+        parameters keep their state (``add_param_group`` appends), new ones start like torch's."""
+        params = [p for g in self.param_groups for p in g["params"]]
+        self._check_params(params)
+        self.device = params[0].device
+        plan = partition([p.numel() for p in params], self.bucket_params)
+        n, n_old, k_old = plan.total, (self.plan.total if self._params else 0), len(self._params)
         if host is not None and host.nbytes < 12 * n:
             raise ValueError(f"host buffer ({host.nbytes} B) must hold 12·Θ_r = {12 * n} B")
-        self.host = host if host is not None else PinnedBuffer(12 * n, register=register)
-        self._owns_host = host is None
+        old = [t.clone() for t in (self.master, self.exp_avg, self.exp_avg_sq)] if k_old else []
+        if host is None and (self.host is None or self.host.nbytes < 12 * n):
+            host = PinnedBuffer(12 * n, register=self._register)  # before anything changes
+            if self.host is not None and self._owns_host:
+                self.host.release()
+            self._owns_host = True
+        self.host = host if host is not None else self.host
+        self.plan, self._params = plan, params
+        self._group_of = [gi for gi, g in enumerate(self.param_groups) for _ in g["params"]]
         self.master = self.host.view(0, n, torch.float32)
         self.exp_avg = self.host.view(4 * n, n, torch.float32)
         self.exp_avg_sq = self.host.view(8 * n, n, torch.float32)
-        self.steps = torch.zeros(len(self._params), dtype=torch.float32, device=self.device)
-        self._offsets = self.plan.param_offsets
-        for i, p in enumerate(self._params):
+        for dst, src in zip((self.master, self.exp_avg, self.exp_avg_sq), old):
+            dst[:n_old].copy_(src)
+        self.exp_avg[n_old:].zero_()
+        self.exp_avg_sq[n_old:].zero_()
+        new_steps = torch.zeros(len(params) - k_old, dtype=torch.float32, device=self.device)
+        self.steps = torch.cat([self.steps, new_steps]) if k_old else new_steps
+        self._offsets = plan.param_offsets
+        for i, p in enumerate(params):
             o, k = self._offsets[i], p.numel()
-            self.master[o:o + k].copy_(p.detach().reshape(-1))
+            if i >= k_old:
+                self.master[o:o + k].copy_(p.detach().reshape(-1))
             self.state[p] = {"step": self.steps[i], "master": self.master[o:o + k].view(p.shape),
                              "exp_avg": self.exp_avg[o:o + k].view(p.shape),
                              "exp_avg_sq": self.exp_avg_sq[o:o + k].view(p.shape)}
-        self.exp_avg.zero_()
-        self.exp_avg_sq.zero_()
-        self._clip_coef: torch.Tensor | None = None
-        self._streams = [shim.side_stream(self.device) for _ in range(3)]
+        self._record_versions()
+
+    def add_param_group(self, param_group: dict) -> None:
+        """``torch.optim.Optimizer.add_param_group``; after ``__init__`` the new parameters get
+        host state and the buckets are re-partitioned (module docstring: may re-pin).
+
+        Raises:
+            ValueError: the new parameters are on another device or not contiguous (the group
+                is not added).
+        """
+        self._check_open()
+        super().add_param_group(param_group)
+        if not self._ready:
+            return
+        self.synchronize()
+        try:
+            self._lay_out(None)
+        except Exception:
+            self.param_groups.pop()               # nothing else changed before the failure
+            raise
+
+    def _check_open(self) -> None:
+        if getattr(self, "_closed", False):
+            raise RuntimeError("OffloadStreamAdamW is closed (its host state was released by close()); "
+                               "fix: build a new optimizer (and load_state_dict a saved state)")
 
     # -- sizes ----------------------------------------------------------------------------------
     @property
@@ -132,6 +198,7 @@ class OffloadStreamAdamW(torch.optim.Optimizer):
     def clip_grad_norm_(self, max_norm: float) -> torch.Tensor:
         """Global 2-norm of the grads (fp32 accumulation); the next ``step`` scales by
         ``min(1, max_norm/(norm + 1e-6))`` inside the slot. Returns the norm (fp32, device)."""
+        self._check_open()
         grads = [p.grad for p in self._params if p.grad is not None]
         if not grads:
             return torch.zeros((), device=self.device)
@@ -143,11 +210,14 @@ class OffloadStreamAdamW(torch.optim.Optimizer):
     # -- the step -------------------------------------------------------------------------------
     @torch.no_grad()
     def step(self, closure=None):
-        """One AdamW step over every bucket (parameters without a grad are skipped)."""
+        """One AdamW step over every bucket (parameters without a grad are skipped); parameters
+        changed in place since the last step first re-load their master (module docstring)."""
+        self._check_open()
         loss = None
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
+        self._reload_changed()
         live = [i for i, p in enumerate(self._params) if p.grad is not None]
         if not live:
             return loss
@@ -191,6 +261,7 @@ class OffloadStreamAdamW(torch.optim.Optimizer):
         shim.wait(last_d2h)
         self._clip_coef = None
         del stage
+        self._record_versions()
         return loss
 
     def _update(self, bucket, w_s, m_s, v_s, g_s, has_grad: set) -> None:
@@ -225,42 +296,13 @@ class OffloadStreamAdamW(torch.optim.Optimizer):
             if s is not None:
                 s.synchronize()
 
-    def state_dict(self):
-        """``torch.optim`` layout; per-param ``step``, ``master``, ``exp_avg``, ``exp_avg_sq``.
-
-        The tensors are views of the pinned host state (``torch.save`` stores it once)."""
-        self.synchronize()
-        return super().state_dict()
-
-    @torch.no_grad()
-    def load_state_dict(self, state_dict) -> None:
-        """Copy a ``state_dict`` of this class into the pinned state; refresh the working weights.
-
-        Raises:
-            ValueError: a different number of groups or parameters, or a missing state entry.
-        """
-        groups = state_dict["param_groups"]
-        if len(groups) != len(self.param_groups) or any(
-                len(a["params"]) != len(b["params"]) for a, b in zip(groups, self.param_groups)):
-            raise ValueError("loaded state_dict has a different param-group layout than this optimizer")
-        self.synchronize()
-        saved_ids = [pid for g in groups for pid in g["params"]]
-        for i, (p, pid) in enumerate(zip(self._params, saved_ids)):
-            s = state_dict["state"].get(pid)
-            if s is None or not {"step", "master", "exp_avg", "exp_avg_sq"} <= set(s):
-                raise ValueError(f"loaded state_dict lacks step/master/exp_avg/exp_avg_sq of parameter {pid}")
-            mine = self.state[p]
-            for key in ("master", "exp_avg", "exp_avg_sq"):
-                mine[key].copy_(s[key].reshape(p.shape))
-            self.steps[i] = s["step"].to(self.steps.device) if isinstance(s["step"], torch.Tensor) else s["step"]
-            p.detach().copy_(mine["master"])
-        for mine, saved in zip(self.param_groups, groups):
-            mine.update({k: v for k, v in saved.items() if k != "params"})
-
     def close(self) -> None:
-        """Synchronise and unpin the host state (the optimizer is unusable afterwards)."""
+        """Synchronise and unpin the host state (idempotent; any later use raises RuntimeError)."""
+        if self._closed:
+            return
         self.synchronize()
         self.state.clear()
         self.master = self.exp_avg = self.exp_avg_sq = None
         if self._owns_host:
             self.host.release()
+        self._closed = True

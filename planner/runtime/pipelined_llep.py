@@ -48,7 +48,9 @@ Gradients: ``.backward()`` is supported, also inside a decoder layer's **non-ree
 checkpoint (no chunk's graph stays alive: every saved tensor goes through saved-tensor hooks);
 ``torch.autograd.grad`` is not (reentrant checkpoint). Expert-weight gradients accumulate in place
 into one stacked tensor per weight (``param.grad``), and the weight-transfer backward fires once
-per layer.
+per layer. As with standard EP and LLEP, every rank's ``param.grad`` exists after backward (zeros
+when its experts received no route): the shard's weights are inputs of every chunk's checkpoint,
+so each chunk's backward runs and allocates them (``ExpertChunk``).
 """
 
 from __future__ import annotations
@@ -78,10 +80,10 @@ def chunk_layout(plan, rank: int, chunk: int):
     return out
 
 
-def _experts(recv_x_QH, recv_w_Q, w_up_imp, w_down_imp, token, layout, sw, block_rows):
+def _experts(recv_x_QH, recv_w_Q, w_up_imp, w_down_imp, token, w_up, w_down, layout, sw, block_rows):
     # grad mode is on only in the reentrant checkpoint's inner recompute
     return ExpertChunk.apply(recv_x_QH, recv_w_Q, w_up_imp, w_down_imp, token, layout, sw,
-                             block_rows, torch.is_grad_enabled())
+                             block_rows, torch.is_grad_enabled(), w_up, w_down)
 
 
 def chunk_routes(perm_R: torch.Tensor, plan, chunk: int) -> torch.Tensor:
@@ -115,8 +117,8 @@ def run_pipelined(x_NH, ids_Nk, weights_Nk, plan, rank, sw: SlotWeights, group) 
         tok_C = pre.tok_R
         nxt = prefetch(i + 1) if i + 1 < plan.num_chunks else None
         y_QH = checkpoint(_experts, recv_x_QH, recv_w_Q, w_up_imp, w_down_imp, token,
-                          chunk_layout(plan, rank, i), sw, plan.block_rows, use_reentrant=True,
-                          preserve_rng_state=False)
+                          sw.shard.w_up_nHJ, sw.shard.w_down_nIH, chunk_layout(plan, rank, i), sw,
+                          plan.block_rows, use_reentrant=True, preserve_rng_state=False)
         del recv_x_QH, recv_w_Q
         if nxt is not None:
             nxt.wait()

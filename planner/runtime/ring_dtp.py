@@ -21,8 +21,9 @@ otherwise the weight shard moves (in a ``V_max``-row buffer).
 
 Collectives per call:
 
-- forward: 1 all-reduce(max) of one int64 (``N_max``; a second for ``V`` when ``vocab_size`` is not
-  given); ``P-1`` operand hops; activations branch: ``P`` state hops.
+- forward: 1 all-reduce(max) of three int64 (``N_max`` and the targets' max and negated min, the
+  range check; a second all-reduce for ``V`` when ``vocab_size`` is not given); ``P-1`` operand
+  hops; activations branch: ``P`` state hops. One host sync (reading ``N_max`` and the check).
 - backward: ``P-1`` operand hops and ``P`` gradient hops (the last returns the gradient home).
 
 Bytes one rank sends per hop (``RingPlan.hop_bytes``):
@@ -100,6 +101,39 @@ class _RingDTPCrossEntropy(torch.autograd.Function):
         return gx, gw, None, None
 
 
+def _n_max_checking_targets(t_N: torch.Tensor, V: int, ignore_index: int, n_rows: int, group) -> int:
+    """``N_max`` over the group, with the target check folded into the same all-reduce.
+
+    One masked min/max reduction of the targets (``aminmax`` of ``t_N`` with ``ignore_index``
+    entries set to 0) and one all-reduce-max of ``[N, max t, -min t]`` that replaces the plain
+    all-reduce of ``N``: no extra collective and one host sync per call (the one ``N_max`` needs
+    anyway when ``P > 1``). Every rank sees the group's extremes, so every rank raises together and
+    no rank is left waiting in the ring. Never called in trace mode (fake tensors have no values).
+
+    Raises:
+        ValueError: a target outside ``[0, V)`` that is not ``ignore_index`` on some rank.
+    """
+    if n_rows:
+        lo, hi = torch.aminmax(t_N.masked_fill(t_N == ignore_index, 0))
+        n_ = t_N.new_full((), n_rows, dtype=torch.int64)     # a fill kernel, no host copy
+        vals = torch.stack([n_, hi.long(), lo.long().neg()])
+    else:
+        vals = torch.tensor([0, 0, 0], dtype=torch.int64)
+    if shim.group_size(group) > 1 and shim.dist.get_backend(group) == "nccl":
+        vals = vals.to(torch.device("cuda", torch.cuda.current_device()))
+    elif shim.group_size(group) > 1:
+        vals = vals.cpu()
+    shim.all_reduce(vals, "max", group)
+    n, t_max, t_min = vals.tolist()
+    t_min = -t_min
+    if t_min < 0 or t_max >= V:
+        worst = t_min if t_min < 0 else t_max
+        raise ValueError(f"targets_N must lie in [0, {V}) or equal ignore_index ({ignore_index}): a rank "
+                         f"of the group has target {worst}; fix: map "
+                         "out-of-vocabulary ids to ignore_index, as torch's cross_entropy requires")
+    return int(n)
+
+
 def ring_dtp_cross_entropy(x_NH: torch.Tensor, targets_N: torch.Tensor, w_VpH: torch.Tensor, *,
                            group, vocab_start: int, vocab_blocks: int = 1, ignore_index: int = -100,
                            reduction: str = "mean", mode: str | None = None,
@@ -126,6 +160,9 @@ def ring_dtp_cross_entropy(x_NH: torch.Tensor, targets_N: torch.Tensor, w_VpH: t
 
     Raises:
         InvalidPlan: shapes, dtypes, reduction or the shard bounds do not fit the plan.
+        ValueError: a target outside ``[0, V)`` that is not ``ignore_index``, on any rank of the
+            group (every rank raises; checked outside trace mode only, at no extra collective and
+            one host sync, see ``_n_max_checking_targets``).
     """
     if x_NH.dim() != 2 or w_VpH.dim() != 2 or x_NH.shape[1] != w_VpH.shape[1]:
         raise InvalidPlan("x_NH/w_VpH", (tuple(x_NH.shape), tuple(w_VpH.shape)),
@@ -141,7 +178,10 @@ def ring_dtp_cross_entropy(x_NH: torch.Tensor, targets_N: torch.Tensor, w_VpH: t
     P, r = shim.group_size(group), shim.group_rank(group)
     rows = w_VpH.shape[0]
     V = vocab_size if vocab_size is not None else shim.global_max(vocab_start + rows, group)
-    n = shim.global_max(x_NH.shape[0], group, known=n_max)
+    if shim.is_tracing():                         # fake tensors: no values to check
+        n = shim.global_max(x_NH.shape[0], group, known=n_max)
+    else:
+        n = _n_max_checking_targets(targets_N, V, ignore_index, x_NH.shape[0], group)
     plan = ring_plan(P, V, n, vocab_blocks, mode)
     if plan.shards[r] != (vocab_start, vocab_start + rows):
         raise InvalidPlan("vocab_start", vocab_start,

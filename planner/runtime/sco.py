@@ -34,8 +34,17 @@ backward. Live device buffers: retained boundaries ``h_{n_off+1}..``, the region
 pinned pool of ``n_off·roundup(N·H·b, 4 KiB)`` bytes, pinned once in ``__init__``.
 
 Only ``loss.backward()`` is supported (``torch.autograd.grad`` is unsupported under reentrant
-checkpointing, DESIGN §7), one forward and its backward at a time (a second forward before the
-backward would overwrite the host slots); each rank builds its own ``SCO`` from the same plan.
+checkpointing, DESIGN §7); each rank builds its own ``SCO`` from the same plan.
+
+One host slot per offloaded boundary: between a region's forward and the backward that reads its
+boundary back, the same region index must not run again with grad (a second forward before the
+backward, e.g. two micro-batches summed into one loss, or one index used twice in a forward),
+because that overwrites the slot. Supporting it would need a slot per use; SCO detects it
+instead: every offload bumps the slot's generation and the saved placeholder keeps the one it
+wrote; a restore whose slot (or prefetched copy) holds another generation raises ``RuntimeError``
+naming the region index (one integer comparison per restore; the normal path is unchanged). Do one
+backward per forward (accumulate micro-batches in ``.grad``), one index per region. After
+``close()`` every use raises ``RuntimeError``.
 """
 
 from __future__ import annotations
@@ -82,9 +91,10 @@ class _Kept:
 
 @dataclass
 class _Offloaded:
-    """An offloaded boundary: only its index is saved."""
+    """An offloaded boundary: only its index and the slot generation it wrote are saved."""
 
     index: int
+    generation: int
 
 
 @dataclass
@@ -130,7 +140,10 @@ class SCO:
         self.pool = PinnedBuffer(len(self.offloaded) * self.slot_bytes, register=register)
         self.copy_stream = shim.side_stream(self.device)
         self._pending: tuple[torch.Tensor, object] | None = None
-        self._restored: dict[int, tuple[torch.Tensor, object]] = {}
+        self._restored: dict[int, tuple[torch.Tensor, object, int]] = {}
+        self._generation: dict[int, int] = {}
+        """Offloads written into each slot so far (the slot's current content)."""
+        self._closed = False
         self.stats = SCOStats()
         self.keep_log = keep_log
 
@@ -147,6 +160,7 @@ class SCO:
 
     def slot(self, index: int) -> torch.Tensor:
         """The pinned host slot of offloaded boundary ``index`` (1-based), shaped like a boundary."""
+        self._check_open()
         k = self._slot_of[index]
         return self.pool.view(k * self.slot_bytes, self.numel, self.dtype).view(self.shape)
 
@@ -161,7 +175,10 @@ class SCO:
         Raises:
             ValueError: ``index`` outside ``1..L_b`` or an offloaded ``h`` of the wrong shape,
                 dtype or layout.
+            RuntimeError: after ``close()``; in backward, when the boundary's host slot was
+                overwritten by a later run of the same index (module docstring).
         """
+        self._check_open()
         if not 1 <= index <= self.num_boundaries:
             raise ValueError(f"region index ({index}) must be in 1..{self.num_boundaries}")
         if index == 1:
@@ -181,15 +198,14 @@ class SCO:
             target[0] = None
             if index not in self._slot_of:
                 return _Kept(index, t)
-            self._offload(index, t)
-            return _Offloaded(index)
+            return _Offloaded(index, self._offload(index, t))
 
         def unpack(p):
             if isinstance(p, _Kept):
                 self._prefetch(p.index - 1)
                 return p.tensor
             if isinstance(p, _Offloaded):
-                return self._restore(p.index)
+                return self._restore(p.index, p.generation)
             return p
 
         with torch.autograd.graph.saved_tensors_hooks(pack, unpack):
@@ -199,7 +215,8 @@ class SCO:
         return out
 
     # -- forward: offload -----------------------------------------------------------------------
-    def _offload(self, index: int, h: torch.Tensor) -> None:
+    def _offload(self, index: int, h: torch.Tensor) -> int:
+        """Start the D2H of ``h`` into its slot; returns the slot's new generation."""
         produced = shim.record(None, self.device)
         slot = self.slot(index)
         with shim.on_stream(self.copy_stream):
@@ -212,6 +229,8 @@ class SCO:
         self.stats.offloads += 1
         if self.keep_log:
             self.stats.log.append(("d2h", index))
+        self._generation[index] = generation = self._generation.get(index, 0) + 1
+        return generation
 
     def _finish_offload(self) -> None:
         """The compute stream waits for the last D2H; then SCO drops its device reference."""
@@ -229,7 +248,7 @@ class SCO:
             _sleep("copy", self.copy_stream, self.device)
             buf.copy_(self.slot(index), non_blocking=True)
             done = shim.record(self.copy_stream, self.device)
-        self._restored[index] = (buf, done)
+        self._restored[index] = (buf, done, self._generation.get(index, 0))
         self.stats.restores += 1
         if self.keep_log:
             self.stats.log.append(("h2d", index))
@@ -239,13 +258,21 @@ class SCO:
             self._issue_restore(index)
             assert len(self._restored) <= 1, "SCO holds at most one prefetched boundary"
 
-    def _restore(self, index: int) -> torch.Tensor:
+    def _restore(self, index: int, generation: int) -> torch.Tensor:
+        self._check_open()
         if index in self._restored:
             self.stats.prefetch_hits += 1
         else:
             self._issue_restore(index)
-        buf, done = self._restored.pop(index)
-        shim.wait(done)
+        buf, done, held = self._restored.pop(index)
+        shim.wait(done)                           # also before raising: the H2D still writes buf
+        if held != generation:
+            raise RuntimeError(
+                f"SCO: the host slot of region {index} holds the boundary of a later run of region "
+                f"{index} (offload {held}, this backward needs offload {generation}): a second "
+                "forward before this backward, or the same index used twice in one forward, "
+                "overwrote it, so the gradients would be wrong; fix: call backward after each "
+                "forward (accumulate micro-batches in .grad) and give each region its own index")
         if self.keep_log:
             self.stats.log.append(("use", index))
         self._prefetch(index - 1)
@@ -254,13 +281,22 @@ class SCO:
     def _drain(self) -> None:
         """Before a new forward: consume stale prefetches (a backward that did not reach them)."""
         self._finish_offload()
-        for buf, done in self._restored.values():
+        for buf, done, _ in self._restored.values():
             shim.wait(done)
         self._restored.clear()
 
+    def _check_open(self) -> None:
+        if self._closed:
+            raise RuntimeError("SCO is closed (its pinned pool was released): a region ran, or a "
+                               "backward restored a boundary, after close(); fix: build a new SCO "
+                               "and finish every backward before close()")
+
     def close(self) -> None:
-        """Wait for the copy stream and unpin the pool."""
+        """Wait for the copy stream and unpin the pool (idempotent; the SCO is unusable after)."""
+        if self._closed:
+            return
         if self.copy_stream is not None:
             self.copy_stream.synchronize()
         self._drain()
         self.pool.release()
+        self._closed = True

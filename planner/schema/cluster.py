@@ -6,11 +6,13 @@ provenance (DESIGN §6). Verdicts list the assumed constants they used.
 
 from __future__ import annotations
 
+import math
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator, model_validator
+from pydantic_core import PydanticCustomError
 
-from planner.schema.base import SCHEMA_VERSION, Frozen
+from planner.schema.base import SCHEMA_VERSION, Frozen, check_schema_version
 
 
 class Provenance(Frozen):
@@ -38,8 +40,9 @@ class Provenance(Frozen):
 class Constant(Frozen):
     """One scalar constant of the memory or time model, measured or assumed."""
 
-    value: float
-    """The value, in the unit its name states (``_bytes``, ``_s``, ``_fraction``)."""
+    value: float = Field(allow_inf_nan=False)
+    """The value, in the unit its name states (``_bytes``, ``_s``, ``_fraction``); finite. The
+    range its name implies is checked by ``MemoryConstants``."""
     status: Literal["measured", "assumed", "policy"] = "assumed"
     """``measured`` on the cluster (with provenance), ``assumed`` until it is, or ``policy``: a
     chosen safety margin rather than a fact about the hardware (the reserve floors)."""
@@ -47,6 +50,13 @@ class Constant(Frozen):
     """How it was measured; required when ``status == "measured"``."""
     note: str = ""
     """What the number is and, when assumed, why this value."""
+
+    @model_validator(mode="after")
+    def _measured_has_provenance(self) -> "Constant":
+        if self.status == "measured" and self.provenance is None:
+            raise PydanticCustomError("measured_without_provenance",
+                                      "status 'measured' needs provenance (device, date, command)")
+        return self
 
 
 class Topology(Frozen):
@@ -62,7 +72,7 @@ class Topology(Frozen):
     """Host RAM per node, in bytes."""
     host_cores: int = Field(gt=0)
     """Host CPU cores per node."""
-    host_mem_bw_bytes_per_s: float = Field(gt=0)
+    host_mem_bw_bytes_per_s: float = Field(gt=0, allow_inf_nan=False)
     """Host-memory bandwidth per node, in bytes/s."""
     interconnect: str = ""
     """Intra- and inter-node interconnect, e.g. ``NVLink4 intra-node, 8x400G InfiniBand``."""
@@ -98,6 +108,26 @@ class MemoryConstants(Frozen):
     """Whether the constants were measured with ``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True``
     (recommended)."""
 
+    @model_validator(mode="after")
+    def _ranges(self) -> "MemoryConstants":
+        """Bytes and seconds are >= 0; fractions lie in [0, 1] (a negative reserve or context would
+        inflate the capacity and give a false "fits"; a fraction of 1 leaves no capacity, which is
+        safe)."""
+        from planner.errors import InvalidPlan
+
+        for name in type(self).model_fields:
+            c = getattr(self, name)
+            if not isinstance(c, Constant):
+                continue
+            v, field = c.value, f"cluster.memory.{name}.value"
+            assert math.isfinite(v), name          # Constant.value rejects inf/NaN
+            if name.endswith("_fraction"):
+                if not 0.0 <= v < 1.0:
+                    raise InvalidPlan(field, v, "must be in [0, 1)", "give a share of the memory, e.g. 0.02")
+            elif v < 0:
+                raise InvalidPlan(field, v, "must be >= 0", "give a non-negative measured or assumed value")
+        return self
+
 
 class ClusterSpec(Frozen):
     """A cluster profile: declared topology + measured constants (+ time-model curves)."""
@@ -113,6 +143,11 @@ class ClusterSpec(Frozen):
     curves: Curves = Field(default_factory=lambda: Curves())
     """Time-model curves (``planner calibrate``): schema in ``planner.schema.curves``, fits and
     lookups in ``planner.timing.curves``."""
+
+    @field_validator("schema_version")
+    @classmethod
+    def _version(cls, v: int) -> int:
+        return check_schema_version(v, "cluster.schema_version")
 
     def assumed_constants(self) -> list[str]:
         """Names of the memory constants still marked ``assumed``."""

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from planner.errors import InvalidPlan
-from planner.schema.io import PROFILES_DIR, validate
+from planner.schema.io import validate
 from planner.schema.model import MLASpec, ModelSpec
 
 
@@ -337,76 +337,8 @@ def import_hf_file(path: str | os.PathLike, name: str | None = None) -> tuple[Mo
     return import_hf(config, name or p.stem)
 
 
-# ---- shipped profiles ----------------------------------------------------------------------------
-HF_PROFILES = {  # profile name: (file in reference/hf-configs, Hugging Face repo)
-    "gpt-oss-20b": ("gpt-oss-20b.json", "openai/gpt-oss-20b"),
-    "gpt-oss-120b": ("gpt-oss-120b.json", "openai/gpt-oss-120b"),
-    "qwen3-30b-a3b": ("qwen3-30b-a3b.json", "Qwen/Qwen3-30B-A3B"),
-    "qwen3-235b-a22b": ("qwen3-235b-a22b.json", "Qwen/Qwen3-235B-A22B"),
-    "deepseek-v3": ("deepseek-v3.json", "deepseek-ai/DeepSeek-V3"),
-    "deepseek-v2-lite": ("deepseek-v2-lite.json", "deepseek-ai/DeepSeek-V2-Lite"),
-    "mixtral-8x7b": ("mixtral-8x7b-v0.1.json", "mistralai/Mixtral-8x7B-v0.1"),
-    "mixtral-8x22b": ("mixtral-8x22b-v0.1.json", "mistralai/Mixtral-8x22B-v0.1"),
-    "llama-4-scout-17b-16e": ("llama-4-scout-17b-16e.json", "meta-llama/Llama-4-Scout-17B-16E"),
-    "olmoe-1b-7b": ("olmoe-1b-7b-0924.json", "allenai/OLMoE-1B-7B-0924"),
-    "qwen1.5-moe-a2.7b": ("qwen1.5-moe-a2.7b-chat.json", "Qwen/Qwen1.5-MoE-A2.7B-Chat"),
-}
-PAPER_MODELS = {"moe-120b": (7, 120e9), "moe-241b": (14, 241e9), "moe-667b": (39, 667e9)}
-"""The paper's end-to-end models (reference/paper-figures.md): name → (layers, paper's total params)."""
-REFERENCE_DIR = Path(os.environ.get("MOE_PLANNER_REFERENCE", PROFILES_DIR / "hf-configs"))
-"""The Hugging Face configs the real profiles come from, with INDEX.md's published totals
-(``profiles/hf-configs``; override with ``MOE_PLANNER_REFERENCE``)."""
-PROFILE_DIR = PROFILES_DIR / "models"
-"""Where the shipped model profiles live."""
-
-
-def paper_model(name: str) -> ModelSpec:
-    """One of the paper's end-to-end models, with the assumptions of paper-figures.md in ``source``."""
-    layers, paper = PAPER_MODELS[name]
-    fields = dict(
-        name=name, model_type="custom", num_layers=layers, hidden_size=7168, vocab_size=200_000,
-        tie_embeddings=False, attention="mla", num_heads=64, num_kv_heads=64, head_dim=128 + 64,
-        v_head_dim=128, mla=MLASpec(q_lora_rank=1536, kv_lora_rank=512, qk_nope_head_dim=128,
-                                     qk_rope_head_dim=64, v_head_dim=128),
-        num_experts=384, top_k=8, expert_ffn=2048, max_position_embeddings=None)
-    total = ModelSpec(**fields).param_counts()["total"]
-    fields["source"] = (
-        f"paper end-to-end model (reference/paper-figures.md): H=7168, {layers} layers, 384 routed experts "
-        "of I=2048, top-8, V=200000. Assumed: every layer MoE (the paper's dense width 18432 unused), no "
-        "shared expert, untied embeddings, Kimi-K2-like MLA (64 heads, q_lora_rank 1536, kv_lora_rank 512, "
-        f"qk_nope 128, qk_rope 64, v_head 128). Computed {total / 1e9:.1f}B params vs the paper's "
-        f"{paper / 1e9:.0f}B ({100 * (total - paper) / paper:+.1f}%).")
-    return ModelSpec(**fields)
-
-
-def shipped_profiles(reference_dir: Path = REFERENCE_DIR) -> dict[str, ModelSpec]:
-    """Every shipped model profile, freshly imported / built: name → spec."""
-    out = {}
-    for name, (file, repo) in HF_PROFILES.items():
-        spec, _ = import_hf_file(Path(reference_dir) / file, name)
-        note = f"Hugging Face {repo} config.json (model_type {spec.model_type})"
-        out[name] = spec.model_copy(update={"source": f"{note}; {spec.source}" if spec.source else note})
-    out.update({name: paper_model(name) for name in PAPER_MODELS})
-    return out
-
-
 def profile_yaml(spec: ModelSpec) -> str:
     """The profile text of a spec: ``ModelSpec.model_dump(mode="json")`` as YAML."""
     import yaml
 
     return yaml.safe_dump(spec.model_dump(mode="json"), sort_keys=False, default_flow_style=None, width=100)
-
-
-def write_profiles(out_dir: Path = PROFILE_DIR, reference_dir: Path = REFERENCE_DIR) -> list[Path]:
-    """Regenerate ``profiles/models/*.yaml``; returns the files written."""
-    out_dir.mkdir(parents=True, exist_ok=True)
-    paths = []
-    for name, spec in shipped_profiles(reference_dir).items():
-        (p := out_dir / f"{name}.yaml").write_text(profile_yaml(spec))
-        paths.append(p)
-    return paths
-
-
-if __name__ == "__main__":  # python -m planner.schema.hf_import  (regenerates the shipped profiles)
-    for written in write_profiles():
-        print(written)

@@ -4,7 +4,8 @@
   ``config.json``.
 - ``load_cluster(ref)``: a shipped cluster name (``h200``) or a cluster YAML.
 - ``load_planfile(path)``.
-- ``write_yaml_atomic(path, data)``: temp file in the same folder, fsync, ``os.replace``.
+- ``write_yaml_atomic(path, data)``: temp file in the same folder, fsync, ``os.replace``;
+  ``check_writable(path)`` fails fast before a long computation.
 
 Every failure is an ``InvalidPlan`` naming the file or field, the value and the fix.
 """
@@ -20,7 +21,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from planner.errors import InvalidPlan
+from planner.errors import InvalidPlan, UnwritableOutput
 from planner.schema.cluster import ClusterSpec
 from planner.schema.model import ModelSpec
 from planner.schema.planfile import PlanFile
@@ -32,21 +33,46 @@ PROFILES_DIR = Path(os.environ.get("MOE_PLANNER_PROFILES", Path(__file__).resolv
 """Folder of the shipped profiles (``models/``, ``clusters/``); ``MOE_PLANNER_PROFILES`` overrides."""
 
 
+_BOUND_PROBLEMS = {
+    "greater_than": ("gt", "must be > {}"), "greater_than_equal": ("ge", "must be >= {}"),
+    "less_than": ("lt", "must be < {}"), "less_than_equal": ("le", "must be <= {}"),
+}
+"""pydantic constraint error types → (ctx key, problem wording)."""
+
+
 def validation_error(exc: ValidationError, prefix: str) -> InvalidPlan:
-    """Turn pydantic's first error into a one-line ``InvalidPlan``."""
+    """Turn pydantic's first error into a one-line ``InvalidPlan``.
+
+    ``prefix`` names the document (``model``, ``cluster``, ``planfile``); an empty prefix means the
+    error's location is already the full path (``plan.world_size``, ``workload.seq_len``).
+    """
     err = exc.errors()[0]
     loc = ".".join(str(x) for x in err.get("loc", ()))
-    field = f"{prefix}.{loc}" if loc else prefix
+    field = ".".join(x for x in (prefix, loc) if x) or "input"
     kind = err.get("type", "")
     value = err.get("input")
+    ctx = err.get("ctx") or {}
     if kind == "missing":
         return InvalidPlan(field, None, "is missing", "add the field")
     if kind == "extra_forbidden":
-        return InvalidPlan(field, value, "is not a known key", f"remove it or check its spelling in {prefix}")
+        return InvalidPlan(field, value, "is not a known key",
+                           f"remove it or check its spelling in {prefix or loc.split('.')[0]}")
+    if isinstance(ctx.get("error"), InvalidPlan):
+        return ctx["error"]
+    if kind in _BOUND_PROBLEMS:
+        key, wording = _BOUND_PROBLEMS[kind]
+        bound = ctx.get(key)
+        relation = wording.removeprefix("must be ").format(bound)
+        return InvalidPlan(field, value, wording.format(bound), f"give a value {relation}")
+    if kind == "finite_number":
+        return InvalidPlan(field, value, "must be a finite number", "give a finite value")
+    if kind == "measured_without_provenance":
+        return InvalidPlan(f"{field}.provenance", None, "is required when status is 'measured'",
+                           "add device, date and command, or mark the value 'assumed'")
+    if kind == "int_not_bool":
+        return InvalidPlan(field, value, "must be an integer, not a boolean", "write a number")
     msg = err.get("msg", "is invalid")
     msg = msg[0].lower() + msg[1:] if msg else msg
-    if isinstance(err.get("ctx", {}).get("error"), InvalidPlan):
-        return err["ctx"]["error"]
     return InvalidPlan(field, value, msg.removeprefix("value error, "), "correct the value")
 
 
@@ -101,6 +127,12 @@ def load_model(ref: str) -> ModelSpec:
                               f"use one of: {', '.join(shipped('models'))}, or a YAML / config.json path")
         return validate(ModelSpec, read_structured(path), "model")
     data = read_structured(ref)
+    if isinstance(data, dict) and {"plan", "workload"} & set(data) and "num_layers" not in data:
+        raise InvalidPlan("MODEL", ref, "is a plan file, not a model profile",
+                          f"pass it with --plan {ref} (flags override its fields)")
+    if isinstance(data, dict) and "topology" in data and "num_layers" not in data:
+        raise InvalidPlan("MODEL", ref, "is a cluster profile, not a model profile",
+                          f"pass it with --cluster {ref} and give a model")
     if isinstance(data, dict) and "num_layers" not in data and "name" not in data:
         from planner.schema.hf_import import import_hf
 
@@ -131,28 +163,75 @@ def load_planfile(path: str | Path) -> PlanFile:
     return validate(PlanFile, read_structured(path), "planfile")
 
 
-def write_text_atomic(path: str | Path, text: str) -> Path:
-    """Write text atomically: temp file in the same folder, fsync, ``os.replace``, fsync of the folder.
+def _unwritable(path: Path, field: str, why: str) -> UnwritableOutput:
+    return UnwritableOutput(field, str(path), why, "give a file path in a folder you can write")
 
-    The file keeps an existing file's mode, else gets 0666 less the umask (``mkstemp`` alone gives
-    0600). An interrupted write leaves the old file intact and no temp file behind.
+
+def check_writable(path: str | Path, field: str = "output") -> Path:
+    """Fail fast (before a long computation) when ``path`` cannot be written as a file.
+
+    Tries what ``write_bytes_atomic`` will do: a temp file in the target's folder, removed at once.
+
+    Raises:
+        InvalidPlan: ``path`` is a directory, its folder is not a directory, or the folder refuses
+            a new file.
     """
     p = Path(path)
-    p.parent.mkdir(parents=True, exist_ok=True)
+    if p.is_dir():
+        raise _unwritable(p, field, "is a directory")
+    parent = p.parent
+    if parent.exists() and not parent.is_dir():
+        raise _unwritable(p, field, f"has a parent that is not a folder ({parent})")
+    if parent.is_dir():
+        try:
+            fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=parent)
+        except OSError as e:
+            raise _unwritable(p, field, f"cannot be written: {e.strerror or e}") from None
+        os.close(fd)
+        Path(tmp).unlink(missing_ok=True)
+    return p
+
+
+def write_bytes_atomic(path: str | Path, data: bytes, field: str = "output") -> Path:
+    """Write bytes atomically: temp file in the target's own folder, fsync, ``os.replace``, fsync of
+    the folder.
+
+    The file keeps an existing file's mode, else gets 0666 less the umask (``mkstemp`` alone gives
+    0600). An interrupted write leaves the old file intact and no temp file behind; no temp file is
+    ever created outside the target's folder.
+
+    Raises:
+        UnwritableOutput: (an ``InvalidPlan`` and an ``OSError``) ``path`` is a directory or cannot be
+            written (``field`` names the option).
+    """
+    p = Path(path)
+    if p.is_dir():
+        raise _unwritable(p, field, "is a directory")
+    try:
+        p.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        why = f"cannot be written: its folder cannot be created ({e.strerror or e})"
+        raise _unwritable(p, field, why) from None
     if p.exists():
         mode = p.stat().st_mode & 0o7777
     else:
         umask = os.umask(0)
         os.umask(umask)
         mode = 0o666 & ~umask
-    fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=p.parent)
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
+        fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=p.parent)
+    except OSError as e:
+        raise _unwritable(p, field, f"cannot be written: {e.strerror or e}") from None
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
             f.flush()
             os.fsync(f.fileno())
         os.chmod(tmp, mode)
         os.replace(tmp, p)
+    except OSError as e:
+        Path(tmp).unlink(missing_ok=True)
+        raise _unwritable(p, field, f"cannot be written: {e.strerror or e}") from None
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
@@ -162,6 +241,11 @@ def write_text_atomic(path: str | Path, text: str) -> Path:
     finally:
         os.close(dfd)
     return p
+
+
+def write_text_atomic(path: str | Path, text: str, field: str = "output") -> Path:
+    """Write UTF-8 text atomically (see ``write_bytes_atomic``)."""
+    return write_bytes_atomic(path, text.encode("utf-8"), field)
 
 
 class _Dumper(yaml.SafeDumper):
@@ -182,6 +266,6 @@ def dump_yaml(data: Any) -> str:
     return yaml.dump(data, Dumper=_Dumper, sort_keys=False, allow_unicode=True, width=100)
 
 
-def write_yaml_atomic(path: str | Path, data: Any) -> Path:
-    """Write ``data`` as YAML atomically (see ``write_text_atomic``)."""
-    return write_text_atomic(path, dump_yaml(data))
+def write_yaml_atomic(path: str | Path, data: Any, field: str = "output") -> Path:
+    """Write ``data`` as YAML atomically (see ``write_bytes_atomic``)."""
+    return write_text_atomic(path, dump_yaml(data), field)

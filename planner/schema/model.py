@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
-from planner.schema.base import SCHEMA_VERSION, Frozen
+from planner.schema.base import SCHEMA_VERSION, Frozen, check_schema_version
 
 
 class MLASpec(Frozen):
@@ -98,6 +98,11 @@ class ModelSpec(Frozen):
     """Multi-token-prediction layers beyond ``num_layers`` (DeepSeek-V3: 1)."""
     max_position_embeddings: int | None = Field(default=None, ge=1)
     """Context length the model was released with (informational)."""
+
+    @field_validator("schema_version")
+    @classmethod
+    def _version(cls, v: int) -> int:
+        return check_schema_version(v, "model.schema_version")
 
     @model_validator(mode="after")
     def _check(self) -> "ModelSpec":

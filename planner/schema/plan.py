@@ -7,7 +7,8 @@ from typing import Literal
 
 from pydantic import Field, field_validator
 
-from planner.schema.base import Frozen
+from planner.schema.base import (MAX_BUCKET_PARAMS, MAX_BYTES, MAX_CHUNKS, MAX_IMPORTS,
+                                 MAX_STAGING_SLOTS, MAX_TOKENS, MAX_WORLD_SIZE, Frozen)
 
 Dispatch = Literal["ep", "llep", "pipelined_llep"]
 Vocab = Literal["dense", "vocab_parallel", "ring_dtp"]
@@ -43,46 +44,48 @@ class ComposedKnobs(Frozen):
     """AdamW on the GPU, CPU offload (ZeRO-Offload style), or OffloadStreamAdamW."""
     checkpoint: Checkpoint = "sco"
     """Activation checkpointing: none, per checkpointed region, or SCO (per region + host offload)."""
-    seq_parallel: int | None = Field(default=None, gt=0)
-    """``D``: Ulysses sequence-parallel degree; default the largest divisor of ``W`` dividing the
+    seq_parallel: int | None = Field(default=None, gt=0, le=MAX_WORLD_SIZE)
+    """``D`` (≤ 2^20): Ulysses sequence-parallel degree; default the largest divisor of ``W`` dividing the
     KV heads (GQA) or heads (MHA/MLA)."""
-    expert_parallel: int | None = Field(default=None, gt=0)
-    """``E_p``: expert-parallel degree; default the largest divisor of ``W`` that divides ``E``."""
-    vocab_parallel: int | None = Field(default=None, gt=0)
-    """``P``: Ring-DTP / vocab-parallel group size; default the largest divisor of ``W`` ≤ 8."""
-    vocab_blocks: int = Field(default=1, gt=0)
-    """``B_v``: vocabulary blocks per Ring-DTP shard (strip = ``N × V/(P·B_v)``)."""
-    token_budget: int = Field(default=4096, gt=0)
-    """``c``: per-source token budget per dispatch chunk."""
-    max_chunks: int = Field(default=10, gt=0)
-    """``K_max``: most dispatch chunks per layer."""
-    llep_alpha: float = Field(default=1.0, gt=0)
-    """``α``: LLEP capacity factor."""
-    llep_min_tokens: int = Field(default=1024, ge=1)
-    """``m``: minimum tokens per spilled GEMM."""
+    expert_parallel: int | None = Field(default=None, gt=0, le=MAX_WORLD_SIZE)
+    """``E_p`` (≤ 2^20): expert-parallel degree; default the largest divisor of ``W`` that divides ``E``."""
+    vocab_parallel: int | None = Field(default=None, gt=0, le=MAX_WORLD_SIZE)
+    """``P`` (≤ 2^20): Ring-DTP / vocab-parallel group size; default the largest divisor of ``W`` ≤ 8."""
+    vocab_blocks: int = Field(default=1, gt=0, le=MAX_IMPORTS)
+    """``B_v`` (≤ 2^20): vocabulary blocks per Ring-DTP shard (strip = ``N × V/(P·B_v)``)."""
+    token_budget: int = Field(default=4096, gt=0, le=MAX_TOKENS)
+    """``c`` (≤ 2^32): per-source token budget per dispatch chunk."""
+    max_chunks: int = Field(default=10, gt=0, le=MAX_CHUNKS)
+    """``K_max`` (≤ 4096): most dispatch chunks per layer."""
+    llep_alpha: float = Field(default=1.0, ge=1.0)
+    """``α`` (≥ 1: the ranks' capacity must hold every route): LLEP capacity factor; ``inf`` means no
+    cap, and the dispatch guarantee is capped at the total routes ``E_p·k·N_max``."""
+    llep_min_tokens: int = Field(default=1024, ge=1, le=MAX_TOKENS)
+    """``m`` (≤ 2^32): minimum tokens per spilled GEMM."""
     llep_lambda: float = Field(default=1.3, ge=1.0)
     """``λ``: imbalance (max/mean load) below which LLEP is skipped."""
-    max_imports: int = Field(default=4, ge=0)
-    """``n_import_max``: most foreign experts one rank may import per layer."""
-    bucket_params: int = Field(default=100_000_000, gt=0)
-    """``β``: OffloadStreamAdamW bucket size, in parameters."""
-    staging_slots: int = Field(default=2, ge=1)
-    """``s``: OffloadStreamAdamW staging slots."""
-    sco_host_bytes: int | None = Field(default=None, ge=0)
-    """SCO host budget per rank, in physical pinned bytes; ``None`` = what host RAM leaves (§3.3)."""
+    max_imports: int = Field(default=4, ge=0, le=MAX_IMPORTS)
+    """``n_import_max`` (≤ 2^20): most foreign experts one rank may import per layer."""
+    bucket_params: int = Field(default=100_000_000, gt=0, le=MAX_BUCKET_PARAMS)
+    """``β`` (≤ 2^40): OffloadStreamAdamW bucket size, in parameters; at least the cut alignment of
+    ``planner.plans.buckets`` (checked where the plan is resolved)."""
+    staging_slots: int = Field(default=2, ge=1, le=MAX_STAGING_SLOTS)
+    """``s`` (≤ 64): OffloadStreamAdamW staging slots."""
+    sco_host_bytes: int | None = Field(default=None, ge=0, le=MAX_BYTES)
+    """SCO host budget per rank (≤ 2^60), in physical pinned bytes; ``None`` = what host RAM leaves (§3.3)."""
 
 
 class BaselineKnobs(Frozen):
     """Knobs of the FSDP2 baseline (DESIGN §2). ``None`` means "resolve the default layout"."""
 
-    tp: int = Field(default=1, gt=0)
-    """Tensor-parallel degree (head becomes loss-parallel when > 1)."""
-    cp: int = Field(default=1, gt=0)
-    """Context-parallel degree."""
-    dp_shard: int | None = Field(default=None, gt=0)
-    """FSDP shard degree; default ``W / (tp·cp)``."""
-    ep: int | None = Field(default=None, gt=0)
-    """Expert-parallel degree, borrowed from ``dp_shard·cp``; default the largest divisor of
+    tp: int = Field(default=1, gt=0, le=MAX_WORLD_SIZE)
+    """Tensor-parallel degree (≤ 2^20) (head becomes loss-parallel when > 1)."""
+    cp: int = Field(default=1, gt=0, le=MAX_WORLD_SIZE)
+    """Context-parallel degree (≤ 2^20)."""
+    dp_shard: int | None = Field(default=None, gt=0, le=MAX_WORLD_SIZE)
+    """FSDP shard degree (≤ 2^20); default ``W / (tp·cp)``."""
+    ep: int | None = Field(default=None, gt=0, le=MAX_WORLD_SIZE)
+    """Expert-parallel degree (≤ 2^20), borrowed from ``dp_shard·cp``; default the largest divisor of
     ``dp_shard·cp`` that divides ``E``."""
     ac: AC = "full"
     """Per-layer activation checkpointing: full, torch's op-level selective, or none."""
@@ -95,8 +98,8 @@ class Plan(Frozen):
 
     stack: Literal["composed", "fsdp2"] = "composed"
     """Which stack runs: the composed operators or the FSDP2 baseline."""
-    world_size: int = Field(gt=0)
-    """``W``: ranks (GPUs) in the job."""
+    world_size: int = Field(gt=0, le=MAX_WORLD_SIZE)
+    """``W`` (≤ 2^20): ranks (GPUs) in the job."""
     routing: str = "balanced"
     """Routing assumption shared by both stacks: ``balanced``, ``worst`` or a skew ``R/H``."""
     dispatch_bound: DispatchBound = "guarantee"

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from pydantic import field_validator
 
-from planner.schema.base import SCHEMA_VERSION, Frozen
+from planner.schema.base import SCHEMA_VERSION, Frozen, check_schema_version
 from planner.schema.cluster import ClusterSpec
 from planner.schema.model import ModelSpec
 from planner.schema.plan import Plan
@@ -31,9 +31,4 @@ class PlanFile(Frozen):
     @field_validator("schema_version")
     @classmethod
     def _version(cls, v: int) -> int:
-        from planner.errors import InvalidPlan
-
-        if v != SCHEMA_VERSION:
-            raise InvalidPlan("schema_version", v, f"must be {SCHEMA_VERSION}",
-                              "regenerate the file with this version of planner")
-        return v
+        return check_schema_version(v)

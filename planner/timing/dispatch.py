@@ -206,8 +206,12 @@ def moe_dispatch_s(lk: Lookups, op: str, N, E: int, k: int, E_p, K, H: int, I: i
         else:
             fwd = c_f + d + e
         bwd = c_b + K * (d + e)
-        out.update(fwd=fwd + imp / 2, bwd=bwd + imp / 2, comm_fwd=fwd - c_f, comm_bwd=bwd - c_b, imports=imp)
-        assert np.all(out["comm_fwd"][E_p == 1] == 0), "E_p = 1 must move no dispatch traffic"
+        local = E_p == 1
+        assert all(np.all(np.broadcast_to(x, local.shape)[local] == 0) for x in (d, e, imp)), \
+            "E_p = 1 must move no dispatch traffic"
+        # exposed communication; exactly 0 at E_p = 1 even where a compute curve is missing (NaN)
+        out.update(fwd=fwd + imp / 2, bwd=bwd + imp / 2, comm_fwd=np.where(local, 0.0, fwd - c_f),
+                   comm_bwd=np.where(local, 0.0, bwd - c_b), imports=imp)
     res = {key: np.asarray(v, dtype=float).reshape(shape) for key, v in out.items()}
     return {key: (float(v) if v.ndim == 0 else v) for key, v in res.items()}
 

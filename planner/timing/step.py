@@ -150,10 +150,10 @@ def _check_invariants(ctx: Ctx, breakdown: dict) -> None:
     for name, v in breakdown.items():
         ok = np.isnan(v) | (v >= 0)
         assert np.all(ok), f"negative time component {name}"
-    ep = np.broadcast_to(np.asarray(ctx.expert_parallel if ctx.stack == "composed" else ctx.ep),
-                         np.shape(breakdown.get("a2a_dispatch", 0.0)))
-    if "a2a_dispatch" in breakdown:
-        assert np.all(breakdown["a2a_dispatch"][ep == 1] == 0), "E_p = 1 must move no dispatch traffic"
+    if "a2a_dispatch" in breakdown:       # models without MoE layers have no dispatch component
+        a2a, ep = np.broadcast_arrays(np.asarray(breakdown["a2a_dispatch"]),
+                                      np.asarray(ctx.expert_parallel if ctx.stack == "composed" else ctx.ep))
+        assert np.all(a2a[ep == 1] == 0), "E_p = 1 must move no dispatch traffic"
     host = [k for k in ("optimizer_stream", "optimizer_cpu_host", "optimizer_cpu_copies", "cpu_offload_copies")
             if k in breakdown]
     offload = ctx.optimizer != "gpu" if ctx.stack == "composed" else bool(ctx.cpu_offload)

@@ -20,7 +20,8 @@ from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from planner.errors import InvalidPlan
-from planner.schema.hf_import import HF_PROFILES, PROFILE_DIR, REFERENCE_DIR, import_hf
+from planner.schema.hf_import import import_hf
+from planner.schema.shipped_models import HF_PROFILES, PROFILE_DIR, REFERENCE_DIR
 from planner.schema.io import load_model, validate
 from planner.schema.model import ModelSpec
 

@@ -142,3 +142,116 @@ def test_bad_arguments():
         OffloadStreamAdamW(_params(), staging_slots=0)
     with pytest.raises(Exception, match="bucket_params"):
         OffloadStreamAdamW(_params(), bucket_params=8)
+
+
+def _pair_step(ours, ref, ours_p, ref_p, step):
+    g = torch.Generator().manual_seed(200 + step)
+    for a, b in zip(ours_p, ref_p):
+        gr = (torch.randn(a.shape, generator=g) * (0.5 + step)).bfloat16()
+        a.grad, b.grad = gr.clone(), gr.float()
+    ours.step()
+    ref.step()
+
+
+@pytest.mark.parametrize("new_shapes", [[(10,)], [(3000,), (37, 41)]], ids=["fits", "re-pins"])
+def test_add_param_group_is_bitwise_equal_to_fused_adamw(new_shapes):
+    """Groups added after 2 steps get host state (re-pinning when the buffer is too small); old
+    and new parameters stay bitwise equal to torch, also through a state_dict round trip."""
+    ours_p = _params()
+    ref_p = [torch.nn.Parameter(p.detach().float()) for p in ours_p]
+    ours = OffloadStreamAdamW(_groups(ours_p), bucket_params=160, staging_slots=2)
+    ref = torch.optim.AdamW(_groups(ref_p), fused=True)
+    for step in range(2):
+        _pair_step(ours, ref, ours_p, ref_p, step)
+    g = torch.Generator().manual_seed(9)
+    extra = [torch.nn.Parameter((torch.randn(*s, generator=g) * 0.3).bfloat16()) for s in new_shapes]
+    extra_ref = [torch.nn.Parameter(p.detach().float()) for p in extra]
+    host_before = ours.host
+    ours.add_param_group(dict(params=extra, lr=2e-3, weight_decay=0.05))
+    ref.add_param_group(dict(params=extra_ref, lr=2e-3, weight_decay=0.05))
+    total = sum(p.numel() for p in ours_p + extra)
+    assert ours.plan.total == total and (ours.host is host_before) == (12 * total <= host_before.nbytes)
+    assert ours.host_bytes == -(-12 * total // 4096) * 4096 or ours.host is host_before
+    ours_p, ref_p = ours_p + extra, ref_p + extra_ref
+    for step in range(2, 4):
+        _pair_step(ours, ref, ours_p, ref_p, step)
+    _assert_bitwise(ours, ours_p, ref, ref_p)
+    fresh = OffloadStreamAdamW(_groups(ours_p[:len(SHAPES)]), bucket_params=160, staging_slots=2)
+    fresh.add_param_group(dict(params=extra, lr=2e-3, weight_decay=0.05))
+    fresh.load_state_dict(_roundtrip(ours.state_dict()))
+    ours.close()
+    _pair_step(fresh, ref, ours_p, ref_p, 4)
+    _assert_bitwise(fresh, ours_p, ref, ref_p)
+
+
+def test_add_param_group_rejects_another_device_without_adding_it():
+    opt = OffloadStreamAdamW(_params(), bucket_params=160)
+    with pytest.raises(ValueError, match="one device"):
+        opt.add_param_group(dict(params=[torch.nn.Parameter(torch.zeros(3, device="meta"))]))
+    assert len(opt.param_groups) == 1
+
+
+def test_parameter_changes_between_steps_reload_the_master():
+    """``model.load_state_dict``, ``copy_`` and ``.data =`` between steps are honoured (the master
+    re-loads the bf16 value, m/v/step kept), exactly as torch's AdamW on those values; a write
+    through ``.data`` needs ``reload_params()``."""
+    ours_p = _params()
+    ref_p = [torch.nn.Parameter(p.detach().float()) for p in ours_p]
+    model = torch.nn.ParameterList(ours_p)
+    ours = OffloadStreamAdamW(_groups(ours_p), bucket_params=48, staging_slots=3)
+    ref = torch.optim.AdamW(_groups(ref_p), fused=True)
+
+    def set_both(i, value_bf16):
+        with torch.no_grad():
+            ref_p[i].copy_(value_bf16.float())
+
+    for step in range(6):
+        _pair_step(ours, ref, ours_p, ref_p, step)
+        new = [(p.detach().float() * 0.5 + 0.125).bfloat16() for p in ours_p]
+        if step == 0:                               # nn.Module.load_state_dict
+            model.load_state_dict({str(i): t for i, t in enumerate(new)})
+            for i in range(len(ours_p)):
+                set_both(i, new[i])
+        elif step == 1:                             # one parameter, in place
+            with torch.no_grad():
+                ours_p[2].copy_(new[2])
+            set_both(2, new[2])
+        elif step == 2:                             # a swapped .data tensor
+            ours_p[4].data = new[4].clone()
+            set_both(4, new[4])
+        elif step == 3:                             # invisible to _version: needs reload_params
+            ours_p[1].data.copy_(new[1])
+            set_both(1, new[1])
+            ours.reload_params([ours_p[1]])
+    _assert_bitwise(ours, ours_p, ref, ref_p)
+
+
+def test_use_after_close_and_bad_state_dicts_are_clear_errors():
+    ps = _params()
+    opt = OffloadStreamAdamW(_groups(ps), bucket_params=160)
+    for p, g in zip(ps, _grads(0)):
+        p.grad = g
+    opt.step()
+    sd = _roundtrip(opt.state_dict())
+    with pytest.raises(ValueError, match="has no 'state' entry"):
+        opt.load_state_dict({"param_groups": sd["param_groups"]})
+    with pytest.raises(ValueError, match="has no 'param_groups' entry"):
+        opt.load_state_dict({"state": sd["state"]})
+    bad = _roundtrip(opt.state_dict())
+    bad["state"][3]["exp_avg"] = bad["state"][3]["exp_avg"][:-1]
+    before = opt.exp_avg.clone()
+    with pytest.raises(ValueError, match=r"state_dict\['state'\]\[3\]\['exp_avg'\] has shape "
+                                         r"\(999,\), must be \(1000,\)"):
+        opt.load_state_dict(bad)
+    assert torch.equal(before, opt.exp_avg)         # nothing was copied
+    bad = _roundtrip(opt.state_dict())
+    bad["state"][0]["step"] = torch.zeros(2)
+    with pytest.raises(ValueError, match=r"\['step'\] must be a scalar"):
+        opt.load_state_dict(bad)
+    opt.close()
+    opt.close()                                     # idempotent
+    for call in (opt.step, opt.state_dict, lambda: opt.load_state_dict(sd), opt.reload_params,
+                 lambda: opt.add_param_group(dict(params=[torch.nn.Parameter(torch.zeros(2))])),
+                 lambda: opt.clip_grad_norm_(1.0)):
+        with pytest.raises(RuntimeError, match=r"OffloadStreamAdamW is closed .*fix: build a new optimizer"):
+            call()

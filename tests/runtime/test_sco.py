@@ -148,3 +148,44 @@ def test_offloaded_boundary_must_match_the_plan_shape():
         model(ids, sco.region)
     with pytest.raises(ValueError, match="region index"):
         sco.region(0, lambda x: x, torch.zeros(1))
+
+
+def test_second_forward_before_backward_is_rejected_naming_the_region():
+    """Two forwards summed into one loss overwrite the slots: the backward raises, never wrong."""
+    model, ids = Decoder(), _ids()
+    sco = _sco(2 * SLOT)
+    loss = model(ids, sco.region) + model(ids, sco.region)
+    with pytest.raises(RuntimeError, match=r"host slot of region [12] holds the boundary of a later "
+                                           r"run of region [12] .*fix: call backward after each forward"):
+        loss.backward()
+    ref = _baseline(model, ids)                   # the SCO stays usable for the next step
+    assert all(torch.equal(a, b) for a, b in zip(ref, _grads(model, model(ids, sco.region))))
+    sco.close()
+
+
+def test_discarded_graph_then_new_forward_and_retained_graph_stay_exact():
+    """A forward whose graph is dropped without backward, then a normal step; a retained graph
+    backwarded twice reads the same slots twice (no false alarm)."""
+    model, ids = Decoder(), _ids()
+    ref = _baseline(model, ids)
+    sco = _sco(L_B * SLOT)
+    model(ids, sco.region)                        # evaluation with grad on, no backward
+    loss = model(ids, sco.region)
+    model.zero_grad(set_to_none=True)
+    loss.backward(retain_graph=True)
+    assert all(torch.equal(a, p.grad) for a, p in zip(ref, model.parameters()))
+    loss.backward()
+    assert all(torch.equal(2 * a, p.grad) for a, p in zip(ref, model.parameters()))
+    sco.close()
+
+
+def test_use_after_close_is_a_clear_error():
+    model, ids = Decoder(), _ids()
+    sco = _sco(L_B * SLOT)
+    loss = model(ids, sco.region)
+    sco.close()
+    sco.close()                                   # idempotent
+    with pytest.raises(RuntimeError, match=r"SCO is closed .*fix: build a new SCO"):
+        loss.backward()
+    with pytest.raises(RuntimeError, match="SCO is closed"):
+        model(ids, sco.region)

@@ -42,7 +42,7 @@ def _bw(alpha=10e-6, beta=50e9, **kw):
 def _memory():
     from planner.schema.cluster import MemoryConstants
 
-    return {n: {"value": 1.0, "status": "assumed"} for n, f in MemoryConstants.model_fields.items()
+    return {n: {"value": 0.5, "status": "assumed"} for n, f in MemoryConstants.model_fields.items()
             if n != "expandable_segments"}
 
 

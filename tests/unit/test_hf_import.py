@@ -14,8 +14,9 @@ import pytest
 import yaml
 
 from planner.errors import InvalidPlan
-from planner.schema.hf_import import (HF_PROFILES, PAPER_MODELS, PROFILE_DIR, REFERENCE_DIR, import_hf,
-                                      import_hf_file, paper_model, profile_yaml, shipped_profiles)
+from planner.schema.hf_import import import_hf, import_hf_file, profile_yaml
+from planner.schema.shipped_models import (HF_PROFILES, PAPER_MODELS, PROFILE_DIR, REFERENCE_DIR, paper_model,
+                                           shipped_profiles)
 from planner.schema.io import load_model
 from planner.schema.model import ModelSpec
 
