@@ -5,10 +5,8 @@
 - Curves: each curve present in the measured file replaces the profile's; collective curves merge
   per collective and group size.
 - Memory constants: only those the measured file marks ``measured`` replace the profile's, so its
-  ``assumed`` values and notes survive. ``host_baseline_bytes_per_rank`` is never replaced by a
-  smaller measurement: calibration measures a bare process (a floor), while the profile's value
-  stands for a training process with its data loaders, and a smaller value would make host
-  verdicts optimistic. ``expandable_segments`` follows the measured file when it
+  ``assumed`` values and notes survive. ``KEEP_LARGER`` constants are never replaced by a
+  smaller measurement (a smaller host baseline or CUDA context would make verdicts optimistic). ``expandable_segments`` follows the measured file when it
   measured ``fragmentation_fraction``.
 - The result is validated (every curve's device must equal ``topology.gpu_name``) and written
   atomically; a failure leaves the profile untouched.
@@ -30,6 +28,11 @@ from pathlib import Path
 from calibration.io import read_yaml, write_yaml_atomic
 from planner.errors import InvalidPlan, PlanError
 from planner.timing.curves import parse_cluster
+
+
+KEEP_LARGER = ("host_baseline_bytes_per_rank", "cuda_context_bytes")
+"""Constants a smaller measurement never replaces: the host baseline (a bare process is a floor of a
+training process) and the CUDA context (it grows with the kernels a run has loaded)."""
 
 
 def merge_data(base: dict, measured: dict) -> dict:
@@ -56,7 +59,7 @@ def merge_data(base: dict, measured: dict) -> dict:
     for key, val in new_mem.items():
         if isinstance(val, dict) and val.get("status") == "measured":
             old = memory.get(key)
-            if (key == "host_baseline_bytes_per_rank" and isinstance(old, dict)
+            if (key in KEEP_LARGER and isinstance(old, dict)
                     and float(old.get("value", 0)) > float(val.get("value", 0))):
                 continue
             memory[key] = val

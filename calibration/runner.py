@@ -246,7 +246,7 @@ def run(out_path, *, quick: bool, progress: bool = True, command: str, smoke: bo
             if cuda:
                 torch.cuda.empty_cache()
     ctx0, _ = st.memory.pop("_context_init", (None, ""))
-    if cuda:
+    if cuda and "constants" in sections:  # a partial run loads too few kernels to size the context
         from calibration.constants import context_bytes
 
         try:
