@@ -8,12 +8,11 @@ DESIGN §7: error <= max(2·err_torch, 4·eps·‖ref‖).
 
 from __future__ import annotations
 
-import os
-import tempfile
 import traceback
 import zlib
 
 import pytest
+from gloo_world import run_world
 import torch
 
 WORLDS = (2, 3, 4)
@@ -195,41 +194,9 @@ def _worker(rank: int, W: int, store_path: str, queue) -> None:
 _RESULTS: dict[int, dict] = {}
 
 
-def _collect(queue, procs, W: int) -> list:
-    """Every worker's result; fails fast when a worker dies without reporting."""
-    import queue as queue_mod
-    import time
-
-    got, deadline = [], time.monotonic() + WORKER_TIMEOUT_S
-    while len(got) < W:
-        try:
-            got.append(queue.get(timeout=1.0))
-        except queue_mod.Empty:
-            dead = [p.exitcode for p in procs if p.exitcode not in (None, 0)]
-            if dead or time.monotonic() > deadline:
-                for p in procs:
-                    if p.is_alive():
-                        p.terminate()
-                raise RuntimeError(f"gloo workers failed (exit codes {dead}) or timed out")
-    return got
-
-
 def _run_world(W: int) -> dict:
-    import torch.multiprocessing as mp
-
-    if W in _RESULTS:
-        return _RESULTS[W]
-    ctx = mp.get_context("spawn")
-    queue = ctx.Queue()
-    with tempfile.TemporaryDirectory() as tmp:
-        procs = [ctx.Process(target=_worker, args=(r, W, os.path.join(tmp, "store"), queue)) for r in range(W)]
-        for p in procs:
-            p.start()
-        got = _collect(queue, procs, W)
-        for p in procs:
-            p.join(timeout=30)
-    errors = [e for _, _, e in got if e]
-    _RESULTS[W] = {"error": errors[0] if errors else None, "ranks": {r: o for r, o, _ in got}}
+    if W not in _RESULTS:
+        _RESULTS[W] = run_world(_worker, W, WORKER_TIMEOUT_S)
     return _RESULTS[W]
 
 

@@ -1,0 +1,46 @@
+"""Spawn one gloo world per test module and collect every rank's results (tests/dist harness).
+
+Each worker is ``worker(rank, W, store_path, queue)``: it runs every case of its module and puts
+``(rank, results, traceback_or_None)`` on the queue once. Spawning is slow on 2 cores, so a module
+spawns each world size once and its tests read the collected results.
+"""
+
+from __future__ import annotations
+
+import os
+import queue as queue_mod
+import tempfile
+import time
+
+
+def collect(queue, procs, W: int, timeout_s: float) -> list:
+    """Every worker's result; fails fast when a worker dies without reporting."""
+    got, deadline = [], time.monotonic() + timeout_s
+    while len(got) < W:
+        try:
+            got.append(queue.get(timeout=1.0))
+        except queue_mod.Empty:
+            dead = [p.exitcode for p in procs if p.exitcode not in (None, 0)]
+            if dead or time.monotonic() > deadline:
+                for p in procs:
+                    if p.is_alive():
+                        p.terminate()
+                raise RuntimeError(f"gloo workers failed (exit codes {dead}) or timed out")
+    return got
+
+
+def run_world(worker, W: int, timeout_s: float) -> dict:
+    """``{"error": first traceback or None, "ranks": {rank: results}}`` of one spawned world."""
+    import torch.multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    with tempfile.TemporaryDirectory() as tmp:
+        procs = [ctx.Process(target=worker, args=(r, W, os.path.join(tmp, "store"), queue)) for r in range(W)]
+        for p in procs:
+            p.start()
+        got = collect(queue, procs, W, timeout_s)
+        for p in procs:
+            p.join(timeout=30)
+    errors = [e for _, _, e in got if e]
+    return {"error": errors[0] if errors else None, "ranks": {r: o for r, o, _ in got}}
