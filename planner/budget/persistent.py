@@ -17,23 +17,13 @@ FSDP2 baseline (DESIGN §2): sharded fp32 parameters and fp32 gradients (4 + 4 B
 
 from __future__ import annotations
 
+import numpy as np
+
 from planner.budget.context import Ctx
 from planner.budget.terms import ALWAYS, Term
 from planner.units import ceil_div
 
 SOURCE = "DESIGN §3.2 Persistent"
-
-
-def head_rows(ctx: Ctx):
-    """Rows of the head one vocabulary shard holds whole: ``ceil(V/P)``."""
-    return ceil_div(ctx.vocab_size, ctx.vocab_parallel)
-
-
-def head_is_vocab_sharded(ctx: Ctx) -> bool:
-    """Whether the composed stack keeps the head whole per vocabulary shard (``P > 1``)."""
-    import numpy as np
-
-    return ctx.stack == "composed" and ctx.vocab != "dense" and bool(np.any(np.asarray(ctx.vocab_parallel) > 1))
 
 
 def terms(ctx: Ctx) -> list[Term]:
@@ -49,8 +39,6 @@ def terms(ctx: Ctx) -> list[Term]:
             Term("fp32 gradient shards", "persistent", n, 4, "Θ/W", ALWAYS, source=SOURCE),
             Term("AdamW m, v", "persistent", n, 8, "Θ/W (m, v: 4+4 B)", ALWAYS, source=SOURCE),
         ]
-    import numpy as np
-
     P = np.asarray(ctx.vocab_parallel)
     sharded_head = ctx.vocab != "dense"
     head = p["head"]
