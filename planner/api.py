@@ -315,10 +315,14 @@ class SearchReport:
     world_size: int
     result: Any
     elapsed_s: float
+    closest: Any = None
+    """``(plan, peak_bytes, capacity_bytes)`` of the lowest-peak composed plan when none fits."""
 
     def planfile(self, i: int = 0) -> PlanFile:
-        """The i-th composed plan as a plan file that ``check`` accepts unchanged."""
-        return PlanFile(model=self.model, cluster=self.cluster, workload=self.workload, plan=self.result.top[i].plan)
+        """The i-th composed plan as a plan file that ``check`` accepts unchanged (the closest plan
+        when none fits)."""
+        plan = self.result.top[i].plan if self.result.top else self.closest[0]
+        return PlanFile(model=self.model, cluster=self.cluster, workload=self.workload, plan=plan)
 
     def to_json(self) -> dict:
         def cand(c):
@@ -334,7 +338,10 @@ class SearchReport:
                           "text": r.tally.text()},
                 "baseline_tally": {"evaluated": r.baseline_tally.evaluated, "fit": r.baseline_tally.fit,
                                    "rejected": dict(r.baseline_tally.reasons), "text": r.baseline_tally.text()},
-                "gaps": r.gaps, "assumed": r.assumed, "elapsed_s": self.elapsed_s}
+                "gaps": r.gaps, "assumed": r.assumed, "elapsed_s": self.elapsed_s,
+                "closest": None if self.closest is None else {
+                    "plan": self.closest[0].model_dump(mode="json"), "peak_bytes": int(self.closest[1]),
+                    "capacity_bytes": int(self.closest[2])}}
 
 
 def search(*, model: str, cluster: str | None = None, gpus: int, seq_len: int, global_batch_tokens: int | None = None,
@@ -351,8 +358,19 @@ def search(*, model: str, cluster: str | None = None, gpus: int, seq_len: int, g
     t0 = time.perf_counter()
     res = run(pf.model, pf.cluster, pf.workload, world_size=gpus, routing=routing, dispatch_bound=dispatch_bound,
               dtype=dtype, top=top, progress=progress)
+    closest = None
+    if not res.top:
+        from planner.budget.peak import capacity_bytes
+        from planner.search.rank import lowest_peak
+
+        try:
+            plan, peak, _ = lowest_peak(pf.model, pf.cluster, pf.workload, world_size=gpus, stack="composed",
+                                        routing=routing, dispatch_bound=dispatch_bound, dtype=dtype)
+            closest = (plan, peak, capacity_bytes(make_context(pf.model, pf.cluster, pf.workload, plan)))
+        except AssertionError:  # nothing fits even the host
+            closest = None
     _raise_if_only_gaps(res)
-    return SearchReport(pf.model, pf.cluster, pf.workload, gpus, res, time.perf_counter() - t0)
+    return SearchReport(pf.model, pf.cluster, pf.workload, gpus, res, time.perf_counter() - t0, closest)
 
 
 def _raise_if_only_gaps(res) -> None:

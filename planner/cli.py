@@ -264,14 +264,15 @@ def search(
     finally:
         if prog:
             prog.stop()
-    if out_file and rep.result.top:
+    if out_file and (rep.result.top or rep.closest is not None):
         write_yaml_atomic(out_file, rep.planfile(0).model_dump(mode="json"), "--out")
     if json_out:
         _print_json(rep.to_json())
     else:
         render_search(rep, out)
-        if out_file and rep.result.top:
-            err.print(f"wrote the best plan to {out_file} (planner check --plan {out_file})")
+        if out_file and (rep.result.top or rep.closest is not None):
+            which = "best" if rep.result.top else "closest (none fits)"
+            err.print(f"wrote the {which} plan to {out_file} (planner check --plan {out_file})")
     raise typer.Exit(0 if rep.result.top else 1)
 
 
@@ -334,7 +335,8 @@ def calibrate(
     import calibration
     path = out_file or "profiles/clusters/measured.yaml"
     spec = calibration.run(path, quick=quick, progress=progress, command=" ".join(["planner", *sys.argv[2:]]))
-    err.print(f"wrote {path} ({spec.name}); merge it into a declared profile with python3 -m calibration.merge")
+    err.print(f"wrote {path} ({spec.name}): use it with --cluster {path}; to fold a GPU calibration into a declared "
+              f"profile of the same GPU: python3 -m calibration.merge PROFILE {path}")
 
 
 @app.command()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from planner.budget.terms import LIVE_SETS, PHASE_KINDS
@@ -10,16 +11,27 @@ from planner.units import fmt_count, fmt_gib, gib
 
 
 def _plan_line(rep) -> str:
+    """The resolved plan in one line, showing only the knobs the chosen operators use."""
     d = rep.to_json()["derived"]
     p = rep.planfile.plan
     if p.stack == "composed":
         k = p.composed
-        return (f"composed stack · D={d['seq_parallel']} E_p={d['expert_parallel']} P={d['vocab_parallel']} "
-                f"B_v={d['vocab_blocks']} · dispatch {k.dispatch} (c={d['token_budget']}, K={d['num_chunks']}, "
-                f"c_eff={d['chunk_tokens']}) · vocab {k.vocab} · optimizer {k.optimizer} "
-                f"(β={k.bucket_params:,}, s={k.staging_slots}) · checkpoint {k.checkpoint} "
-                f"(SCO {fmt_gib(d['sco_host_bytes'])}/rank, {d['num_offloaded']}/{d['num_boundaries']} "
-                f"boundaries offloaded) · routing {p.routing} · bound {p.dispatch_bound} · {p.dtype}")
+        parts = [f"composed stack · D={d['seq_parallel']} E_p={d['expert_parallel']} P={d['vocab_parallel']}"]
+        if rep.ctx.model.is_moe:
+            disp = f"dispatch {k.dispatch}"
+            if k.dispatch == "pipelined_llep":
+                disp += f" (c={d['token_budget']}, K={d['num_chunks']}, c_eff={d['chunk_tokens']})"
+            disp += f" · routing {p.routing}" + (f" · bound {p.dispatch_bound}" if k.dispatch != "ep" else "")
+            parts.append(disp)
+        parts.append(f"vocab {k.vocab}" + (f" (B_v={d['vocab_blocks']})" if k.vocab == "ring_dtp" else ""))
+        parts.append(f"optimizer {k.optimizer}"
+                     + (f" (β={k.bucket_params:,}, s={k.staging_slots})" if k.optimizer == "stream_offload" else ""))
+        ck = f"checkpoint {k.checkpoint}"
+        if k.checkpoint == "sco":
+            ck += (f" (host budget {fmt_gib(d['sco_host_bytes'])}/rank, {d['num_offloaded']}/{d['num_boundaries']} "
+                   f"boundaries offloaded)")
+        parts += [ck, p.dtype]
+        return " · ".join(parts)
     b = p.baseline
     return (f"FSDP2 baseline · tp={b.tp} cp={b.cp} dp_shard={b.dp_shard} ep={b.ep} · AC {b.ac} · "
             f"CPU offload {'on' if b.cpu_offload else 'off'} · routing {p.routing} · {p.dtype}")
@@ -67,6 +79,10 @@ def render_check(rep, console: Console, explain: bool = False) -> None:
     console.print(f"host RAM per node ({h.ranks_per_node} ranks): {fmt_gib(h.bytes)} of {fmt_gib(h.capacity_bytes)} "
                   f"usable (baseline {fmt_gib(h.baseline_bytes)}, optimizer {fmt_gib(h.optimizer_bytes)}, "
                   f"SCO {fmt_gib(h.sco_bytes)}) · {'fits' if rep.fits_host else '[red]does not fit[/]'}")
+    released = pf.model.max_position_embeddings
+    if released and S > released:
+        console.print(f"[yellow]note:[/] S = {fmt_count(S)} exceeds the model's released context "
+                      f"({released:,} tokens): the memory verdict holds, the model may need context extension")
     if rep.assumed:
         console.print("[yellow]assumed constants:[/] " + ", ".join(rep.assumed))
     if rep.provisional:
@@ -74,21 +90,21 @@ def render_check(rep, console: Console, explain: bool = False) -> None:
     if rep.fits:
         console.print("[bold green]FITS[/]")
     else:
-        why = "HBM" if not rep.fits_hbm else "host RAM"
+        why = " and ".join(w for w, bad in (("HBM", not rep.fits_hbm), ("host RAM", not rep.fits_host)) if bad)
         console.print(f"[bold red]DOES NOT FIT[/] ({why})")
 
 
 def render_explain(rep, console: Console) -> None:
-    """Every term with its formula, element count, bytes and residency."""
+    """Every term that is non-zero in some phase, with its formula, element count, bytes and residency."""
     t = Table(title=f"terms (bytes in the binding phase {rep.binding_phase}; max over phases)")
     for col in ("live set", "term", "formula", "elements", "× B", "binding GiB", "max GiB", "resident in"):
         t.add_column(col, justify="right" if col in ("elements", "× B", "binding GiB", "max GiB") else "left")
     for term, at, mx in rep.term_rows():
         if mx == 0:
             continue
-        t.add_row(term.live_set, term.name + (" *" if term.provisional else ""), term.formula,
+        t.add_row(term.live_set, escape(term.name) + (" *" if term.provisional else ""), escape(term.formula),
                   f"{int(term.count if not hasattr(term.count, 'max') else term.count.max()):,}",
-                  str(term.elem_bytes), f"{gib(at):.3f}", f"{gib(mx):.3f}", term.phases_text)
+                  str(term.elem_bytes), f"{gib(at):.3f}", f"{gib(mx):.3f}", escape(term.phases_text))
     t.caption = "* provisional: not yet confirmed against its operator's tensor inventory"
     console.print(t)
 
@@ -105,6 +121,10 @@ def render_frontier(rep, console: Console) -> None:
         best = j["max_global_batch_tokens"]
         what = (f"max global batch {best:,} tokens per micro-step ({j['max_seqs_per_microbatch']} sequences "
                 f"per group)" if best else "nothing fits")
-    console.print(f"[bold]{name}[/] on {rep.planfile.plan.world_size} GPUs: {what}")
-    console.print(f"scanned {len(s.values)} grid points; {int(s.fits.sum())} fit; first failure at "
-                  f"{s.first_fail if s.first_fail is not None else 'none'}; usable HBM {fmt_gib(s.capacity_bytes)}")
+    stack = "FSDP2 baseline" if rep.planfile.plan.stack == "fsdp2" else "composed stack"
+    console.print(f"[bold]{name}[/] on {rep.planfile.plan.world_size} GPUs ({stack}, the plan's degrees fixed): {what}")
+    fail = s.first_fail
+    fail_txt = "none" if fail is None else (fmt_count(fail) if rep.axis == "seq_len" else f"{fail} sequences")
+    console.print(f"scanned {len(s.values)} grid points; {int(s.fits.sum())} fit; first failure at {fail_txt} "
+                  f"(the peak is not monotone in S: fits and failures can interleave); usable HBM "
+                  f"{fmt_gib(s.capacity_bytes)}; `planner check` at a length shows what binds")

@@ -59,11 +59,18 @@ def render_search(rep, console: Console) -> None:
                   c.binding_phase, end_section=tag == str(len(r.top)))
     console.print(t)
     if r.top and r.baseline:
-        console.print(f"composed vs FSDP2-best: {r.baseline.step_s / r.top[0].step_s:.2f}× faster")
+        ratio = r.baseline.step_s / r.top[0].step_s
+        console.print(f"composed vs FSDP2-best: {ratio:.2f}× " + ("faster" if ratio >= 1 else
+                      f"(the FSDP2 baseline is {1 / ratio:.2f}× faster under this time model)"))
     elif r.top:
         console.print("[yellow]no FSDP2 configuration fits[/] at this context length")
     else:
         console.print("[red]no composed configuration fits[/]")
+    closest = getattr(rep, "closest", None)
+    if closest is not None and not r.top:
+        plan, peak, cap = closest
+        console.print(f"closest composed plan: {_knobs(plan)} with a peak of {gib(peak):.1f} GiB against "
+                      f"{gib(cap):.1f} GiB usable (`--out` writes it; `planner check --plan` shows what binds)")
     console.print(f"composed: {r.tally.text()}")
     console.print(f"FSDP2:    {r.baseline_tally.text()}")
     if r.assumed:

@@ -9,13 +9,23 @@ from planner.budget.terms import LIVE_SETS
 from planner.units import GiB, fmt_count, gib
 
 
+def plan_summary(plan) -> str:
+    """The plan's knobs in one short string (``search``'s configuration column)."""
+    from planner.report.search_view import _knobs
+
+    return _knobs(plan)
+
+
 def frame(rows):
-    """The sweep as a pandas DataFrame, one row per (seq_len, stack), bytes in GiB columns."""
+    """The sweep as a pandas DataFrame, one row per (seq_len, stack): the plan, the verdict, the peak
+    and each live set's maximum over phases in GiB (the maxima of different phases, so they do not
+    add up to the peak)."""
     import pandas as pd
 
     recs = []
     for r in rows:
-        rec = {"seq_len": r.seq_len, "stack": r.stack, "fits": r.fits, "peak_gib": r.peak_bytes / GiB,
+        rec = {"seq_len": r.seq_len, "stack": r.stack, "plan": plan_summary(r.plan), "fits": r.fits,
+               "peak_gib": r.peak_bytes / GiB,
                "capacity_gib": r.capacity_bytes / GiB, "binding_live_set": r.binding_live_set,
                "tokens_per_s_per_gpu": r.tokens_per_s_per_gpu}
         rec.update({f"{ls}_gib": r.live_set_max_bytes[ls] / GiB for ls in LIVE_SETS})
@@ -25,10 +35,10 @@ def frame(rows):
 
 def render_sweep(rows, console: Console) -> None:
     t = Table(title="sweep: best composed plan vs best FSDP2 baseline")
-    for col in ("S", "stack", "verdict", "peak GiB", "binding live set", "tok/s/GPU"):
+    for col in ("S", "stack", "plan", "verdict", "peak GiB", "binding live set", "tok/s/GPU"):
         t.add_column(col, justify="right" if col in ("S", "peak GiB", "tok/s/GPU") else "left")
     for r in rows:
-        t.add_row(fmt_count(r.seq_len), "composed" if r.stack == "composed" else "FSDP2",
+        t.add_row(fmt_count(r.seq_len), "composed" if r.stack == "composed" else "FSDP2", plan_summary(r.plan),
                   "[green]fits[/]" if r.fits else "[red]no fit[/]", f"{gib(r.peak_bytes):.1f}", r.binding_live_set,
                   f"{r.tokens_per_s_per_gpu:,.0f}" if r.tokens_per_s_per_gpu else "·")
     console.print(t)
