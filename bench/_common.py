@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from planner.runtime.measure import device_used_bytes, provenance, sync
+from planner.runtime.measure import device_used_bytes, extra_allocated_bytes, provenance, sync
 
 
 def allocator_conf() -> str:
@@ -44,18 +44,6 @@ def context_bytes() -> dict:
             "note": "device used − allocator reserved after torch.zeros(1, device='cuda')"}
 
 
-def _extra(fn, out_bytes: int) -> int:
-    sync()
-    before = torch.cuda.memory_allocated()
-    torch.cuda.reset_peak_memory_stats()
-    out = fn()
-    sync()
-    kept = torch.cuda.memory_allocated() - before - out_bytes
-    peak = torch.cuda.max_memory_allocated() - before - out_bytes
-    del out
-    return max(0, kept, peak)
-
-
 def blas_workspaces() -> dict:
     """cuBLAS / cuBLASLt / side-stream workspace bytes in the allocator (see the module docstring)."""
     n = 1024
@@ -64,13 +52,13 @@ def blas_workspaces() -> dict:
     ab, bb = a.bfloat16(), b.bfloat16()
     bias = torch.randn(n, device="cuda", dtype=torch.bfloat16)
     out = {
-        "cublas_workspace_bytes": _extra(lambda: torch.mm(a, b), 4 * n * n),
-        "cublaslt_workspace_bytes": _extra(lambda: torch.addmm(bias, ab, bb), 2 * n * n),
+        "cublas_workspace_bytes": extra_allocated_bytes(lambda: torch.mm(a, b), 4 * n * n),
+        "cublaslt_workspace_bytes": extra_allocated_bytes(lambda: torch.addmm(bias, ab, bb), 2 * n * n),
     }
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
-        out["side_stream_workspace_bytes"] = _extra(lambda: torch.mm(a, b), 4 * n * n)
+        out["side_stream_workspace_bytes"] = extra_allocated_bytes(lambda: torch.mm(a, b), 4 * n * n)
     torch.cuda.current_stream().wait_stream(side)
     out["note"] = ("allocator bytes beyond the output of the first fp32 mm (default stream), the first "
                    "bf16 addmm with bias (cuBLASLt), and the first fp32 mm on a fresh stream")

@@ -27,7 +27,7 @@ import time
 import torch
 
 from calibration.config import GiB, Grid
-from planner.runtime.measure import device_used_bytes, host_rss_bytes, sync
+from planner.runtime.measure import device_used_bytes, extra_allocated_bytes, host_rss_bytes, sync
 
 ALLOC_CONF = "PYTORCH_CUDA_ALLOC_CONF"
 
@@ -53,19 +53,6 @@ def context_bytes() -> tuple[int, str]:
     return used - torch.cuda.memory_reserved(), method
 
 
-def _extra_alloc(fn, out_bytes: int) -> int:
-    """Bytes the allocator holds (persistently or at peak) beyond ``out_bytes`` during ``fn``."""
-    sync()
-    before = torch.cuda.memory_allocated()
-    torch.cuda.reset_peak_memory_stats()
-    out = fn()
-    sync()
-    persistent = torch.cuda.memory_allocated() - before - out_bytes
-    transient = torch.cuda.max_memory_allocated() - before - out_bytes
-    del out
-    return max(0, persistent, transient)
-
-
 def blas_workspaces() -> dict[str, tuple[float, str]]:
     """cuBLAS and cuBLASLt workspace bytes (see the module docstring)."""
     dev = torch.device("cuda")
@@ -76,8 +63,8 @@ def blas_workspaces() -> dict[str, tuple[float, str]]:
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
-        cublas = _extra_alloc(lambda: torch.mm(a, b), out_bytes)
-        lt = _extra_alloc(lambda: torch.addmm(bias, a, b), out_bytes)
+        cublas = extra_allocated_bytes(lambda: torch.mm(a, b), out_bytes)
+        lt = extra_allocated_bytes(lambda: torch.addmm(bias, a, b), out_bytes)
     return {
         "cublas_workspace_bytes": (cublas, "first torch.mm (bf16) on a fresh stream: allocator bytes beyond "
                                            "the output"),
@@ -97,7 +84,7 @@ def flash_workspace(grid: Grid) -> tuple[float, str]:
     with sdpa_kernel([SDPBackend.FLASH_ATTENTION]):
         out = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
         g = torch.randn_like(out)
-        extra = _extra_alloc(lambda: torch.autograd.grad(out, (q, k, v), g), 3 * q.nbytes)
+        extra = extra_allocated_bytes(lambda: torch.autograd.grad(out, (q, k, v), g), 3 * q.nbytes)
     return extra / q.numel(), f"causal flash backward at S={s}, h={h}, d={d}, bf16: peak beyond dq, dk, dv"
 
 

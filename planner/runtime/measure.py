@@ -125,6 +125,20 @@ def time_fn(fn: Callable[[], object], *, warmup: int = 2, iters: int = 5) -> flo
     return statistics.median(times)
 
 
+def extra_allocated_bytes(fn: Callable[[], object], out_bytes: int) -> int:
+    """Allocator bytes ``fn`` holds, persistently or at its peak, beyond its ``out_bytes`` output
+    (how cuBLAS/cuBLASLt workspaces are measured: the first GEMM on a handle allocates one)."""
+    sync()
+    before = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    out = fn()
+    sync()
+    persistent = torch.cuda.memory_allocated() - before - out_bytes
+    transient = torch.cuda.max_memory_allocated() - before - out_bytes
+    del out
+    return max(0, persistent, transient)
+
+
 def wall_time(fn: Callable[[], object], *, iters: int, warmup: int = 0) -> float:
     """Median wall seconds of ``fn`` with the device synchronised around each call (host work,
     such as a CPU optimizer step between GPU copies, counts)."""

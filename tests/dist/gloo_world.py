@@ -44,3 +44,21 @@ def run_world(worker, W: int, timeout_s: float) -> dict:
             p.join(timeout=30)
     errors = [e for _, _, e in got if e]
     return {"error": errors[0] if errors else None, "ranks": {r: o for r, o, _ in got}}
+
+
+def world_fixture(worker, worlds, timeout_s: float):
+    """A module-scoped pytest fixture ``world`` → ``(W, {rank: results})``, spawning each world size
+    of ``worlds`` once for the module (and failing with the first worker traceback)."""
+    import pytest
+
+    cache: dict[int, dict] = {}
+
+    @pytest.fixture(scope="module", params=list(worlds), ids=lambda w: f"W{w}")
+    def world(request):
+        W = request.param
+        if W not in cache:
+            cache[W] = run_world(worker, W, timeout_s)
+        assert cache[W]["error"] is None, cache[W]["error"]
+        return W, cache[W]["ranks"]
+
+    return world

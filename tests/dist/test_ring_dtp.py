@@ -12,7 +12,7 @@ import traceback
 import zlib
 
 import pytest
-from gloo_world import run_world
+from gloo_world import world_fixture
 import torch
 
 WORLDS = (2, 3, 4)
@@ -191,21 +191,8 @@ def _worker(rank: int, W: int, store_path: str, queue) -> None:
         dist.destroy_process_group()
 
 
-_RESULTS: dict[int, dict] = {}
-
-
-def _run_world(W: int) -> dict:
-    if W not in _RESULTS:
-        _RESULTS[W] = run_world(_worker, W, WORKER_TIMEOUT_S)
-    return _RESULTS[W]
-
-
-@pytest.fixture(scope="module", params=WORLDS, ids=lambda w: f"W{w}")
-def world(request):
-    """Results of every case on every rank of one gloo world (spawned once per module)."""
-    res = _run_world(request.param)
-    assert res["error"] is None, res["error"]
-    return request.param, res["ranks"]
+world = world_fixture(_worker, WORLDS, WORKER_TIMEOUT_S)
+"""Every case on every rank of one gloo world (spawned once per module and world size)."""
 
 
 def _check(world, case: str) -> None:
