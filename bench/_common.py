@@ -15,6 +15,7 @@ every verdict uses (DESIGN §3.1) and the result writer.
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 from pathlib import Path
@@ -135,3 +136,23 @@ def write_results(out: str | Path, name: str, payload: dict, table: str,
             f"`{prov['allocator_conf'] or 'default'}`\n\n")
     mpath.write_text(head + table + "\n")
     return jpath, mpath
+
+
+def operator_parser(doc: str, iters: int) -> argparse.ArgumentParser:
+    """The options every operator bench shares: ``--out``, ``--smoke``, ``--nccl``, ``--iters`` and
+    ``--default-allocator`` (see ``use_allocator``)."""
+    ap = argparse.ArgumentParser(description=doc.splitlines()[0])
+    ap.add_argument("--out", default="bench/results")
+    ap.add_argument("--smoke", action="store_true", help="CPU-sized shapes, same code paths")
+    ap.add_argument("--nccl", action="store_true", help="real process group of WORLD_SIZE ranks (torchrun)")
+    ap.add_argument("--iters", type=int, default=iters, help="timed iterations after the warm-up")
+    ap.add_argument("--default-allocator", action="store_true",
+                    help="leave PYTORCH_CUDA_ALLOC_CONF alone (default: expandable_segments:True)")
+    return ap
+
+
+def use_allocator(args) -> None:
+    """``expandable_segments:True`` (the setting the profile's fragmentation was measured with) unless
+    ``--default-allocator``; must run before the first CUDA allocation."""
+    if not args.default_allocator:
+        os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")

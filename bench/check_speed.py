@@ -10,13 +10,12 @@ import argparse
 import json
 import os
 import platform
-import shutil
 import statistics
-import subprocess
 import sys
-import time
 from datetime import date
 from pathlib import Path
+
+from _process import planner_argv, timed_runs
 
 CASES = [
     ["gpt-oss-20b", "--gpus", "8", "--seq-len", "128k"],
@@ -31,18 +30,9 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--out", default="bench/results")
     args = ap.parse_args()
-    exe = shutil.which("planner")
-    base = [exe] if exe else [sys.executable, "-m", "planner.cli"]
     results = []
     for case in CASES:
-        cmd = [*base, "check", *case, "--json"]
-        subprocess.run(cmd, capture_output=True, check=False)  # warm the page cache
-        times = []
-        for _ in range(args.runs):
-            t0 = time.perf_counter()
-            res = subprocess.run(cmd, capture_output=True, check=False)
-            times.append(time.perf_counter() - t0)
-            assert res.returncode in (0, 1), res.stderr.decode()
+        times = [wall for wall, _ in timed_runs(planner_argv("check", *case, "--json"), args.runs)]
         med = statistics.median(times)
         results.append({"command": " ".join(["planner", "check", *case, "--json"]), "runs_s": times,
                         "median_s": med, "within_target": med <= TARGET_S})

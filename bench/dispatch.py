@@ -29,7 +29,6 @@ are compute only; speed comparisons come from ``--nccl``), with % differences an
 
 from __future__ import annotations
 
-import argparse
 import os
 import shlex
 import sys
@@ -115,7 +114,7 @@ def measure(op, s, profile, plan, device, group, pad_bytes, iters, *, timed=True
     except torch.cuda.OutOfMemoryError as e:
         row["oom"] = str(e).splitlines()[0][:160]
     finally:
-        inputs = run = None
+        inputs = run = None  # noqa: F841 - drop the layer and its inputs before emptying the cache
         if device.type == "cuda":
             torch.cuda.empty_cache()
     return row
@@ -172,7 +171,6 @@ def table(rows: list[dict], pad_bpp: float) -> str:
 
 def emulate(args, cases, device, pad_bpp) -> list[dict]:
     """Per-rank emulation of every rank class of every case (fake process group)."""
-    import torch
     import torch.distributed as dist
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
@@ -205,21 +203,16 @@ def emulate(args, cases, device, pad_bpp) -> list[dict]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", default="bench/results")
-    ap.add_argument("--smoke", action="store_true", help="CPU-sized shapes, same code paths")
-    ap.add_argument("--nccl", action="store_true", help="real process group of WORLD_SIZE ranks (torchrun)")
-    ap.add_argument("--iters", type=int, default=2, help="timed iterations after the warm-up")
+    from _common import operator_parser, use_allocator
+
+    ap = operator_parser(__doc__, iters=2)
     ap.add_argument("--shapes", nargs="+", default=["A", "B"])
     ap.add_argument("--ops", nargs="+", default=list(OPS))
     ap.add_argument("--profiles", nargs="+", default=list(PROFILES))
     ap.add_argument("--resident-bytes-per-param", type=float, default=16.5)
     ap.add_argument("--no-trace", action="store_true", help="skip the fake-tensor traces")
-    ap.add_argument("--default-allocator", action="store_true",
-                    help="leave PYTORCH_CUDA_ALLOC_CONF alone (default: expandable_segments:True)")
     args = ap.parse_args(argv)
-    if not args.default_allocator:
-        os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
+    use_allocator(args)
     import torch
     import torch.distributed as dist
 

@@ -10,13 +10,11 @@ import argparse
 import json
 import os
 import platform
-import shutil
 import statistics
-import subprocess
-import sys
-import time
 from datetime import date
 from pathlib import Path
+
+from _process import planner_argv, timed_runs
 
 CASE = ["moe-667b", "--gpus", "64", "--seq-len", "1m"]
 TARGET_S = 2.0
@@ -28,16 +26,8 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--out", default="bench/results")
     args = ap.parse_args()
-    exe = shutil.which("planner")
-    cmd = [*([exe] if exe else [sys.executable, "-m", "planner.cli"]), "search", *CASE, "--json", "--no-progress"]
-    walls, docs = [], []
-    for _ in range(args.runs + 1):  # the first run warms the page cache and is not counted
-        t0 = time.perf_counter()
-        res = subprocess.run(cmd, capture_output=True, text=True, check=False)
-        walls.append(time.perf_counter() - t0)
-        assert res.returncode in (0, 1), res.stderr
-        docs.append(json.loads(res.stdout))
-    walls, docs = walls[1:], docs[1:]
+    runs = timed_runs(planner_argv("search", *CASE, "--json", "--no-progress"), args.runs)
+    walls, docs = [w for w, _ in runs], [json.loads(o) for _, o in runs]
     n = docs[0]["tally"]["evaluated"] + docs[0]["baseline_tally"]["evaluated"]
     med = statistics.median(walls)
     inner = statistics.median(d["elapsed_s"] for d in docs)

@@ -25,7 +25,6 @@ Writes ``vocab[_nccl][_smoke].json`` and ``.md`` under ``--out``.
 
 from __future__ import annotations
 
-import argparse
 import os
 import shlex
 import sys
@@ -149,19 +148,14 @@ def table(rows: list[dict]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", default="bench/results")
-    ap.add_argument("--smoke", action="store_true", help="CPU-sized shapes, same code paths")
-    ap.add_argument("--nccl", action="store_true", help="real process group of WORLD_SIZE ranks (torchrun)")
-    ap.add_argument("--iters", type=int, default=3, help="timed iterations after the warm-up")
+    from _common import operator_parser, use_allocator
+
+    ap = operator_parser(__doc__, iters=3)
     ap.add_argument("--n", type=int, nargs="+", default=[16384, 32768])
     ap.add_argument("--p", type=int, nargs="+", default=[4, 8])
     ap.add_argument("--blocks", type=int, nargs="+", default=[1, 4])
-    ap.add_argument("--default-allocator", action="store_true",
-                    help="leave PYTORCH_CUDA_ALLOC_CONF alone (default: expandable_segments:True)")
     args = ap.parse_args(argv)
-    if not args.default_allocator:
-        os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
+    use_allocator(args)
     import torch
     import torch.distributed as dist
 

@@ -39,7 +39,7 @@ from calibration.io import write_text_atomic, write_yaml_atomic
 from calibration.report import summary_markdown
 from planner.errors import InvalidPlan
 from planner.runtime import shim
-from planner.runtime.measure import pick_reps, provenance, sync
+from planner.runtime.measure import pick_reps, provenance, time_reps
 from planner.schema.base import SCHEMA_VERSION
 from planner.schema.io import validation_error
 from planner.timing.curves import COLLECTIVES, bandwidth_curve, parse_curves
@@ -52,22 +52,8 @@ ITERS = 3
 
 def _timed(fn, reps: int, device: torch.device) -> float:
     """Max over ranks of the mean seconds per call over ``reps`` back-to-back calls."""
-    cuda = device.type == "cuda"
     dist.barrier()
-    sync(device if cuda else None)
-    if cuda:
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(reps):
-            fn()
-        end.record()
-        torch.cuda.synchronize()
-        dt = start.elapsed_time(end) / 1e3 / reps
-    else:
-        t0 = time.perf_counter()
-        for _ in range(reps):
-            fn()
-        dt = (time.perf_counter() - t0) / reps
+    dt = time_reps(fn, reps, iters=1, warmup=0, device=device)
     t = torch.tensor([dt], dtype=torch.float64, device=device)
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
     return float(t.item())

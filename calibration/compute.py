@@ -47,21 +47,25 @@ def _rand(shape, dtype, device) -> torch.Tensor:
     return torch.randn(shape, dtype=dtype, device=device)
 
 
+def _gemm_rates(ms, ns, ks, dtype, device, grid: Grid, tick: Tick) -> dict:
+    """FLOP/s of ``torch.mm`` at every ``(m, n, k)``, on slices of three buffers sized once."""
+    a_buf = _rand(max(ms) * max(ks), dtype, device)
+    b_buf = _rand(max(ks) * max(ns), dtype, device)
+    c_buf = torch.empty(max(ms) * max(ns), dtype=dtype, device=device)
+    rates = {}
+    for m, n, k in itertools.product(ms, ns, ks):
+        a, b = a_buf[: m * k].view(m, k), b_buf[: k * n].view(k, n)
+        c = c_buf[: m * n].view(m, n)
+        t = time_rep(lambda: torch.mm(a, b, out=c), min_time_s=grid.min_time_s, iters=grid.iters, device=device)
+        rates[(m, n, k)] = float(gemm_flops(m, n, k)) / t
+        tick(1)
+    return rates
+
+
 def gemm_table(grid: Grid, device: torch.device, prov: dict, tick: Tick) -> RateTable:
     """Dense GEMM rates over ``m × n × k``."""
     dtype, name = _dtype(device)
-    a_buf = _rand(max(grid.gemm_m) * max(grid.gemm_k), dtype, device)
-    b_buf = _rand(max(grid.gemm_k) * max(grid.gemm_n), dtype, device)
-    c_buf = torch.empty(max(grid.gemm_m) * max(grid.gemm_n), dtype=dtype, device=device)
-    rates = {}
-    for m, n, k in itertools.product(grid.gemm_m, grid.gemm_n, grid.gemm_k):
-        a, b = a_buf[: m * k].view(m, k), b_buf[: k * n].view(k, n)
-        c = c_buf[: m * n].view(m, n)
-        t = time_rep(lambda: torch.mm(a, b, out=c), min_time_s=grid.min_time_s, iters=grid.iters,
-                     device=device)
-        rates[(m, n, k)] = float(gemm_flops(m, n, k)) / t
-        tick(1)
-    del a_buf, b_buf, c_buf
+    rates = _gemm_rates(grid.gemm_m, grid.gemm_n, grid.gemm_k, dtype, device, grid, tick)
     axes = [grid.gemm_m, grid.gemm_n, grid.gemm_k]
     return RateTable(axis_names=["m", "n", "k"], axes=[list(a) for a in axes],
                      flops_per_s=_nested(rates, axes), dtype=name, backend="torch.mm",
@@ -92,19 +96,8 @@ def gemm_fp32_table(grid: Grid, device: torch.device, prov: dict, tick: Tick) ->
     """fp32 GEMM rates (TF32 off) over ``gemm_fp32_m × gemm_fp32_n × gemm_fp32_k``."""
     ms, ns, ks = grid.gemm_fp32_m, grid.gemm_fp32_n, grid.gemm_fp32_k
     assert ms and ns and ks, "this grid measures no fp32 GEMM"
-    a_buf = _rand(max(ms) * max(ks), torch.float32, device)
-    b_buf = _rand(max(ks) * max(ns), torch.float32, device)
-    c_buf = torch.empty(max(ms) * max(ns), dtype=torch.float32, device=device)
-    rates = {}
     with _no_tf32():
-        for m, n, k in itertools.product(ms, ns, ks):
-            a, b = a_buf[: m * k].view(m, k), b_buf[: k * n].view(k, n)
-            c = c_buf[: m * n].view(m, n)
-            t = time_rep(lambda: torch.mm(a, b, out=c), min_time_s=grid.min_time_s, iters=grid.iters,
-                         device=device)
-            rates[(m, n, k)] = float(gemm_flops(m, n, k)) / t
-            tick(1)
-    del a_buf, b_buf, c_buf
+        rates = _gemm_rates(ms, ns, ks, torch.float32, device, grid, tick)
     axes = [ms, ns, ks]
     return RateTable(axis_names=["m", "n", "k"], axes=[list(x) for x in axes], flops_per_s=_nested(rates, axes),
                      dtype="fp32", backend="torch.mm, TF32 off", provenance=prov,

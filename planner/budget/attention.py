@@ -23,6 +23,9 @@ from planner.budget.context import Ctx
 from planner.budget.terms import FWD_BWD, Term
 from planner.units import ceil_div
 
+PROVISIONAL = True
+"""Not yet traced against an operator: the composed step (attention region, ZeRO-3 gathers) has no
+runtime here yet, so these counts come from the layouts alone."""
 SOURCE = "DESIGN §3.2 Attention (Ulysses); FlashAttention-2 forward/backward tensors"
 
 
@@ -43,43 +46,43 @@ def terms(ctx: Ctx) -> list[Term]:
         qkv = N * (hq * d_qk + hkv * (d_qk + d_v))
         out = [
             Term("normed input, all-gathered (sequence parallel)", "attention", N * H, b, "N·H", FWD_BWD,
-                 regions=regions, source=SOURCE),
+                 regions=regions, source=SOURCE, provisional=PROVISIONAL),
             Term("q, k, v", "attention", qkv, b, "N·(n_h·d_qk + n_kv·(d_qk+d_v))/tp", FWD_BWD,
-                 regions=regions, source=SOURCE),
+                 regions=regions, source=SOURCE, provisional=PROVISIONAL),
             Term("attention output", "attention", N * hq * d_v, b, "N·n_h·d_v/tp", FWD_BWD,
-                 regions=regions, source=SOURCE),
+                 regions=regions, source=SOURCE, provisional=PROVISIONAL),
             Term("log-sum-exp (fp32)", "attention", N * hq, 4, "N·n_h/tp", FWD_BWD, regions=regions,
-                 source=SOURCE),
+                 source=SOURCE, provisional=PROVISIONAL),
             Term("o-proj partial output (before reduce-scatter)", "attention", N * H, b, "N·H", FWD_BWD,
-                 regions=regions, source=SOURCE),
+                 regions=regions, source=SOURCE, provisional=PROVISIONAL),
             Term("grads of q, k, v, output", "attention", qkv + N * hq * d_v, b,
-                 "N·(n_h·(d_qk+d_v) + n_kv·(d_qk+d_v))/tp", ("backward",), regions=regions, source=SOURCE),
+                 "N·(n_h·(d_qk+d_v) + n_kv·(d_qk+d_v))/tp", ("backward",), regions=regions, source=SOURCE, provisional=PROVISIONAL),
             Term("context-parallel K/V ring buffers", "attention", 2 * N * hkv * (d_qk + d_v) * (ctx.cp > 1),
-                 b, "2·N·n_kv·(d_qk+d_v)/tp if cp > 1", FWD_BWD, regions=regions, source=SOURCE),
+                 b, "2·N·n_kv·(d_qk+d_v)/tp if cp > 1", FWD_BWD, regions=regions, source=SOURCE, provisional=PROVISIONAL),
         ]
         return out
     R = ("attention",)
     qkv = N * (n_h * d_qk + n_kv * (d_qk + d_v))
     o = N * n_h * d_v
     out = [
-        Term("normed input x_NH", "attention", N * H, b, "N·H", FWD_BWD, regions=R, source=SOURCE),
+        Term("normed input x_NH", "attention", N * H, b, "N·H", FWD_BWD, regions=R, source=SOURCE, provisional=PROVISIONAL),
         Term("q, k, v, sequence layout (all-to-all send)", "attention", qkv, b,
-             "N·(n_h·d_qk + n_kv·(d_qk+d_v))", FWD_BWD, regions=R, source=SOURCE),
+             "N·(n_h·d_qk + n_kv·(d_qk+d_v))", FWD_BWD, regions=R, source=SOURCE, provisional=PROVISIONAL),
         Term("q, k, v, head layout (all-to-all receive)", "attention", qkv, b,
-             "S·(n_h·d_qk + n_kv·(d_qk+d_v))/D", FWD_BWD, regions=R, source=SOURCE),
+             "S·(n_h·d_qk + n_kv·(d_qk+d_v))/D", FWD_BWD, regions=R, source=SOURCE, provisional=PROVISIONAL),
         Term("attention output, head + sequence layouts", "attention", 2 * o, b, "2·N·n_h·d_v", FWD_BWD,
-             regions=R, source=SOURCE),
+             regions=R, source=SOURCE, provisional=PROVISIONAL),
         Term("log-sum-exp lse (fp32)", "attention", N * n_h, 4, "S·n_h/D", FWD_BWD, regions=R,
-             source=SOURCE),
-        Term("o-proj output", "attention", N * H, b, "N·H", FWD_BWD, regions=R, source=SOURCE),
+             source=SOURCE, provisional=PROVISIONAL),
+        Term("o-proj output", "attention", N * H, b, "N·H", FWD_BWD, regions=R, source=SOURCE, provisional=PROVISIONAL),
         Term("grads of q, k, v, output (both layouts)", "attention", 2 * qkv + 2 * o, b,
-             "2·N·(n_h·d_qk + n_kv·(d_qk+d_v)) + 2·N·n_h·d_v", ("backward",), regions=R, source=SOURCE),
+             "2·N·(n_h·d_qk + n_kv·(d_qk+d_v)) + 2·N·n_h·d_v", ("backward",), regions=R, source=SOURCE, provisional=PROVISIONAL),
     ]
     if m.attention == "mla" and m.mla is not None:
         a = m.mla
         lat = N * ((a.q_lora_rank or 0) + a.kv_lora_rank + a.qk_rope_head_dim)
         out.append(Term("MLA latents c_q, c_kv, k_rope", "attention", lat, b,
-                        "N·(q_lora + kv_lora + d_rope)", FWD_BWD, regions=R, source=SOURCE))
+                        "N·(q_lora + kv_lora + d_rope)", FWD_BWD, regions=R, source=SOURCE, provisional=PROVISIONAL))
         out.append(Term("MLA latent grads", "attention", lat, b, "N·(q_lora + kv_lora + d_rope)",
-                        ("backward",), regions=R, source=SOURCE))
+                        ("backward",), regions=R, source=SOURCE, provisional=PROVISIONAL))
     return out

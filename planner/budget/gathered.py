@@ -25,6 +25,9 @@ from planner.budget.context import Ctx
 from planner.budget.terms import FWD_BWD, Term
 from planner.units import ceil_div
 
+PROVISIONAL = True
+"""Not yet traced against an operator: the composed step (attention region, ZeRO-3 gathers) has no
+runtime here yet, so these counts come from the layouts alone."""
 SOURCE = "DESIGN §2 MoP layout / FSDP2 layout, §3.2 Gathered"
 
 
@@ -40,20 +43,20 @@ def _fsdp2_terms(ctx: Ctx) -> list[Term]:
         n = regions.layer_params_local(m, tp=tp, ep=ctx.ep, moe=moe)
         out += [
             Term(f"{kind} layer params, current + prefetch (bf16)", "gathered", 2 * n, b,
-                 "2·Θ_layer/tp", FWD_BWD, regions=(kind,), source=SOURCE),
+                 "2·Θ_layer/tp", FWD_BWD, regions=(kind,), source=SOURCE, provisional=PROVISIONAL),
             Term(f"{kind} layer unsharded grads (bf16)", "gathered", n, b, "Θ_layer/tp", ("backward",),
-                 regions=(kind,), source=SOURCE),
+                 regions=(kind,), source=SOURCE, provisional=PROVISIONAL),
             Term(f"{kind} layer fp32 reduce-scatter input", "gathered", n, 4, "Θ_layer/tp",
-                 ("backward",), regions=(kind,), source=SOURCE),
+                 ("backward",), regions=(kind,), source=SOURCE, provisional=PROVISIONAL),
         ]
     out += [
         Term("embedding unit (bf16)", "gathered", VH_tp, b, "V·H/tp", FWD_BWD, first_region_only=True,
-             source=SOURCE),
+             source=SOURCE, provisional=PROVISIONAL),
         Term("embedding grad (dense, fp32 reduce)", "gathered", VH_tp, 4, "V·H/tp",
-             ("backward",), first_region_only=True, source=SOURCE),
-        Term("head unit (bf16)", "gathered", VH_tp, b, "V·H/tp", ("head",), source=SOURCE),
+             ("backward",), first_region_only=True, source=SOURCE, provisional=PROVISIONAL),
+        Term("head unit (bf16)", "gathered", VH_tp, b, "V·H/tp", ("head",), source=SOURCE, provisional=PROVISIONAL),
         Term("head grad, fp32 reduce-scatter input", "gathered", VH_tp, 4, "V·H/tp", ("head",),
-             source=SOURCE),
+             source=SOURCE, provisional=PROVISIONAL),
     ]
     return out
 
@@ -68,17 +71,17 @@ def terms(ctx: Ctx) -> list[Term]:
     mlp = regions.mlp_region_dense_params(m)
     out = [
         Term("region weights, current + prefetched (bf16)", "gathered", attn + mlp, b,
-             "Θ_attn_region + Θ_mlp_region", FWD_BWD, source=SOURCE),
+             "Θ_attn_region + Θ_mlp_region", FWD_BWD, source=SOURCE, provisional=PROVISIONAL),
         Term("unreduced region grads (bf16)", "gathered", max(attn, mlp), b,
-             "max(Θ_attn_region, Θ_mlp_region)", ("backward",), source=SOURCE),
+             "max(Θ_attn_region, Θ_mlp_region)", ("backward",), source=SOURCE, provisional=PROVISIONAL),
         Term("embedding gather (bf16)", "gathered", VH, b, "V·H", ("forward",), first_region_only=True,
-             source=SOURCE),
+             source=SOURCE, provisional=PROVISIONAL),
         Term("embedding grad, dense before reduce-scatter", "gathered", VH, b, "V·H", ("backward",),
-             first_region_only=True, source=SOURCE),
+             first_region_only=True, source=SOURCE, provisional=PROVISIONAL),
     ]
     P = np.asarray(ctx.vocab_parallel)
     if ctx.vocab == "dense" or bool(np.any(P == 1)):
         rows = VH if ctx.vocab == "dense" else np.where(P == 1, VH, 0)
         out.append(Term("head gather (ZeRO-3, P = 1)", "gathered", rows, b, "V·H if P = 1", ("head",),
-                        source=SOURCE))
+                        source=SOURCE, provisional=PROVISIONAL))
     return out

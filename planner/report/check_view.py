@@ -86,7 +86,11 @@ def render_check(rep, console: Console, explain: bool = False) -> None:
     if rep.assumed:
         console.print("[yellow]assumed constants:[/] " + ", ".join(rep.assumed))
     if rep.provisional:
-        console.print("[yellow]provisional terms:[/] " + "; ".join(rep.provisional))
+        from collections import Counter
+
+        per = Counter(x.split(":")[0] for x in rep.provisional)
+        console.print("[yellow]provisional terms[/] (not yet traced against an operator; --explain marks them): "
+                      + ", ".join(f"{ls} ({n})" for ls, n in per.items()))
     if rep.fits:
         console.print("[bold green]FITS[/]")
     else:
