@@ -7,7 +7,7 @@
 # Writes into $OUT (default bench/results/calibration):
 #   h200-measured.yaml/.md  one-GPU curves and constants (python3 -m calibration, GPU 0 only)
 #   coll.yaml/.md           collectives at W = all GPUs (torchrun -m calibration.collectives), if W >= 2
-#   h200.yaml               profiles/clusters/h200.yaml with both merged in (declared topology kept)
+#   h200.yaml               planner/profiles/clusters/h200.yaml with both merged in (declared topology kept)
 #   calibrate.log           everything printed
 # Pydantic wheels, when the machine lacks pydantic, are installed from .whl (see
 # ../shared/tools/device-wheels.sh). Exit status: the first failing step's.
@@ -36,6 +36,6 @@ if [ "$nproc" -ge 2 ]; then
 fi
 if [ -z "$smoke" ] && [ -f "$OUT/h200-measured.yaml" ]; then
   echo "== merge into the declared profile =="
-  python3 -m calibration.merge profiles/clusters/h200.yaml "${measured[@]}" --out "$OUT/h200.yaml" || { r=$?; [ $rc -eq 0 ] && rc=$r; }
+  python3 -m calibration.merge planner/profiles/clusters/h200.yaml "${measured[@]}" --out "$OUT/h200.yaml" || { r=$?; [ $rc -eq 0 ] && rc=$r; }
 fi
 exit $rc

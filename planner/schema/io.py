@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+from importlib.resources import files
 from pathlib import Path
 from typing import Any
 
@@ -29,8 +30,9 @@ from planner.schema.planfile import PlanFile
 _Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 """libyaml's loader when available (8x faster on the 40 KB cluster profile)."""
 
-PROFILES_DIR = Path(os.environ.get("MOE_PLANNER_PROFILES", Path(__file__).resolve().parents[2] / "profiles"))
-"""Folder of the shipped profiles (``models/``, ``clusters/``); ``MOE_PLANNER_PROFILES`` overrides."""
+PROFILES_DIR = Path(os.environ.get("MOE_PLANNER_PROFILES") or str(files("planner") / "profiles"))
+"""Folder of the shipped profiles (``models/``, ``clusters/``, ``hf-configs/``), package data of
+``planner`` (``planner/profiles``); ``MOE_PLANNER_PROFILES`` overrides."""
 
 
 _BOUND_PROBLEMS = {

@@ -18,12 +18,11 @@ from calibration import chunks, collectives, config, io, runner
 from calibration.__main__ import main as calibrate_main
 from calibration.merge import merge
 from planner.errors import InvalidPlan, ProfileGap
-from planner.schema.io import load_cluster
+from planner.schema.io import PROFILES_DIR, load_cluster
 from planner.timing import curves as C
 
 QUICK_BUDGET_S = 60.0
 """The CPU quick calibration must finish within a minute."""
-ROOT = Path(__file__).resolve().parents[2]
 
 pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="CPU-only profile; a GPU runs the GPU grids")
 
@@ -148,7 +147,7 @@ def test_dispatch_kernels_section_on_cpu_smoke():
 
 def _declared(tmp_path: Path) -> Path:
     """The shipped H200 profile's declared topology and constants, re-labelled for this CPU."""
-    data = yaml.safe_load((ROOT / "profiles" / "clusters" / "h200.yaml").read_text())
+    data = yaml.safe_load((PROFILES_DIR / "clusters" / "h200.yaml").read_text())
     data["topology"]["gpu_name"] = "cpu"
     data["curves"] = {}
     path = tmp_path / "declared.yaml"

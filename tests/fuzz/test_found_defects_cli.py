@@ -15,6 +15,7 @@ import yaml
 
 from planner import api, cli
 from planner.errors import InvalidPlan
+from planner.schema.shipped_models import REFERENCE_DIR
 
 HANG_TIMEOUT_S = 15
 """Wall-clock limit for a command that should answer at once (it hangs today)."""
@@ -104,7 +105,7 @@ def _write_target_cases(tmp_path):
                                   "--no-progress", "--out", "/proc/plan.yaml"],
         "sweep_csv_dir": ["sweep", "olmoe-1b-7b", "--gpus", "2", "--seq-lens", "8k", "--no-progress",
                           "--csv", d],
-        "import_hf_out_dir": ["import-hf", "profiles/hf-configs/olmoe-1b-7b-0924.json", "-o", d],
+        "import_hf_out_dir": ["import-hf", str(REFERENCE_DIR / "olmoe-1b-7b-0924.json"), "-o", d],
     }
 
 
