@@ -5,7 +5,8 @@ worker runs every case and sends back, per case and quantity, the norm-wise erro
 and of torch's own fp32 reference against a float64 reference MoE that holds every expert locally.
 DESIGN §7: error <= max(2·err_torch, 4·eps·‖ref‖). Quantities: the output, the input gradient, the
 router-weight gradient (this rank's tokens) and the expert-weight gradients (this rank's shard).
-Bitwise cases compare PipelinedLLEP at K = 1 with LLEP (same order of summation).
+K1_CASES compare PipelinedLLEP at K = 1 with LLEP, LLEP standing in for torch's reference: norm-wise,
+not bitwise, as the two run different GEMM call sites whose blocking may differ between CPUs.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ CASES = {f"{op}|{prof}|{tok}": (op, prof, tok) for op in OPS for prof in PROFILE
          if tok != "tiny" or op == "pipelined_llep"}
 CASES.update({f"pipelined_llep|{p}|uneven|nested{'_reuse' if r else ''}": ("pipelined_llep", p, "uneven", r)
               for p in ("80/16", "one_rank") for r in (False, True)})
-BITWISE = {f"{p}|{t}": (p, t) for p in ("balanced", "80/16", "one_expert", "router")
+K1_CASES = {f"{p}|{t}": (p, t) for p in ("balanced", "80/16", "one_expert", "router")
            for t in ("uneven", "zero_rank")}
 QUANTITIES = ("out", "gx", "g_router", "g_up", "g_down")
 
@@ -172,13 +173,21 @@ def _case(name, W, rank):
     return res
 
 
-def _bitwise(name, W, rank):
-    profile, tok = BITWISE[name]
+def _k1_vs_llep(name, W, rank):
+    """PipelinedLLEP with one chunk against LLEP, both against the float64 reference, LLEP in the
+    place of torch's fp32 reference: not bitwise, as the two run different GEMM call sites
+    (ExpertChunk's gathered blocks vs GroupedMLP's slot slices) whose blocking may differ by CPU."""
+    profile, tok = K1_CASES[name]
     xs, wr, up, down, gys = _inputs(zlib.crc32(name.encode()), W, TOKENS[tok], torch.float32)
     a = _run_op("llep", profile, rank, W, xs, wr, up, down, gys)
     b = _run_op("pipelined_llep_k1", profile, rank, W, xs, wr, up, down, gys)
     assert b[5].plans_computed == 1
-    return {q: bool(torch.equal(a[i], b[i])) for i, q in enumerate(QUANTITIES)}
+    r64 = _reference(xs, wr, up, down, gys, profile, W, torch.float64)
+    n = E // W
+    sl = slice(rank * n, (rank + 1) * n)
+    pick = lambda ref, i: ref[i][rank] if i < 3 else ref[i][sl]  # noqa: E731 - per rank / shard
+    eps = torch.finfo(torch.float32).eps
+    return {q: _errs(b[i], a[i], pick(r64, i), eps) for i, q in enumerate(QUANTITIES)}
 
 
 def _worker(rank: int, W: int, store_path: str, queue) -> None:
@@ -190,8 +199,8 @@ def _worker(rank: int, W: int, store_path: str, queue) -> None:
     try:
         for name in CASES:
             out[name] = _case(name, W, rank)
-        for name in BITWISE:
-            out["bitwise|" + name] = _bitwise(name, W, rank)
+        for name in K1_CASES:
+            out["k1|" + name] = _k1_vs_llep(name, W, rank)
         queue.put((rank, out, None))
     except Exception:  # noqa: BLE001 - report the traceback to the parent
         queue.put((rank, out, traceback.format_exc()))
@@ -227,9 +236,11 @@ def test_dispatch_matches_float64_reference(world, case):
 
 
 @pytest.mark.dist
-@pytest.mark.parametrize("case", list(BITWISE))
-def test_pipelined_llep_k1_bitwise_equals_llep(world, case):
+@pytest.mark.parametrize("case", list(K1_CASES))
+def test_pipelined_llep_k1_matches_llep(world, case):
     W, ranks = world
     for rank, out in ranks.items():
-        diff = [q for q, same in out["bitwise|" + case].items() if not same]
-        assert not diff, f"W={W} rank {rank} {case}: K=1 differs from LLEP in {diff}"
+        for q, e in out["k1|" + case].items():
+            bound = max(TORCH_ERR_FACTOR * e["err_torch"], EPS_FACTOR * e["eps"] * e["ref"])
+            assert e["err"] <= bound, (f"W={W} rank {rank} {case} {q}: K=1 err {e['err']:.3e} > bound "
+                                       f"{bound:.3e} (LLEP's err {e['err_torch']:.3e})")

@@ -37,10 +37,24 @@ def test_pipelined_llep_expert_grads_exist_without_routes():
     assert not shard.w_up_nHJ.grad.any() and not shard.w_down_nIH.grad.any()
 
 
+def _dense_moe(x, ids, w, up, down):
+    """Reference MoE: every route's expert MLP, weighted and summed per token."""
+    import torch
+
+    from planner.runtime.expert_mlp import mlp
+
+    rows = [sum(w[t, j] * mlp(x[t:t + 1], up[ids[t, j]], down[ids[t, j]])[0] for j in range(ids.shape[1]))
+            for t in range(x.shape[0])]
+    return torch.stack(rows)
+
+
 def test_pipelined_llep_expert_grads_without_input_grad_equal_llep():
     """Neither the tokens nor the route weights require grad: the expert grads still exist and,
-    with one chunk and unsplit slots, equal LLEP's bitwise (as EP/LLEP, whose node takes them)."""
+    with one chunk and unsplit slots, equal LLEP's within DESIGN §7's norm-wise bound against a
+    float64 reference (not bitwise: the two run different GEMM call sites, whose blocking differs
+    between CPU kernels, e.g. by 1.5e-8 on AVX-512)."""
     import torch
+    from normwise import normwise_excess
 
     from planner.runtime.expert_mlp import ExpertShard
     from planner.runtime.llep import LLEP
@@ -54,8 +68,11 @@ def test_pipelined_llep_expert_grads_without_input_grad_equal_llep():
     x, ids, w = torch.randn(7, 6), torch.randint(0, 4, (7, 2)), torch.rand(7, 2)
     for op in ops:
         op(x, ids, w).square().sum().backward()
-    for a, b in zip(*(s.parameters() for s in shards)):
-        assert a.grad is not None and torch.equal(a.grad, b.grad)
+    ref = [p.detach().double().requires_grad_() for p in shards[0].parameters()]
+    _dense_moe(x.double(), ids, w.double(), *ref).square().sum().backward()
+    for ours, llep, r in zip(shards[0].parameters(), shards[1].parameters(), ref):
+        assert ours.grad is not None and llep.grad is not None
+        assert normwise_excess(ours.grad, llep.grad, r.grad) is None, normwise_excess(ours.grad, llep.grad, r.grad)
 
 
 def _sco_setup():

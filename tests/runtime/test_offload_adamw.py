@@ -11,6 +11,7 @@ import io
 
 import pytest
 import torch
+from normwise import normwise_excess
 
 from planner.runtime.cpu_offload_adamw import CPUOffloadAdamW
 from planner.runtime.offload_adamw import OffloadStreamAdamW
@@ -61,10 +62,16 @@ def _run(make, clip=None, skip_grad=None):
             a.grad = None if none else g.clone()
             b.grad = None if none else g.float()
         if clip is not None:
+            # The norm is a reduction (ours over bf16 grads with fp32 accumulation, torch's over fp32
+            # grads): norm-wise against float64 (DESIGN §7). The reference then scales by ours'
+            # coefficient, as clip_grad_norm_ does (one elementwise multiply), so the step that
+            # follows stays provably bitwise.
             n_ours = ours.clip_grad_norm_(clip)
-            in_group_order = [p for g in ref.param_groups for p in g["params"]]  # the order ours sums in
-            n_ref = torch.nn.utils.clip_grad_norm_(in_group_order, clip)
-            assert torch.equal(n_ours, n_ref)
+            ref_grads = [p.grad for g in ref.param_groups for p in g["params"] if p.grad is not None]
+            n64 = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(r.double()) for r in ref_grads]))
+            excess = normwise_excess(n_ours, torch.nn.utils.get_total_norm(ref_grads), n64)
+            assert excess is None, excess
+            torch._foreach_mul_(ref_grads, torch.clamp(clip / (n_ours + 1e-6), max=1.0))
         ours.step()
         ref.step()
         s_ours.step()
@@ -113,8 +120,11 @@ def test_offload_stream_adamw_with_clipping_and_missing_grads():
     _assert_bitwise(*out)
 
 
-def test_unaligned_cuts_are_not_bitwise_on_cpu():
-    """Why the buckets align cuts to 16 elements: the CPU kernel's scalar tail differs in the last bit."""
+def test_cuts_aligned_to_16_elements_are_bitwise_on_cpu():
+    """Why the buckets align cuts to 16 elements: a cut at a multiple of every CPU float vector width up to 16 lanes keeps
+    each element on the same (vector or tail) path of the elementwise kernel, so the result is
+    bitwise the uncut one. (An unaligned cut moves elements between the vector body and the tail,
+    whose last bit differs on some CPUs and not others, so no test asserts it either way.)"""
     g = torch.Generator().manual_seed(3)
     p, gr = torch.randn(31, generator=g), torch.randn(31, generator=g)
     m, v = torch.randn(31, generator=g).abs() * 0.1, torch.randn(31, generator=g).abs() * 0.01
@@ -129,7 +139,6 @@ def test_unaligned_cuts_are_not_bitwise_on_cpu():
 
     whole = run([0, 31])
     assert all(torch.equal(a, b) for a, b in zip(whole, run([0, 16, 31])))
-    assert not all(torch.equal(a, b) for a, b in zip(whole, run([0, 13, 31])))
 
 
 def test_cpu_offload_adamw_bitwise_equal_to_fused_adamw():
