@@ -10,9 +10,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-import yaml
 
-from planner.schema.io import dump_yaml, write_text_atomic, write_yaml_atomic
+from planner.schema.io import dump_yaml, read_structured, write_text_atomic, write_yaml_atomic
 
 __all__ = ["dump_yaml", "read_yaml", "write_text_atomic", "write_yaml_atomic"]
 
@@ -26,13 +25,7 @@ def read_yaml(path: str | os.PathLike) -> dict:
     from planner.errors import InvalidPlan
 
     p = Path(path)
-    try:
-        data = yaml.safe_load(p.read_text())
-    except OSError as err:
-        raise InvalidPlan("profile", str(p), f"cannot be read ({err.strerror})", "give an existing file") from None
-    except yaml.YAMLError as err:
-        raise InvalidPlan("profile", str(p), f"is not valid YAML ({err.__class__.__name__})",
-                          "fix the file or re-run `planner calibrate`") from None
+    data = read_structured(p)            # bounded: size, depth, aliases, integer size
     if not isinstance(data, dict):
         raise InvalidPlan("profile", str(p), "must hold one YAML mapping", "re-run `planner calibrate`")
     return data

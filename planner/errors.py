@@ -35,10 +35,31 @@ class InvalidPlan(PlanError):
 
     def __init__(self, field: str, value: Any, problem: str, fix: str = "") -> None:
         self.field, self.value, self.problem, self.fix = field, value, problem, fix
-        msg = f"{field} ({value!r}) {problem}"
+        msg = f"{shown(field, MAX_FIELD_CHARS)} ({shown(repr(value), MAX_VALUE_CHARS)}) {shown(problem, MAX_TEXT_CHARS)}"
         if fix:
-            msg += f"; fix: {fix}"
+            msg += f"; fix: {shown(fix, MAX_TEXT_CHARS)}"
         super().__init__(msg)
+
+
+MAX_FIELD_CHARS = 120
+"""An error names at most this many characters of a field path (a 50 MB unknown key stays a line)."""
+MAX_VALUE_CHARS = 120
+"""... of the value it repeats."""
+MAX_TEXT_CHARS = 600
+"""... of its problem and of its fix."""
+_CONTROL = {c: "?" for c in (*range(0x00, 0x20), *range(0x7F, 0xA0), 0x2028, 0x2029)}
+"""Control characters (terminal escape sequences, newlines, C1 controls) and line separators."""
+
+
+def shown(text: str, limit: int) -> str:
+    """``text`` safe to echo on one terminal line: control characters replaced by ``?``, cut to
+    ``limit`` characters with ``…`` and the count left out."""
+    text = str(text)
+    cut = len(text) > limit
+    if cut:
+        head = text[:limit]
+        text = f"{head}… ({len(text) - limit} more characters)"
+    return text.translate(_CONTROL)
 
 
 class UnwritableOutput(InvalidPlan, OSError):

@@ -31,22 +31,54 @@ MAX_BYTES = 1 << 60
 MAX_BATCH_TOKENS = 1 << 62
 """Largest ``global_batch_tokens``."""
 
+# ---- upper bounds of model fields (far beyond any real model; keep every count inside int64) ----
+MAX_WIDTH = 1 << 20
+"""Largest ``H``, ``I``, ``I_d``, shared-expert width, head widths and MLA ranks: 1,048,576."""
+MAX_VOCAB = 1 << 24
+"""Largest ``V``: 16,777,216 tokens (real vocabularies are below 2^18)."""
+MAX_HEADS = 1 << 14
+"""Largest number of attention heads: 16,384."""
+MAX_EXPERTS = 1 << 14
+"""Largest ``E``: 16,384 routed experts (real models have at most a few hundred)."""
+MAX_MTP_LAYERS = 64
+"""Largest number of multi-token-prediction layers."""
+MAX_PARAMS = 1 << 50
+"""Largest ``Θ``: 2^50 ≈ 1.1·10^15 parameters."""
+MAX_NAME_CHARS = 128
+"""Longest profile name (names are echoed in every report line)."""
+
 
 class Frozen(BaseModel):
     """Immutable, strict-keyed pydantic model; every field is documented by its docstring."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
+    model_config = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True, allow_inf_nan=False)
 
     @field_validator("*", mode="before")
     @classmethod
     def _no_bool_for_int(cls, v, info: ValidationInfo):
-        """Reject ``true``/``false`` where an integer is expected (pydantic's lax mode reads them as
-        1/0, so ``world_size: true`` would plan for one rank)."""
+        """Reject ``true``/``false`` where a number is expected (pydantic's lax mode reads them as
+        1/0, so ``world_size: true`` would plan for one rank and ``value: true`` be 1.0)."""
         if isinstance(v, bool) and info.field_name is not None:
             ann = cls.model_fields[info.field_name].annotation
             if _wants_int(ann):
                 raise PydanticCustomError("int_not_bool", "must be an integer, not a boolean")
+            if _wants(ann, float):
+                raise PydanticCustomError("float_not_bool", "must be a number, not a boolean")
         return v
+
+
+def check_name(v: str, field: str) -> str:
+    """A profile name: 1 to ``MAX_NAME_CHARS`` characters, none of them a control character (names
+    are echoed raw in reports, so an escape sequence would reach the terminal)."""
+    from planner.errors import InvalidPlan
+
+    if not 1 <= len(v) <= MAX_NAME_CHARS:
+        raise InvalidPlan(field, v, f"must have 1 to {MAX_NAME_CHARS} characters (has {len(v)})",
+                          "give a short name")
+    if any(not ch.isprintable() for ch in v):
+        raise InvalidPlan(field, v, "must not contain control characters",
+                          "use letters, digits, '-', '.' and '_'")
+    return v
 
 
 def check_schema_version(v: int, field: str = "schema_version") -> int:
@@ -58,6 +90,11 @@ def check_schema_version(v: int, field: str = "schema_version") -> int:
         raise InvalidPlan(field, v, f"must be {SCHEMA_VERSION}",
                           "regenerate the file with this version of planner")
     return v
+
+
+def _wants(ann, kind: type) -> bool:
+    """Whether a field annotation is ``kind`` or ``kind | None``."""
+    return ann is kind or (kind in typing.get_args(ann) and bool not in typing.get_args(ann))
 
 
 def _wants_int(ann) -> bool:

@@ -12,7 +12,19 @@ from typing import Literal
 from pydantic import Field, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
-from planner.schema.base import SCHEMA_VERSION, Frozen, check_schema_version
+from planner.schema.base import SCHEMA_VERSION, Frozen, check_name, check_schema_version
+
+MAX_DEVICE_BYTES = 1 << 50
+"""Largest per-GPU or per-process byte constant (HBM, workspaces, host baseline): 1 PiB, so that
+every per-rank sum the budget forms stays far inside int64."""
+MAX_HOST_RAM_BYTES = 1 << 56
+"""Largest host RAM per node: 64 PiB."""
+MAX_BYTES_PER_ELEM = 1 << 10
+"""Largest per-element workspace constant."""
+MAX_SECONDS = 1e6
+"""Largest time constant (seconds per GiB and the like)."""
+MAX_BANDWIDTH = 1e16
+"""Largest bandwidth in bytes/s (10 PB/s)."""
 
 
 class Provenance(Frozen):
@@ -64,15 +76,15 @@ class Topology(Frozen):
 
     gpu_name: str
     """GPU model, e.g. ``NVIDIA H200``."""
-    hbm_bytes: int = Field(gt=0)
+    hbm_bytes: int = Field(gt=0, le=MAX_DEVICE_BYTES)
     """HBM per GPU as the driver reports it, in bytes (H200: 143,771 MiB)."""
-    gpus_per_node: int = Field(gt=0)
+    gpus_per_node: int = Field(gt=0, le=1 << 16)
     """GPUs per node."""
-    host_ram_bytes: int = Field(gt=0)
+    host_ram_bytes: int = Field(gt=0, le=MAX_HOST_RAM_BYTES)
     """Host RAM per node, in bytes."""
-    host_cores: int = Field(gt=0)
+    host_cores: int = Field(gt=0, le=1 << 20)
     """Host CPU cores per node."""
-    host_mem_bw_bytes_per_s: float = Field(gt=0, allow_inf_nan=False)
+    host_mem_bw_bytes_per_s: float = Field(gt=0, le=MAX_BANDWIDTH, allow_inf_nan=False)
     """Host-memory bandwidth per node, in bytes/s."""
     interconnect: str = ""
     """Intra- and inter-node interconnect, e.g. ``NVLink4 intra-node, 8x400G InfiniBand``."""
@@ -126,7 +138,19 @@ class MemoryConstants(Frozen):
                     raise InvalidPlan(field, v, "must be in [0, 1)", "give a share of the memory, e.g. 0.02")
             elif v < 0:
                 raise InvalidPlan(field, v, "must be >= 0", "give a non-negative measured or assumed value")
+            elif v > (top := _constant_bound(name)):
+                raise InvalidPlan(field, v, f"must be <= {top:.4g}, far past any real machine",
+                                  "give the measured or assumed value in the unit its name states")
         return self
+
+
+def _constant_bound(name: str) -> float:
+    """Upper bound of a memory constant by the unit its name states."""
+    if name.endswith("_bytes_per_elem"):
+        return MAX_BYTES_PER_ELEM
+    if "_bytes" in name:
+        return MAX_DEVICE_BYTES
+    return MAX_SECONDS
 
 
 class ClusterSpec(Frozen):
@@ -148,6 +172,11 @@ class ClusterSpec(Frozen):
     @classmethod
     def _version(cls, v: int) -> int:
         return check_schema_version(v, "cluster.schema_version")
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        return check_name(v, "cluster.name")
 
     def assumed_constants(self) -> list[str]:
         """Names of the memory constants still marked ``assumed``."""

@@ -11,14 +11,13 @@ Errors: every bad value or missing field raises ``InvalidPlan`` naming the confi
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from planner.errors import InvalidPlan
-from planner.schema.io import validate
+from planner.schema.io import read_structured, validate
 from planner.schema.model import MLASpec, ModelSpec
 
 
@@ -328,12 +327,9 @@ def import_hf(config: dict, name: str) -> tuple[ModelSpec, list[str]]:
 def import_hf_file(path: str | os.PathLike, name: str | None = None) -> tuple[ModelSpec, list[str]]:
     """Read a ``config.json`` file; the profile name defaults to the file's stem."""
     p = Path(path)
-    try:
-        config = json.loads(p.read_text())
-    except FileNotFoundError:
-        raise InvalidPlan("config", str(p), "does not exist", "give the path of a config.json") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise InvalidPlan("config", str(p), f"is not readable JSON ({exc})", "fix the file") from None
+    config = read_structured(p)          # bounded: size, depth, integer size; one-line errors
+    if not isinstance(config, dict):
+        raise InvalidPlan("config", str(p), "must hold a JSON object", "pass a config.json")
     return import_hf(config, name or p.stem)
 
 

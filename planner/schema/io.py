@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import tempfile
 from importlib.resources import files
 from pathlib import Path
@@ -73,6 +74,8 @@ def validation_error(exc: ValidationError, prefix: str) -> InvalidPlan:
                            "add device, date and command, or mark the value 'assumed'")
     if kind == "int_not_bool":
         return InvalidPlan(field, value, "must be an integer, not a boolean", "write a number")
+    if kind == "float_not_bool":
+        return InvalidPlan(field, value, "must be a number, not a boolean", "write a number")
     msg = err.get("msg", "is invalid")
     msg = msg[0].lower() + msg[1:] if msg else msg
     return InvalidPlan(field, value, msg.removeprefix("value error, "), "correct the value")
@@ -90,16 +93,98 @@ def validate(cls: type[BaseModel], data: Any, prefix: str):
         raise
 
 
+MAX_FILE_BYTES = 16 << 20
+"""Largest profile, plan or config file read (the shipped cluster profile is 55 KB)."""
+MAX_DEPTH = 32
+"""Deepest nesting of mappings and lists a file may have (the schema needs 6)."""
+MAX_VALUES = 1_000_000
+"""Most values a file may hold once its YAML aliases are expanded (an alias bomb stops here)."""
+MAX_INT = 1 << 62
+"""Largest integer magnitude a file may state; the schema bounds each field further."""
+_OPEN = (yaml.BlockMappingStartToken, yaml.BlockSequenceStartToken, yaml.FlowMappingStartToken,
+         yaml.FlowSequenceStartToken)
+_CLOSE = (yaml.BlockEndToken, yaml.FlowMappingEndToken, yaml.FlowSequenceEndToken)
+
+
+def _too_deep(p: Path, where: str) -> InvalidPlan:
+    return InvalidPlan(str(p), where, f"nests mappings or lists more than {MAX_DEPTH} levels deep",
+                       "write a flat profile (see planner/profiles/)")
+
+
+def _read_bytes(p: Path) -> bytes:
+    """The file's bytes, refusing what is not a regular file or is larger than ``MAX_FILE_BYTES``
+    (before reading: a FIFO would block and ``/dev/zero`` never ends)."""
+    try:
+        st = p.stat()
+    except FileNotFoundError:
+        raise InvalidPlan("file", str(p), "does not exist", "check the path") from None
+    except OSError as e:
+        raise InvalidPlan("file", str(p), f"cannot be read: {e.strerror or e}", "check the path") from None
+    if stat.S_ISDIR(st.st_mode):
+        raise InvalidPlan("file", str(p), "is a directory", "pass a YAML or JSON file inside it")
+    if not stat.S_ISREG(st.st_mode):
+        raise InvalidPlan("file", str(p), "is not a regular file (a FIFO, device or socket)",
+                          "pass a YAML or JSON file")
+    if st.st_size > MAX_FILE_BYTES:
+        raise InvalidPlan("file", str(p), f"is {st.st_size} bytes, larger than the {MAX_FILE_BYTES >> 20} MiB "
+                          "a profile or plan may be", "pass the profile or plan file itself")
+    try:
+        with open(p, "rb") as f:
+            data = f.read(MAX_FILE_BYTES + 1)
+    except OSError as e:
+        raise InvalidPlan("file", str(p), f"cannot be read: {e.strerror or e}", "check the path") from None
+    if len(data) > MAX_FILE_BYTES:
+        raise InvalidPlan("file", str(p), f"is larger than the {MAX_FILE_BYTES >> 20} MiB a profile or plan "
+                          "may be", "pass the profile or plan file itself")
+    return data
+
+
+def _check_yaml_depth(p: Path, text: str) -> None:
+    """Refuse deep nesting before libyaml's recursive composer sees it (it crashes the process at
+    ~10^5 levels): one linear pass over the tokens."""
+    depth = 0
+    for tok in yaml.scan(text, Loader=_Loader):
+        if isinstance(tok, _OPEN):
+            depth += 1
+            if depth > MAX_DEPTH:
+                mark = tok.start_mark
+                raise _too_deep(p, f"line {mark.line + 1} column {mark.column + 1}")
+        elif isinstance(tok, _CLOSE):
+            depth -= 1
+
+
+def _check_values(p: Path, data: Any) -> None:
+    """Bound the parsed document: depth, count of values with aliases expanded, integer size."""
+    stack = [(data, 0, "")]
+    seen = 0
+    while stack:
+        node, depth, where = stack.pop()
+        seen += 1
+        if seen > MAX_VALUES:
+            raise InvalidPlan(str(p), f"{MAX_VALUES} values", "expands to more values than a profile holds "
+                              "(YAML aliases repeating one another?)", "write the values out without aliases")
+        if depth > MAX_DEPTH:
+            raise _too_deep(p, where or "top level")
+        if isinstance(node, dict):
+            stack.extend((v, depth + 1, f"{where}.{k}" if where else str(k)) for k, v in node.items())
+        elif isinstance(node, list):
+            stack.extend((v, depth + 1, f"{where}[{i}]") for i, v in enumerate(node))
+        elif isinstance(node, int) and not isinstance(node, bool) and abs(node) > MAX_INT:
+            raise InvalidPlan(f"{p.name}: {where or 'value'}", f"{len(str(abs(node)))}-digit integer",
+                              "is too large", "give a value below 2^62 in the unit the field names")
+
+
 def read_structured(path: str | Path) -> Any:
-    """Parse a YAML or JSON file. Raises ``InvalidPlan`` if missing or malformed."""
+    """Parse a YAML or JSON file. Raises ``InvalidPlan`` if missing, not a regular file, too large,
+    too deep, expanding to too many values, holding an oversized integer, or malformed."""
     p = Path(path)
-    if not p.is_file():
-        raise InvalidPlan("file", str(p), "does not exist", "check the path")
-    text = p.read_text(encoding="utf-8", errors="replace")
+    text = _read_bytes(p).decode("utf-8", errors="replace")
     try:
         if p.suffix == ".json":
-            return json.loads(text)
-        return yaml.load(text, Loader=_Loader)
+            data = json.loads(text)
+        else:
+            _check_yaml_depth(p, text)
+            data = yaml.load(text, Loader=_Loader)
     except json.JSONDecodeError as e:
         raise InvalidPlan(str(p), f"line {e.lineno} column {e.colno}", f"is not valid JSON: {e.msg}",
                           "fix the syntax") from None
@@ -108,6 +193,13 @@ def read_structured(path: str | Path) -> Any:
         where = f"line {mark.line + 1} column {mark.column + 1}" if mark else "?"
         problem = getattr(e, "problem", None) or "syntax error"
         raise InvalidPlan(str(p), where, f"is not valid YAML: {problem}", "fix the syntax") from None
+    except RecursionError:
+        raise _too_deep(p, "?") from None
+    except ValueError as e:      # Python's limit on integer digits, in either parser
+        raise InvalidPlan(str(p), "an integer", f"cannot be read: {str(e).split(';')[0]}",
+                          "give a value below 2^62") from None
+    _check_values(p, data)
+    return data
 
 
 def shipped(kind: str) -> list[str]:

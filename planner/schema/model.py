@@ -11,21 +11,22 @@ from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from planner.schema.base import SCHEMA_VERSION, Frozen, check_schema_version
+from planner.schema.base import (MAX_EXPERTS, MAX_HEADS, MAX_MTP_LAYERS, MAX_PARAMS, MAX_TOKENS, MAX_VOCAB, MAX_WIDTH,
+                                 SCHEMA_VERSION, Frozen, check_name, check_schema_version)
 
 
 class MLASpec(Frozen):
     """Multi-head latent attention ranks (DeepSeek-V2 §2.1)."""
 
-    q_lora_rank: int | None = Field(default=None, ge=1)
+    q_lora_rank: int | None = Field(default=None, ge=1, le=MAX_WIDTH)
     """Rank of the query down-projection; ``None`` means a full-rank query projection."""
-    kv_lora_rank: int = Field(ge=1)
+    kv_lora_rank: int = Field(ge=1, le=MAX_WIDTH)
     """Rank of the joint key/value down-projection (the cached latent)."""
-    qk_nope_head_dim: int = Field(ge=1)
+    qk_nope_head_dim: int = Field(ge=1, le=MAX_WIDTH)
     """Per-head query/key width without rotary embedding."""
-    qk_rope_head_dim: int = Field(ge=0)
+    qk_rope_head_dim: int = Field(ge=0, le=MAX_WIDTH)
     """Per-head query/key width carrying the decoupled rotary embedding."""
-    v_head_dim: int = Field(ge=1)
+    v_head_dim: int = Field(ge=1, le=MAX_WIDTH)
     """Per-head value width."""
 
 
@@ -46,21 +47,21 @@ class ModelSpec(Frozen):
     """The family (Hugging Face ``model_type``) the spec was imported from."""
     num_layers: int = Field(ge=1, le=65536)
     """``L``: decoder layers (MTP layers not included)."""
-    hidden_size: int = Field(ge=1)
+    hidden_size: int = Field(ge=1, le=MAX_WIDTH)
     """``H``: hidden width."""
-    vocab_size: int = Field(ge=1)
+    vocab_size: int = Field(ge=1, le=MAX_VOCAB)
     """``V``: vocabulary size (rows of the embedding and of the head)."""
     tie_embeddings: bool = False
     """Whether the head shares the input embedding's weight."""
     attention: Literal["mha", "gqa", "mla"] = "gqa"
     """Attention kind: MHA/GQA with ``head_dim`` or MLA with its ranks in ``mla``."""
-    num_heads: int = Field(ge=1)
+    num_heads: int = Field(ge=1, le=MAX_HEADS)
     """Query heads."""
-    num_kv_heads: int = Field(ge=1)
+    num_kv_heads: int = Field(ge=1, le=MAX_HEADS)
     """Key/value heads (GQA); equal to ``num_heads`` for MHA and MLA."""
-    head_dim: int = Field(ge=1)
+    head_dim: int = Field(ge=1, le=MAX_WIDTH)
     """Query/key head width (MLA: ``qk_nope_head_dim + qk_rope_head_dim``)."""
-    v_head_dim: int | None = Field(default=None, ge=1)
+    v_head_dim: int | None = Field(default=None, ge=1, le=MAX_WIDTH)
     """Value head width when it differs from ``head_dim`` (MLA); ``None`` means ``head_dim``."""
     mla: MLASpec | None = None
     """MLA ranks; required when ``attention == "mla"``."""
@@ -70,33 +71,33 @@ class ModelSpec(Frozen):
     """Per-head RMSNorm on queries and keys (Qwen3, OLMoE)."""
     attention_sinks: bool = False
     """One learned sink logit per head and layer (gpt-oss)."""
-    sliding_window: int | None = Field(default=None, ge=1)
+    sliding_window: int | None = Field(default=None, ge=1, le=MAX_TOKENS)
     """Window of the local (sliding or chunked) attention layers; changes no memory under Ulysses."""
     local_layers: tuple[int, ...] = ()
     """0-based indices of layers that use local attention."""
-    num_experts: int = Field(default=0, ge=0)
+    num_experts: int = Field(default=0, ge=0, le=MAX_EXPERTS)
     """``E``: routed experts per MoE layer (0 for a dense model)."""
-    top_k: int = Field(default=0, ge=0)
+    top_k: int = Field(default=0, ge=0, le=MAX_EXPERTS)
     """``k``: routed experts per token."""
-    expert_ffn: int = Field(default=0, ge=0)
+    expert_ffn: int = Field(default=0, ge=0, le=MAX_WIDTH)
     """``I``: width of one routed expert's gated FFN."""
     expert_bias: bool = False
     """Whether expert projections carry biases (gpt-oss)."""
     router_bias: bool = False
     """Whether the router carries a bias."""
-    num_shared_experts: int = Field(default=0, ge=0)
+    num_shared_experts: int = Field(default=0, ge=0, le=MAX_EXPERTS)
     """Shared experts per MoE layer (every token goes through them)."""
-    shared_expert_ffn: int = Field(default=0, ge=0)
+    shared_expert_ffn: int = Field(default=0, ge=0, le=MAX_WIDTH * 64)
     """Total width of the shared experts' gated FFN (count × width already applied)."""
     shared_expert_gate: bool = False
     """A sigmoid gate ``H → 1`` on the shared expert output (Qwen2-MoE)."""
-    dense_ffn: int = Field(default=0, ge=0)
+    dense_ffn: int = Field(default=0, ge=0, le=MAX_WIDTH)
     """``I_d``: width of the gated FFN of dense layers."""
     dense_layers: tuple[int, ...] = ()
     """0-based indices of layers whose FFN is dense instead of MoE."""
-    mtp_layers: int = Field(default=0, ge=0)
+    mtp_layers: int = Field(default=0, ge=0, le=MAX_MTP_LAYERS)
     """Multi-token-prediction layers beyond ``num_layers`` (DeepSeek-V3: 1)."""
-    max_position_embeddings: int | None = Field(default=None, ge=1)
+    max_position_embeddings: int | None = Field(default=None, ge=1, le=MAX_TOKENS)
     """Context length the model was released with (informational)."""
 
     @field_validator("schema_version")
@@ -104,13 +105,16 @@ class ModelSpec(Frozen):
     def _version(cls, v: int) -> int:
         return check_schema_version(v, "model.schema_version")
 
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        return check_name(v, "model.name")
+
     @model_validator(mode="after")
     def _check(self) -> "ModelSpec":
         from planner.errors import InvalidPlan
 
-        if self.attention == "mla" and self.mla is None:
-            raise InvalidPlan("model.mla", None, "is required when model.attention is 'mla'",
-                              "add kv_lora_rank, qk_nope_head_dim, qk_rope_head_dim, v_head_dim")
+        self._check_attention()
         if self.num_heads % self.num_kv_heads:
             raise InvalidPlan("model.num_kv_heads", self.num_kv_heads,
                               f"must divide model.num_heads ({self.num_heads})", "fix the head counts")
@@ -135,7 +139,56 @@ class ModelSpec(Frozen):
         if not self.num_experts and self.dense_ffn < 1:
             raise InvalidPlan("model.dense_ffn", self.dense_ffn, "must be >= 1 for a dense model",
                               "set dense_ffn")
+        self._check_size()
         return self
+
+    def _check_attention(self) -> None:
+        """The cross-field rules of each attention kind: MHA has as many KV heads as heads; GQA and
+        MHA carry no ``mla`` block (it would be ignored); MLA's ``head_dim``/``v_head_dim`` are its
+        ranks' (``qk_nope + qk_rope``, ``v_head_dim``) and it has as many KV heads as heads."""
+        from planner.errors import InvalidPlan
+
+        kind = self.attention
+        if kind != "mla" and self.mla is not None:
+            raise InvalidPlan("model.mla", "{...}", f"is set but model.attention is {kind!r}, which ignores it",
+                              "set attention: mla, or remove the mla block")
+        if kind in ("mha", "mla") and self.num_kv_heads != self.num_heads:
+            raise InvalidPlan("model.num_kv_heads", self.num_kv_heads,
+                              f"must equal model.num_heads ({self.num_heads}) under {kind} attention",
+                              "set num_kv_heads = num_heads, or attention: gqa")
+        if kind != "mla":
+            return
+        a = self.mla
+        if a is None:
+            raise InvalidPlan("model.mla", None, "is required when model.attention is 'mla'",
+                              "add kv_lora_rank, qk_nope_head_dim, qk_rope_head_dim, v_head_dim")
+        qk = a.qk_nope_head_dim + a.qk_rope_head_dim
+        if self.head_dim != qk:
+            raise InvalidPlan("model.head_dim", self.head_dim,
+                              f"must equal mla.qk_nope_head_dim + mla.qk_rope_head_dim ({qk}) under MLA",
+                              f"set head_dim: {qk}")
+        if self.v_dim != a.v_head_dim:
+            raise InvalidPlan("model.v_head_dim", self.v_head_dim,
+                              f"must equal mla.v_head_dim ({a.v_head_dim}) under MLA",
+                              f"set v_head_dim: {a.v_head_dim}")
+
+    def _check_size(self) -> None:
+        """``Θ`` at most ``MAX_PARAMS``, blamed on the field that contributes most."""
+        from planner.errors import InvalidPlan
+
+        c = self.param_counts()
+        if c["total"] <= MAX_PARAMS:
+            return
+        widths = {"hidden_size": self.hidden_size, "expert_ffn": self.expert_ffn, "num_experts": self.num_experts,
+                  "vocab_size": self.vocab_size, "num_layers": self.num_layers, "dense_ffn": self.dense_ffn}
+        owner = max(("experts", "embedding", "attention", "dense_ffn", "shared_experts"), key=lambda k: c[k])
+        field = {"experts": "num_experts" if self.num_experts > self.expert_ffn else "expert_ffn",
+                 "embedding": "vocab_size", "attention": "num_heads", "dense_ffn": "dense_ffn",
+                 "shared_experts": "shared_expert_ffn"}[owner]
+        value = widths.get(field, getattr(self, field))
+        raise InvalidPlan(f"model.{field}", value,
+                          f"gives Θ = {c['total']:.3g} parameters ({owner} {c[owner]:.3g}), above the "
+                          f"2^50 = {MAX_PARAMS:.3g} the planner evaluates exactly", f"lower model.{field}")
 
     # ---- derived shapes -------------------------------------------------------------------
     @property

@@ -57,7 +57,7 @@ class ComposedKnobs(Frozen):
     """``c`` (≤ 2^32): per-source token budget per dispatch chunk."""
     max_chunks: int = Field(default=10, gt=0, le=MAX_CHUNKS)
     """``K_max`` (≤ 4096): most dispatch chunks per layer."""
-    llep_alpha: float = Field(default=1.0, ge=1.0)
+    llep_alpha: float = Field(default=1.0, ge=1.0, allow_inf_nan=True)
     """``α`` (≥ 1: the ranks' capacity must hold every route): LLEP capacity factor; ``inf`` means no
     cap, and the dispatch guarantee is capped at the total routes ``E_p·k·N_max``."""
     llep_min_tokens: int = Field(default=1024, ge=1, le=MAX_TOKENS)

@@ -239,7 +239,7 @@ def test_bad_files(tmp_path):
     with pytest.raises(InvalidPlan, match="does not exist"):
         import_hf_file(tmp_path / "nope.json")
     (bad := tmp_path / "bad.json").write_text("{not json")
-    with pytest.raises(InvalidPlan, match="not readable JSON"):
+    with pytest.raises(InvalidPlan, match="is not valid JSON"):
         import_hf_file(bad)
     with pytest.raises(InvalidPlan, match="must be a JSON object"):
         import_hf([1, 2], "t")
