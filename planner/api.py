@@ -15,11 +15,12 @@ from planner.budget.build import make_context
 from planner.budget.context import Ctx
 from planner.budget.host import host_budget
 from planner.budget.peak import Evaluation, assumed_used, capacity_bytes, evaluate, outside_allocator_bytes
-from planner.budget.resolve import resolve_plan
+from planner.budget.resolve import resolve_plan, seq_parallel_note
 from planner.budget.terms import LIVE_SETS, PHASE_KINDS
 from planner.errors import InvalidPlan
 from planner.schema import PlanFile, Workload
-from planner.schema.io import load_cluster, load_model, load_planfile, validate
+from planner.schema.io import load_cluster, load_model_noted, load_planfile, validate
+from planner.schema.plan import check_inert
 
 COMPOSED_KEYS = {
     "dispatch", "vocab", "optimizer", "checkpoint", "seq_parallel", "expert_parallel", "vocab_parallel",
@@ -35,8 +36,10 @@ PLAN_KEYS = {"routing", "dispatch_bound", "dtype", "stack"}
 
 def build_planfile(*, model: str | None = None, plan_file: str | None = None, cluster: str | None = None,
                    gpus: int | None = None, seq_len: int | None = None,
-                   global_batch_tokens: int | None = None, overrides: dict[str, Any] | None = None) -> PlanFile:
-    """Assemble an (unresolved) plan file from a plan file and/or a model plus flag overrides.
+                   global_batch_tokens: int | None = None, overrides: dict[str, Any] | None = None,
+                   notes: list[str] | None = None) -> PlanFile:
+    """Assemble an (unresolved) plan file from a plan file and/or a model plus flag overrides;
+    ``notes`` receives the Hugging Face importer's warnings.
 
     Raises:
         InvalidPlan: neither a model nor a plan file, or ``--gpus``/``--seq-len`` missing.
@@ -46,8 +49,8 @@ def build_planfile(*, model: str | None = None, plan_file: str | None = None, cl
     assert not unknown, unknown
     if plan_file:
         pf = load_planfile(plan_file)
-        m = load_model(model) if model else pf.model
-        c = load_cluster(cluster) if cluster else pf.cluster
+        m = _model(model, notes) if model is not None else pf.model
+        c = load_cluster(cluster) if cluster is not None else pf.cluster
         wl = pf.workload.model_dump()
         plan = pf.plan.model_dump()
         if ov.get("stack", plan["stack"]) != plan["stack"]:
@@ -55,7 +58,7 @@ def build_planfile(*, model: str | None = None, plan_file: str | None = None, cl
     else:
         if model is None:
             raise InvalidPlan("MODEL", None, "is required", "give a model name/file or --plan FILE")
-        m, c = load_model(model), load_cluster(cluster or "h200")
+        m, c = _model(model, notes), load_cluster("h200" if cluster is None else cluster)
         wl, plan = {}, {"composed": {}, "baseline": {}}
         if gpus is None:
             raise InvalidPlan("--gpus", None, "is required without --plan", "add e.g. --gpus 8")
@@ -75,7 +78,16 @@ def build_planfile(*, model: str | None = None, plan_file: str | None = None, cl
             plan.setdefault("composed", {})[k] = v
         else:
             plan.setdefault("baseline", {})[k] = v
+    if plan.get("stack", "composed") == "composed":
+        check_inert(set(ov), plan.get("composed") or {}, _flag)
     return validate(PlanFile, {"model": m, "cluster": c, "workload": wl, "plan": plan}, "")
+
+
+def _model(ref: str, notes: list[str] | None):
+    spec, warnings = load_model_noted(ref)
+    if notes is not None:
+        notes.extend(warnings)
+    return spec
 
 
 def _flag(key: str) -> str:
@@ -129,6 +141,8 @@ class CheckReport:
     provisional: list[str]
     binding: int = 0
     extra: dict = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)
+    """One-line warnings: the Hugging Face importer's, a fallen-back ``D``."""
 
     @property
     def peak_bytes(self) -> int:
@@ -194,7 +208,7 @@ class CheckReport:
             live[ls] = {"bytes": at, "max_bytes": mx, "terms": terms}
         h = self.host
         return {
-            "fits": self.fits, "fits_hbm": self.fits_hbm, "peak_bytes": self.peak_bytes,
+            "fits": self.fits, "fits_hbm": self.fits_hbm, "warnings": list(self.warnings), "peak_bytes": self.peak_bytes,
             "capacity_bytes": self.capacity_bytes, "headroom_bytes": self.capacity_bytes - self.peak_bytes,
             "hbm_bytes": self.hbm_bytes, "outside_allocator_bytes": self.outside_allocator_bytes,
             "binding_phase": self.binding_phase, "binding_live_set": self.binding_live_set,
@@ -232,6 +246,7 @@ def check_planfile(pf: PlanFile) -> CheckReport:
         hbm_bytes=ctx.cluster.topology.hbm_bytes, outside_allocator_bytes=outside_allocator_bytes(ctx),
         host=host, assumed=assumed_used(ctx), provisional=provisional, binding=int(ev.binding_index),
         extra={"dispatch_bounds": dispatch_bounds(ctx, ev)},
+        warnings=[n for n in (seq_parallel_note(pf.model, pf.workload, pf.plan),) if n],
     )
 
 
@@ -253,8 +268,12 @@ def dispatch_bounds(ctx: Ctx, ev: Evaluation) -> dict[str, int]:
 
 
 def check(**kwargs) -> CheckReport:
-    """``planner check``: see ``build_planfile`` for the arguments."""
-    return check_planfile(build_planfile(**kwargs))
+    """``planner check``: see ``build_planfile`` for the arguments; the report's ``warnings`` hold
+    the Hugging Face importer's warnings and the note on a fallen-back ``D``."""
+    notes: list[str] = []
+    rep = check_planfile(build_planfile(**kwargs, notes=notes))
+    rep.warnings = notes + rep.warnings
+    return rep
 
 
 @dataclass

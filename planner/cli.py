@@ -156,6 +156,8 @@ def check(
 
     ov = _overrides(**{k: v for k, v in locals().items() if k in _OV_KEYS})
     rep = api.check(**_common(model, plan, cluster, gpus, seq_len, global_batch_tokens, ov))
+    for w in rep.warnings:
+        err.print(f"warning: {w}", markup=False, highlight=False, soft_wrap=True)
     if json_out:
         _print_json(rep.to_json())
     else:
@@ -231,6 +233,10 @@ def _progress(label: str, enabled: bool):
     return prog, (lambda done, total: prog.update(task, completed=done, total=total))
 
 
+MAX_TOP = 1000
+"""Most plans ``search --top`` lists."""
+
+
 @app.command()
 def search(
     model: Annotated[str, typer.Argument(help="Profile name, model YAML, or HF config.json.")],
@@ -250,8 +256,8 @@ def search(
     from planner.report.search_view import render_search
     from planner.schema.io import check_writable, write_yaml_atomic
 
-    if top < 1:
-        raise InvalidPlan("--top", top, "must be >= 1", "list at least one plan")
+    if not 1 <= top <= MAX_TOP:
+        raise InvalidPlan("--top", top, f"must be in [1, {MAX_TOP}]", "list at least one plan, at most a few")
     if out_file:
         check_writable(out_file, "--out")
     prog, cb = _progress("searching", progress and not json_out)

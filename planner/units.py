@@ -35,6 +35,16 @@ def _exact(number: str, scale: int) -> Decimal:
     return Decimal(number) * scale
 
 
+def _whole(number: str, text, field: str, example: str) -> None:
+    """Refuse a fractional number before a token-count suffix (``1.5m``, ``0.5k``): the suffixes are
+    powers of two, so ``1.5m`` would silently be 1,572,864; write ``1536k``."""
+    from planner.errors import InvalidPlan
+
+    if "." in number:
+        raise InvalidPlan(field, text, "must be a whole number of its unit (no fraction)",
+                          f"write e.g. {example}")
+
+
 def parse_count(text: str | int, field: str = "size") -> int:
     """Parse a token or element count: ``131072``, ``128k``, ``1m``, ``100M`` (k/m/g are 2^10/2^20/2^30).
 
@@ -51,10 +61,8 @@ def parse_count(text: str | int, field: str = "size") -> int:
         m = _NUM.match(str(text))
         if not m or m.group(2).lower() not in _COUNT_SUFFIX:
             raise InvalidPlan(field, text, "is not a size", "write e.g. 131072, 128k or 1m")
-        exact = _exact(m.group(1), _COUNT_SUFFIX[m.group(2).lower()])
-        if exact != exact.to_integral_value():
-            raise InvalidPlan(field, text, "must be a whole number", "write e.g. 128k")
-        value = int(exact)
+        _whole(m.group(1), text, field, "128k")
+        value = int(_exact(m.group(1), _COUNT_SUFFIX[m.group(2).lower()]))
     if value <= 0:
         raise InvalidPlan(field, text, "must be > 0", "give a positive size")
     return value
@@ -64,7 +72,8 @@ _PARAM_SUFFIX = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9, "b": 10**9}
 
 
 def parse_params(text: str | int, field: str = "params") -> int:
-    """Parse a parameter count with decimal suffixes: ``100M`` = 10^8, ``1.5B`` = 1.5·10^9.
+    """Parse a parameter count with decimal suffixes: ``100M`` = 10^8, ``1.5B`` = 1.5·10^9 exactly;
+    a count that is not a whole number (``16.9``, ``1.0000000001k``) is refused.
 
     Raises:
         InvalidPlan: not a positive count.
@@ -77,7 +86,11 @@ def parse_params(text: str | int, field: str = "params") -> int:
         m = _NUM.match(str(text))
         if not m or m.group(2).lower() not in _PARAM_SUFFIX:
             raise InvalidPlan(field, text, "is not a parameter count", "write e.g. 100M or 100000000")
-        value = int(_exact(m.group(1), _PARAM_SUFFIX[m.group(2).lower()]))
+        exact = _exact(m.group(1), _PARAM_SUFFIX[m.group(2).lower()])
+        if exact != exact.to_integral_value():
+            raise InvalidPlan(field, text, "must be a whole number of parameters",
+                              "write e.g. 100M, 1.5B or 16")
+        value = int(exact)
     if value <= 0:
         raise InvalidPlan(field, text, "must be > 0", "give a positive count")
     return value

@@ -34,6 +34,22 @@ def default_seq_parallel(model: ModelSpec, W: int, tokens: int) -> int:
     return largest_divisor(W, lambda d: heads % d == 0 and tokens % d == 0)
 
 
+def seq_parallel_note(model: ModelSpec, workload: Workload, plan: Plan) -> str | None:
+    """One line when the default ``D`` fell below what the heads allow because the tokens are not
+    divisible (``--seq-len 100001`` on 8 GPUs gives ``D = 1``): the plan is valid, so it is a
+    warning, not an error."""
+    if plan.stack != "composed" or plan.composed.seq_parallel is not None:
+        return None
+    W, heads = plan.world_size, model.seq_parallel_heads
+    tokens = workload.seq_len * workload.seqs_per_microbatch
+    D = default_seq_parallel(model, W, tokens)
+    top = largest_divisor(W, lambda d: heads % d == 0)
+    if D >= top:
+        return None
+    return (f"D = {D}, not {top}: the tokens per sequence group ({tokens}) are not a multiple of {top}; "
+            f"use a seq-len that {top} divides (e.g. {tokens // top * top or top}) or set --seq-parallel")
+
+
 def default_expert_parallel(model: ModelSpec, W: int) -> int:
     """``E_p``: largest divisor of ``W`` that divides ``E`` (1 for a dense model)."""
     E = model.num_experts

@@ -214,12 +214,19 @@ def _looks_like_path(ref: str) -> bool:
 
 def load_model(ref: str) -> ModelSpec:
     """Load a model by profile name, YAML file, or Hugging Face ``config.json``."""
+    return load_model_noted(ref)[0]
+
+
+def load_model_noted(ref: str) -> tuple[ModelSpec, list[str]]:
+    """``load_model`` and the Hugging Face importer's warnings (one line each; none for profiles)."""
+    if not ref.strip():
+        raise InvalidPlan("MODEL", ref, "is empty", "give a shipped profile name, a YAML or a config.json path")
     if not _looks_like_path(ref):
         path = PROFILES_DIR / "models" / f"{ref}.yaml"
         if not path.is_file():
             raise InvalidPlan("MODEL", ref, "is not a shipped model profile",
                               f"use one of: {', '.join(shipped('models'))}, or a YAML / config.json path")
-        return validate(ModelSpec, read_structured(path), "model")
+        return validate(ModelSpec, read_structured(path), "model"), []
     data = read_structured(ref)
     if isinstance(data, dict) and {"plan", "workload"} & set(data) and "num_layers" not in data:
         raise InvalidPlan("MODEL", ref, "is a plan file, not a model profile",
@@ -231,13 +238,14 @@ def load_model(ref: str) -> ModelSpec:
         from planner.schema.hf_import import import_hf
 
         name = Path(ref).parent.name if Path(ref).name == "config.json" else Path(ref).stem
-        spec, _warnings = import_hf(data, name=name)
-        return spec
-    return validate(ModelSpec, data, "model")
+        return import_hf(data, name=name)
+    return validate(ModelSpec, data, "model"), []
 
 
 def load_cluster(ref: str) -> ClusterSpec:
     """Load a cluster profile by name or YAML path."""
+    if not ref.strip():
+        raise InvalidPlan("--cluster", ref, "is empty", f"use one of: {', '.join(shipped('clusters'))}, or a YAML path")
     path = Path(ref) if _looks_like_path(ref) else PROFILES_DIR / "clusters" / f"{ref}.yaml"
     if not _looks_like_path(ref) and not path.is_file():
         raise InvalidPlan("--cluster", ref, "is not a shipped cluster profile",

@@ -18,7 +18,8 @@ DispatchBound = Literal["guarantee", "expected"]
 ActDtype = Literal["bf16", "fp32"]
 AC = Literal["full", "selective", "none"]
 
-_SKEW = re.compile(r"^(\d+)/(\d+)$")
+_SKEW = re.compile(r"^([0-9]{1,3})/([0-9]{1,9})$", re.ASCII)
+"""``R/H`` in ASCII digits (``\\d`` would take any script's digits, which ``int`` reads)."""
 
 
 def parse_routing(text: str) -> tuple[str, float, int]:
@@ -121,6 +122,44 @@ class Plan(Frozen):
         if v in ("balanced", "worst"):
             return v
         if not m or not (0 <= int(m.group(1)) <= 100) or int(m.group(2)) < 1:
-            raise InvalidPlan("plan.routing", v, "must be balanced, worst or R/H with 0<=R<=100, H>=1",
-                              "write e.g. --routing 80/16")
+            raise InvalidPlan("plan.routing", v, "must be balanced, worst or R/H with 1<=R<=100, H>=1 "
+                              "(ASCII digits)", "write e.g. --routing 80/16")
+        if int(m.group(1)) == 0:
+            raise InvalidPlan("plan.routing", v, "has no hot tokens (R = 0), so it is no skew",
+                              "use --routing balanced, or R >= 1")
         return v
+
+
+INERT_UNLESS = {
+    "sco_host_bytes": ("checkpoint", ("sco",)),
+    "vocab_blocks": ("vocab", ("ring_dtp",)),
+    "vocab_parallel": ("vocab", ("ring_dtp", "vocab_parallel")),
+    "bucket_params": ("optimizer", ("stream_offload",)),
+    "staging_slots": ("optimizer", ("stream_offload",)),
+    "token_budget": ("dispatch", ("pipelined_llep",)),
+    "max_chunks": ("dispatch", ("pipelined_llep",)),
+    "llep_alpha": ("dispatch", ("llep", "pipelined_llep")),
+    "llep_min_tokens": ("dispatch", ("llep", "pipelined_llep")),
+    "llep_lambda": ("dispatch", ("llep", "pipelined_llep")),
+    "max_imports": ("dispatch", ("llep", "pipelined_llep")),
+}
+"""Composed knob → (the operator knob, the choices under which it does anything). A knob given on
+the command line for another choice would be silently ignored, so it is refused (as a baseline knob
+without ``--baseline`` is)."""
+
+
+def check_inert(given: set[str], composed: dict, flag) -> None:
+    """Refuse composed knobs in ``given`` (the flags the user typed) that do nothing under the
+    operator choices of ``composed`` (its values, defaults for the missing ones).
+
+    Raises:
+        InvalidPlan: the first such knob, naming the choice that ignores it.
+    """
+    from planner.errors import InvalidPlan
+
+    for knob in sorted(given & set(INERT_UNLESS)):
+        op, live = INERT_UNLESS[knob]
+        choice = composed.get(op) or ComposedKnobs.model_fields[op].default
+        if choice not in live:
+            raise InvalidPlan(flag(knob), composed.get(knob), f"does nothing with --{op} {choice}",
+                              f"drop {flag(knob)}, or use --{op} {' / '.join(live)}")

@@ -411,7 +411,7 @@ def test_llep_plan_accepts_infinite_alpha():
     assert a.load.tolist() == [950, 50, 0, 0] and a.unplaced == 0
 
 
-@pytest.mark.parametrize("routing", ["80/2", "0/30"], ids=["hot_below_k", "cold_below_k"])
+@pytest.mark.parametrize("routing", ["80/2", "1/30"], ids=["hot_below_k", "cold_below_k"])
 def test_skew_profiles_no_router_can_draw_are_rejected(routing, capsys):
     # gpt-oss-20b: E = 32, k = 4
     code, err = _cli(["check", "gpt-oss-20b", "--gpus", "8", "--seq-len", "128k", "--routing", routing], capsys)
