@@ -105,8 +105,35 @@ def magnitude_estimate(ctx: Ctx) -> int:
     return N * per_token + 16 * int(ctx.num_params) + staging
 
 
+def _magnitude_parts(ctx: Ctx) -> dict[str, int]:
+    """The parts of ``magnitude_estimate`` that no sequence length changes, at ``N = 1``, keyed by
+    the field to blame."""
+    E_p = int(np.max(np.asarray(ctx.ep if ctx.stack == "fsdp2" else ctx.expert_parallel)))
+    H, I, E, k = ctx.hidden_size, ctx.expert_ffn, ctx.num_experts, ctx.top_k
+    attn = ctx.num_heads * (ctx.head_dim + ctx.v_head_dim)
+    saved = ctx.checkpoint == "none" if ctx.stack == "composed" else ctx.ac != "full"
+    routed_regions = ctx.num_boundaries if saved else 2
+    b = ctx.act_bytes
+    return {
+        "model.num_layers": ctx.num_boundaries * b * (256 * H + 32 * E + 16 * attn),
+        "model.top_k": routed_regions * b * 16 * E_p * k * (H + I),
+        "model.vocab_size": 16 * ctx.vocab_size,
+        "model.hidden_size": 16 * int(ctx.num_params),
+        "plan.composed.bucket_params": 16 * int(np.max(np.asarray(ctx.staging_slots)))
+        * int(np.max(np.asarray(ctx.bucket_params))),
+    }
+
+
 def _check_magnitude(ctx: Ctx) -> None:
     est = magnitude_estimate(ctx)
+    parts = _magnitude_parts(ctx)
+    if sum(parts.values()) > MAX_ESTIMATE_BYTES:   # too large at one token per rank: not S's fault
+        field = max(parts, key=parts.get)
+        value = getattr(ctx, field.rsplit(".", 1)[1], None)
+        raise InvalidPlan(field, int(np.max(np.asarray(value))) if value is not None else None,
+                          f"gives per-rank byte counts (estimate {sum(parts.values()):.3g} B at one token per "
+                          f"rank) beyond what the planner evaluates exactly (2^58 B = 256 PiB)",
+                          f"lower {field}" + (" or --expert-parallel" if field == "model.top_k" else ""))
     if est > MAX_ESTIMATE_BYTES:
         N = int(np.max(np.asarray(ctx.tokens_per_rank)))
         raise InvalidPlan("workload.seq_len", int(np.max(np.asarray(ctx.seq_len))),

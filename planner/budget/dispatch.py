@@ -31,6 +31,7 @@ import numpy as np
 from planner.budget import dispatch_inventory as inv
 from planner.budget.context import Ctx
 from planner.budget.terms import Term
+from planner.budget.work_bounds import check_expected_work
 from planner.plans import chunking, dispatch as plans_dispatch, llep, routing
 
 SOURCE = "DESIGN §3.2 Dispatch; planner/runtime dispatch operators (dispatch_inventory)"
@@ -218,6 +219,9 @@ def _knob_arrays(ctx: Ctx, op: str):
 def _expected_components(ctx: Ctx, op: str, reg: str) -> dict:
     shape, arrs = _knob_arrays(ctx, op)
     uniq, inv_idx = unique_rows([arrs[n].reshape(-1) for n in KNOBS])
+    col = {n: np.asarray([row[i] for row in uniq]) for i, n in enumerate(KNOBS)}
+    K = np.minimum(-(-col["tokens_per_rank"] // col["token_budget"]), col["max_chunks"]) if op == "pipelined_llep" else 1
+    check_expected_work(col["expert_parallel"], K, ctx.num_experts, col["max_imports"])
     prof = profile_of(ctx)
     per_phase: dict = {}
     for u, row in enumerate(uniq):

@@ -72,8 +72,9 @@ def render_check(rep, console: Console, explain: bool = False) -> None:
     console.print(f"binding live set: [bold]{rep.binding_live_set}[/] · top terms: {top}")
     db = rep.extra.get("dispatch_bounds")
     if db:
+        expected = fmt_gib(db["expected"]) if "expected" in db else "not evaluated (E_p too large)"
         console.print(f"dispatch live set (max over phases): guarantee {fmt_gib(db['guarantee'])}, expected "
-                      f"{fmt_gib(db['expected'])} under routing {rep.planfile.plan.routing}; the verdict uses "
+                      f"{expected} under routing {rep.planfile.plan.routing}; the verdict uses "
                       f"the {rep.planfile.plan.dispatch_bound} (--dispatch-bound)")
     h = rep.host
     console.print(f"host RAM per node ({h.ranks_per_node} ranks): {fmt_gib(h.bytes)} of {fmt_gib(h.capacity_bytes)} "
