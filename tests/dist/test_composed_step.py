@@ -283,3 +283,61 @@ def test_sco_offloaded_boundaries(world):
     for case, (_, knobs, micro) in CASES.items():
         if knobs["checkpoint"] == "sco":
             assert ranks[0][case]["sco"] == SCO_HOST_BOUNDARIES * STEPS * micro, case
+
+
+TRAIN_TIMEOUT_S = 240
+"""Wall-clock limit of one ``python -m planner.train`` subprocess."""
+
+_HOOK = '''
+import torch
+CALLS = []
+def batches(shard):
+    open(shard_marker(), "w").write(f"{shard.batch} {shard.tokens} {shard.micro_steps}")
+    g = torch.Generator().manual_seed(5)
+    while True:
+        t = torch.randint(0, shard.vocab_size, (shard.micro_steps, shard.batch, shard.tokens + 1), generator=g)
+        yield t[..., :-1], t[..., 1:]
+def shard_marker():
+    import os
+    return os.environ["HOOK_MARKER"]
+'''
+
+
+def _train(args, tmp_path, env_extra=None):
+    import subprocess
+    import sys
+
+    root = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path), os.path.abspath(root)]),
+               **(env_extra or {}))
+    return subprocess.run([sys.executable, "-m", "planner.train", *args], capture_output=True, text=True,
+                          timeout=TRAIN_TIMEOUT_S, env=env, cwd=root)
+
+
+def test_train_entry_point_with_data_hook(tmp_path):
+    from planner.schema import PlanFile
+    from planner.schema.io import load_cluster, write_yaml_atomic
+    from planner.schema.plan import ComposedKnobs, Plan
+    from planner.schema.workload import Workload
+
+    pf = PlanFile(model=_spec("mixed"), cluster=load_cluster("h200"),
+                  workload=Workload(seq_len=16, global_batch_tokens=32),
+                  plan=Plan(world_size=1, dtype="fp32", composed=ComposedKnobs(bucket_params=1024,
+                                                                               sco_host_bytes=1 << 20)))
+    plan = tmp_path / "plan.yaml"
+    write_yaml_atomic(plan, pf.model_dump(mode="json"))
+    (tmp_path / "hook_data.py").write_text(_HOOK)
+    marker = tmp_path / "marker"
+    r = _train(["--plan", str(plan), "--steps", "2", "--device", "cpu", "--data", "hook_data:batches",
+                "--layers", "2"], tmp_path, {"HOOK_MARKER": str(marker)})
+    assert r.returncode == 0, r.stderr[-2000:]
+    lines = [ln for ln in r.stdout.splitlines() if ln.startswith("step ")]
+    assert [ln.split()[1] for ln in lines] == ["1", "2"]
+    assert all(0.0 < float(ln.split()[3]) < 10.0 for ln in lines)
+    assert marker.read_text() == "1 16 2"          # B=1, T=S/D=16, M = 32 tokens / (1·16)
+
+
+def test_train_bad_input_is_one_line_exit_2(tmp_path):
+    r = _train(["--plan", str(tmp_path / "missing.yaml"), "--data", "no_colon"], tmp_path)
+    assert r.returncode == 2
+    assert r.stderr.strip().count("\n") == 0 and "--data" in r.stderr and "fix:" in r.stderr
