@@ -42,9 +42,6 @@ from planner.runtime.moe_block import DenseExperts, MoEBlock
 from planner.runtime.sco import SCO, checkpoint_region
 from planner.runtime.vocab_baselines import DenseHead, dense_cross_entropy
 
-CHECKPOINTS = ("none", "per_layer")
-
-
 def truncate_spec(spec, num_layers: int | None):
     """``spec`` cut to its first ``num_layers`` layers (widths, heads, experts unchanged)."""
     if num_layers is None or num_layers == spec.num_layers:
