@@ -6,7 +6,8 @@ and ``T = S/D`` tokens per rank and micro-step (``N = B·T``), ``M`` micro-steps
 ``L_b = 2L`` checkpointed regions.
 
 Layout (``mop_groups``): dense weights (attention, norms, routers, shared experts, dense FFNs,
-embedding, the head when ``P = 1``) are ZeRO-3 over all ``W`` with FSDP2 ``fully_shard``: one unit
+embedding, the head when ``P = 1``, Ring-DTP's included) are ZeRO-3 over all ``W`` with FSDP2
+``fully_shard``: one unit
 per region (``[attention_norm, attention]`` and ``[ffn_norm, ffn]``, the routed experts ignored),
 one for the embedding, one for ``[norm, head]``, and the root. Routed experts live whole per
 expert shard (EP / LLEP / PipelinedLLEP over the expert group); the head is Ring-DTP or
@@ -18,6 +19,9 @@ OffloadStreamAdamW, over this rank's shards only.
 Gradients are those of the global mean loss ``(1/W)·Σ_r loss_r`` (every rank's mean over its own
 tokens; FSDP2 averages dense gradients over ``W``; replicated shards are summed and divided by
 ``W``); with ``M`` micro-steps each micro-step's loss is divided by ``M``.
+
+Under torch's fake process group (one rank of a larger ``W``, no-op communication) the step runs
+with real memory and meaningless values (Ring-DTP's losses are NaN/inf there).
 
 Phases (``on_phase(name, r)``, DESIGN §3.1): ``forward`` r and ``backward`` r (1-based regions,
 from the decoder), ``head``, and ``optimizer`` before the replicated gradients are reduced.
@@ -253,7 +257,7 @@ def build_composed_step(plan_file, *, num_layers: int | None = None, device=None
     model = Decoder(spec, device=meta, dtype=dtype, attention=core, moe_block=moe, head=head,
                     position_offset=shim.group_rank(groups.seq) * lay.tokens)
     experts = [p for b in model.layers if b.is_moe for p in b.ffn.experts.parameters()]
-    head_replicated = head != "dense"
+    head_replicated = head != "dense" and lay.P > 1   # P = 1: the head is a ZeRO-3 dense weight
     _shard(model, groups.mesh, set(experts), head_replicated)
     model.to_empty(device=device)
     experts = [p for b in model.layers if b.is_moe for p in b.ffn.experts.parameters()]  # new objects

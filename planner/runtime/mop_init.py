@@ -29,7 +29,7 @@ def init_composed(model, groups, seed: int) -> None:
             from planner.runtime.moe_block import init_expert_shard
             init_expert_shard(b.ffn.experts.shard)
     head = model.head
-    if head is not None and hasattr(head, "vocab_start"):
+    if head is not None and hasattr(head, "vocab_start") and not hasattr(head.weight, "to_local"):
         torch.manual_seed(seed + SHARD_SEED_STRIDE * 7919 + head.vocab_start)
         init_normal(head.weight, head.weight.shape[1] ** -0.5)
 
