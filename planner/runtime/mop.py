@@ -182,6 +182,12 @@ class ComposedStep:
         self.dense.attach_grads()
         self.optimizer.step()
         self.replicated.gather()
+        # The gather rewrote the whole replicated shards (this replica's slice with its own value):
+        # OffloadStreamAdamW must not take that for a user's in-place change and reload its fp32
+        # master from the working dtype.
+        record = getattr(self.optimizer, "_record_versions", None)
+        if record is not None and self.replicated.gathers:
+            record()
         self.zero_grad()
 
     def zero_grad(self) -> None:

@@ -94,6 +94,11 @@ class ReplicatedShards:
     def proxies(self) -> list[torch.Tensor]:
         return [it[-1] for it in self.items if it[5] > it[4]]
 
+    @property
+    def gathers(self) -> bool:
+        """Whether ``gather`` writes anything (some shard has replicas)."""
+        return any(it[2] > 1 for it in self.items)
+
     @torch.no_grad()
     def reduce(self) -> None:
         """Reduce-scatter every gradient into its proxy's ``.grad`` (scaled by ``1/W``)."""
