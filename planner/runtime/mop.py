@@ -37,7 +37,6 @@ import torch.distributed as dist
 
 from planner.runtime import shim
 
-OPERATORS = {"ep": "ExpertParallel", "llep": "LLEP", "pipelined_llep": "PipelinedLLEP"}
 DEFAULT_LR = 1e-4
 """AdamW defaults of the training entry point (``build_composed_step`` arguments override them)."""
 

@@ -3,6 +3,8 @@
     torchrun --nproc_per_node=W -m planner.train --plan plan.yaml --steps K [--layers L]
              [--data my_module:make_batches] [--device cuda|cpu] [--lr 1e-4] [--seed 0]
 
+(``planner/train.py`` re-exports this module for ``-m``.)
+
 Synthetic tokens by default. A real data loader plugs in through ``--data module:fn`` (or the
 ``data=`` argument of ``run``): ``fn(shard: DataShard)`` returns an iterable that yields, per
 optimizer step, ``(tokens, targets)`` int64 tensors of shape ``[M, B, T]`` (``M`` micro-steps of
