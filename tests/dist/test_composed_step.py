@@ -72,6 +72,8 @@ CASES = {
         seq_parallel=1, expert_parallel=2, vocab_parallel=2, token_budget=7, max_chunks=2,
         llep_min_tokens=2), 2),
 }
+BATCH = {"mha|ep+dense+per_layer+gpu": 2}
+"""``B`` (sequences per rank and micro-step) where it is not 1: Ulysses and the boundaries with B > 1."""
 SCO_HOST_BOUNDARIES = 3
 """SCO cases offload the first 3 boundaries and keep the rest."""
 
@@ -100,8 +102,10 @@ def _planfile(case):
     T = SEQ_LEN // knobs["seq_parallel"]
     knobs = dict(knobs)
     if knobs["checkpoint"] == "sco":
-        knobs["sco_host_bytes"] = SCO_HOST_BOUNDARIES * 4096 * -(-T * spec.hidden_size * 4 // 4096)
-    return PlanFile(model=spec, cluster=load_cluster("h200"), workload=Workload(seq_len=SEQ_LEN),
+        boundary = BATCH.get(case, 1) * T * spec.hidden_size * 4
+        knobs["sco_host_bytes"] = SCO_HOST_BOUNDARIES * 4096 * -(-boundary // 4096)
+    return PlanFile(model=spec, cluster=load_cluster("h200"),
+                    workload=Workload(seq_len=SEQ_LEN, seqs_per_microbatch=BATCH.get(case, 1)),
                     plan=Plan(world_size=W, dtype="fp32", composed=ComposedKnobs(**knobs)))
 
 
@@ -110,7 +114,7 @@ def _data(case, seed=1):
     kind, knobs, micro = CASES[case]
     V = SPECS[kind][1]["vocab_size"]
     g = torch.Generator().manual_seed(seed)
-    shape = (STEPS, micro, W // knobs["seq_parallel"], SEQ_LEN)
+    shape = (STEPS, micro, W // knobs["seq_parallel"] * BATCH.get(case, 1), SEQ_LEN)
     return torch.randint(0, V, shape, generator=g), torch.randint(0, V, shape, generator=g)
 
 
@@ -123,10 +127,10 @@ def _reference_init(case):
     return {k: v.clone() for k, v in ref.state_dict().items()}
 
 
-def _rank_slice(x, rank, D):
+def _rank_slice(x, rank, D, B=1):
     s, i = divmod(rank, D)
     T = SEQ_LEN // D
-    return x[..., s:s + 1, i * T:(i + 1) * T]
+    return x[..., s * B:(s + 1) * B, i * T:(i + 1) * T]
 
 
 def _local_state(model):
@@ -165,7 +169,8 @@ def _worker(rank, world, store_path, queue):
             tok, tgt = _data(case)
             losses = []
             for s in range(STEPS):
-                loss = step.step(_rank_slice(tok[s], rank, D), _rank_slice(tgt[s], rank, D))
+                B = BATCH.get(case, 1)
+                loss = step.step(_rank_slice(tok[s], rank, D, B), _rank_slice(tgt[s], rank, D, B))
                 losses.append(step.global_loss(loss))
             results[case] = dict(losses=losses, state=_local_state(step.model), phases=phases,
                                  sco=(step.sco.stats.offloads if step.sco is not None else None))
