@@ -6,6 +6,7 @@ Each takes keyword arguments only and returns a report object; rendering lives i
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,8 +19,9 @@ from planner.budget.peak import Evaluation, assumed_used, capacity_bytes, evalua
 from planner.budget.resolve import resolve_plan
 from planner.budget.terms import LIVE_SETS, PHASE_KINDS
 from planner.errors import InvalidPlan
+from planner.report.plan_file import planfile_doc
 from planner.schema import PlanFile, Workload
-from planner.schema.io import load_cluster, load_model, load_planfile, validate
+from planner.schema.io import load_cluster, load_model, validate
 
 COMPOSED_KEYS = {
     "dispatch", "vocab", "optimizer", "checkpoint", "seq_parallel", "expert_parallel", "vocab_parallel",
@@ -33,21 +35,43 @@ PLAN_KEYS = {"routing", "dispatch_bound", "dtype", "stack"}
 """Overrides that land in ``plan``."""
 
 
-def build_planfile(*, model: str | None = None, plan_file: str | None = None, cluster: str | None = None,
-                   gpus: int | None = None, seq_len: int | None = None,
-                   global_batch_tokens: int | None = None, overrides: dict[str, Any] | None = None) -> PlanFile:
-    """Assemble an (unresolved) plan file from a plan file and/or a model plus flag overrides.
+def build_planfile(**kwargs) -> PlanFile:
+    """Assemble an (unresolved) plan file: see ``build`` for the arguments."""
+    return build(**kwargs)[0]
+
+
+def build(*, model: str | None = None, plan_file: str | None = None, cluster: str | None = None,
+          gpus: int | None = None, seq_len: int | None = None, global_batch_tokens: int | None = None,
+          seqs_per_microbatch: int | None = None, overrides: dict[str, Any] | None = None,
+          cluster_overrides: dict[str, int] | None = None) -> tuple[PlanFile, dict | None]:
+    """An (unresolved) plan file from a plan file and/or a model plus flag overrides, and the
+    reference that names its cluster in a written plan file (``None`` for an old plan file that
+    embeds its profile and no ``--cluster``). ``cluster_overrides`` are topology fields
+    (``planner.report.plan_file.TOPOLOGY_FLAGS``) replacing the profile's.
 
     Raises:
         InvalidPlan: neither a model nor a plan file, or ``--gpus``/``--seq-len`` missing.
     """
+    from planner.report.plan_file import apply_topology, cluster_reference, read_plan_document
+
     ov = {k: v for k, v in (overrides or {}).items() if v is not None}
     unknown = set(ov) - COMPOSED_KEYS - BASELINE_KEYS - PLAN_KEYS
     assert not unknown, unknown
+    cov = dict(cluster_overrides or {})
+    if model is not None:
+        _refuse_folder(model)
     if plan_file:
-        pf = load_planfile(plan_file)
+        pf, file_ref, file_base = read_plan_document(plan_file)
         m = load_model(model) if model else pf.model
-        c = load_cluster(cluster) if cluster else pf.cluster
+        if cluster:
+            base = load_cluster(cluster)
+            ref = cluster_reference(cluster, base, cov)
+        elif file_ref is not None:
+            base, cov = file_base, {**file_ref.get("topology", {}), **cov}
+            ref = cluster_reference(file_ref["profile"], base, cov)
+        else:
+            base, ref = pf.cluster, None
+        c = apply_topology(base, cov)
         wl = pf.workload.model_dump()
         plan = pf.plan.model_dump()
         if ov.get("stack", plan["stack"]) != plan["stack"]:
@@ -55,7 +79,10 @@ def build_planfile(*, model: str | None = None, plan_file: str | None = None, cl
     else:
         if model is None:
             raise InvalidPlan("MODEL", None, "is required", "give a model name/file or --plan FILE")
-        m, c = load_model(model), load_cluster(cluster or "h200")
+        from planner.report.plan_file import DEFAULT_CLUSTER
+
+        m, base = load_model(model), load_cluster(cluster or DEFAULT_CLUSTER)
+        c, ref = apply_topology(base, cov), cluster_reference(cluster, base, cov)
         wl, plan = {}, {"composed": {}, "baseline": {}}
         if gpus is None:
             raise InvalidPlan("--gpus", None, "is required without --plan", "add e.g. --gpus 8")
@@ -68,6 +95,8 @@ def build_planfile(*, model: str | None = None, plan_file: str | None = None, cl
         wl["seq_len"] = seq_len
     if global_batch_tokens is not None:
         wl["global_batch_tokens"] = global_batch_tokens
+    if seqs_per_microbatch is not None:
+        wl["seqs_per_microbatch"] = seqs_per_microbatch
     for k, v in ov.items():
         if k in PLAN_KEYS:
             plan[k] = v
@@ -75,7 +104,22 @@ def build_planfile(*, model: str | None = None, plan_file: str | None = None, cl
             plan.setdefault("composed", {})[k] = v
         else:
             plan.setdefault("baseline", {})[k] = v
-    return validate(PlanFile, {"model": m, "cluster": c, "workload": wl, "plan": plan}, "")
+    return validate(PlanFile, {"model": m, "cluster": c, "workload": wl, "plan": plan}, ""), ref
+
+
+def _refuse_folder(model: str) -> None:
+    """A Hugging Face model folder given as MODEL: name the file to pass."""
+    from pathlib import Path
+
+    p = Path(model)
+    try:
+        folder = p.is_dir() and (os.sep in model or (p / "config.json").is_file())
+    except OSError:
+        return
+    if folder:
+        fix = (f"pass {p / 'config.json'}" if (p / "config.json").is_file()
+               else "pass the folder's config.json (a Hugging Face config) or a model YAML")
+        raise InvalidPlan("MODEL", model, "is a folder, not a model file", fix)
 
 
 def _flag(key: str) -> str:
@@ -129,6 +173,8 @@ class CheckReport:
     provisional: list[str]
     binding: int = 0
     extra: dict = field(default_factory=dict)
+    cluster_ref: dict | None = None
+    """How the ``plan`` of ``--json`` names its cluster (``planner.report.plan_file``)."""
 
     @property
     def peak_bytes(self) -> int:
@@ -205,7 +251,7 @@ class CheckReport:
                      "optimizer_bytes": int(h.optimizer_bytes), "sco_bytes": int(h.sco_bytes)},
             "derived": derived_symbols(self.ctx),
             "dispatch_bounds": self.extra.get("dispatch_bounds", {}),
-            "plan": self.planfile.model_dump(mode="json"),
+            "plan": planfile_doc(self.planfile, self.cluster_ref),
         }
 
 
@@ -253,8 +299,11 @@ def dispatch_bounds(ctx: Ctx, ev: Evaluation) -> dict[str, int]:
 
 
 def check(**kwargs) -> CheckReport:
-    """``planner check``: see ``build_planfile`` for the arguments."""
-    return check_planfile(build_planfile(**kwargs))
+    """``planner check``: see ``build`` for the arguments."""
+    pf, ref = build(**kwargs)
+    rep = check_planfile(pf)
+    rep.cluster_ref = ref
+    return rep
 
 
 @dataclass
@@ -264,6 +313,7 @@ class FrontierReport:
     planfile: PlanFile
     axis: str
     scan: Any
+    cluster_ref: dict | None = None
 
     def to_json(self) -> dict:
         s = self.scan
@@ -282,7 +332,7 @@ class FrontierReport:
         out["grid"] = {"values": s.values.tolist(), "tokens_per_rank": s.tokens_per_rank.tolist(),
                        "peak_bytes": s.peak_bytes.tolist(), "host_bytes": s.host_bytes.tolist(),
                        "fits": s.fits.tolist()}
-        out["plan"] = self.planfile.model_dump(mode="json")
+        out["plan"] = planfile_doc(self.planfile, self.cluster_ref)
         return out
 
 
@@ -292,22 +342,62 @@ def max_context(*, seq_step: int = 1024, max_seq_len: int = 16 * 2**20, **kwargs
 
     if kwargs.get("seq_len") is None and not kwargs.get("plan_file"):
         kwargs["seq_len"] = seq_step * (kwargs.get("gpus") or 1)
-    pf = build_planfile(**kwargs)
+    pf, ref = build(**kwargs)
     grid = seq_len_grid(pf, seq_step, max_seq_len)
-    return FrontierReport(pf, "seq_len", scan(pf, "seq_len", grid))
+    return FrontierReport(pf, "seq_len", scan(pf, "seq_len", grid), ref)
 
 
 def max_batch(*, max_tokens: int = 16 * 2**20, **kwargs) -> FrontierReport:
     """``planner max-batch``: scan sequences per micro-batch at fixed ``S`` (whole grid)."""
     from planner.budget.frontier import batch_grid, scan
 
-    pf = build_planfile(**kwargs)
-    return FrontierReport(pf, "seqs_per_microbatch", scan(pf, "seqs_per_microbatch", batch_grid(pf, max_tokens)))
+    pf, ref = build(**kwargs)
+    return FrontierReport(pf, "seqs_per_microbatch", scan(pf, "seqs_per_microbatch", batch_grid(pf, max_tokens)), ref)
+
+
+STACKS = ("best", "composed", "fsdp2")
+"""What ``search --out`` writes: ``best`` (the faster stack among those that fit), or one stack."""
+
+
+@dataclass
+class Closest:
+    """The lowest-peak legal plan of a stack when none of its plans fits, and why it fails."""
+
+    report: CheckReport
+
+    @property
+    def plan(self):
+        return self.report.planfile.plan
+
+    def why(self) -> str:
+        """One line: over HBM (in which phase, by which terms) or over host RAM (by which part)."""
+        from planner.units import gib
+
+        r = self.report
+        if not r.fits_hbm:
+            terms = ", ".join(f"{t['name']} ({t['live_set']}) {gib(t['bytes']):.1f} GiB" for t in r.binding_terms)
+            return (f"over HBM: peak {gib(r.peak_bytes):.1f} GiB > {gib(r.capacity_bytes):.1f} GiB usable in "
+                    f"{r.binding_phase}, live set {r.binding_live_set}; largest terms there: {terms}")
+        h = r.host
+        parts = {"optimizer state": int(h.optimizer_bytes), "SCO boundaries": int(h.sco_bytes),
+                 "process baselines": int(h.baseline_bytes)}
+        top = ", ".join(f"{k} {gib(v):.1f} GiB" for k, v in sorted(parts.items(), key=lambda kv: -kv[1]) if v)
+        return (f"over host RAM: {gib(int(h.bytes)):.1f} GiB > {gib(int(h.capacity_bytes)):.1f} GiB usable per node "
+                f"({h.ranks_per_node} ranks: {top})")
+
+    def to_json(self) -> dict:
+        r = self.report
+        return {"plan": self.plan.model_dump(mode="json"), "peak_bytes": r.peak_bytes,
+                "capacity_bytes": r.capacity_bytes, "fits_hbm": r.fits_hbm, "fits_host": r.fits_host,
+                "host_bytes": int(r.host.bytes), "host_capacity_bytes": int(r.host.capacity_bytes),
+                "binding_phase": r.binding_phase, "binding_live_set": r.binding_live_set,
+                "binding_terms": r.binding_terms, "why": self.why()}
 
 
 @dataclass
 class SearchReport:
-    """``planner search``: the top composed plans, the best FSDP2 baseline, tallies, timings."""
+    """``planner search``: the top composed plans, the best FSDP2 baseline, tallies, timings, and the
+    plan ``--out`` writes (``--stack``)."""
 
     model: Any
     cluster: Any
@@ -315,14 +405,50 @@ class SearchReport:
     world_size: int
     result: Any
     elapsed_s: float
-    closest: Any = None
-    """``(plan, peak_bytes, capacity_bytes)`` of the lowest-peak composed plan when none fits."""
+    stack: str = "best"
+    """What the user asked ``--out`` to write (``STACKS``)."""
+    closest: dict = field(default_factory=dict)
+    """Stack → ``Closest``, for each stack with no fitting plan."""
+    cluster_ref: Any = None
+    """How the plan file names the cluster (``cluster_reference``)."""
 
-    def planfile(self, i: int = 0) -> PlanFile:
-        """The i-th composed plan as a plan file that ``check`` accepts unchanged (the closest plan
-        when none fits)."""
-        plan = self.result.top[i].plan if self.result.top else self.closest[0]
-        return PlanFile(model=self.model, cluster=self.cluster, workload=self.workload, plan=plan)
+    @property
+    def chosen_stack(self) -> str:
+        """The stack of the plan ``--out`` writes: under ``best``, the faster of the fitting stacks
+        (composed on a tie); when neither fits, the one whose closest plan is nearer fitting (the
+        smaller of its HBM and host-RAM overshoot ratios, the larger taken per plan)."""
+        if self.stack != "best":
+            return self.stack
+        r = self.result
+        if r.top and r.baseline:
+            return "fsdp2" if r.baseline.step_s < r.top[0].step_s else "composed"
+        if r.top or r.baseline:
+            return "composed" if r.top else "fsdp2"
+        ratio = {k: max(c.report.peak_bytes / c.report.capacity_bytes,
+                        int(c.report.host.bytes) / int(c.report.host.capacity_bytes)) for k, c in self.closest.items()}
+        return min(ratio, key=ratio.get) if ratio else "composed"
+
+    @property
+    def chosen(self):
+        """``(plan, fits)`` that ``--out`` writes, or ``None`` when there is none."""
+        st = self.chosen_stack
+        cand = (self.result.top[0] if self.result.top else None) if st == "composed" else self.result.baseline
+        if cand is not None:
+            return cand.plan, True
+        c = self.closest.get(st)
+        return (c.plan, False) if c is not None else None
+
+    def planfile(self) -> PlanFile | None:
+        """The chosen plan as a plan file that ``check --plan`` accepts unchanged."""
+        ch = self.chosen
+        if ch is None:
+            return None
+        return PlanFile(model=self.model, cluster=self.cluster, workload=self.workload, plan=ch[0])
+
+    def planfile_doc(self) -> dict | None:
+        """What ``--out`` writes: the plan file with the cluster named by reference."""
+        pf = self.planfile()
+        return None if pf is None else planfile_doc(pf, self.cluster_ref)
 
     def to_json(self) -> dict:
         def cand(c):
@@ -331,6 +457,7 @@ class SearchReport:
                 "peak_bytes": c.peak_bytes, "host_bytes": c.host_bytes, "binding_phase": c.binding_phase,
                 "breakdown": c.breakdown, "plan": c.plan.model_dump(mode="json")}
         r = self.result
+        ch = self.chosen
         return {"model": self.model.name, "world_size": self.world_size, "seq_len": self.workload.seq_len,
                 "top": [cand(c) for c in r.top], "baseline": cand(r.baseline),
                 "speedup_vs_baseline": (r.baseline.step_s / r.top[0].step_s if r.top and r.baseline else None),
@@ -339,38 +466,38 @@ class SearchReport:
                 "baseline_tally": {"evaluated": r.baseline_tally.evaluated, "fit": r.baseline_tally.fit,
                                    "rejected": dict(r.baseline_tally.reasons), "text": r.baseline_tally.text()},
                 "gaps": r.gaps, "assumed": r.assumed, "elapsed_s": self.elapsed_s,
-                "closest": None if self.closest is None else {
-                    "plan": self.closest[0].model_dump(mode="json"), "peak_bytes": int(self.closest[1]),
-                    "capacity_bytes": int(self.closest[2])}}
+                "stack": self.stack, "chosen_stack": self.chosen_stack,
+                "chosen_fits": None if ch is None else ch[1],
+                "closest": {k: c.to_json() for k, c in self.closest.items()}}
 
 
 def search(*, model: str, cluster: str | None = None, gpus: int, seq_len: int, global_batch_tokens: int | None = None,
            routing: str = "balanced", dispatch_bound: str = "guarantee", dtype: str = "bf16", top: int = 5,
-           progress=None) -> SearchReport:
-    """``planner search``: fastest fitting configurations and the fastest fitting FSDP2 baseline."""
+           stack: str = "best", cluster_overrides: dict | None = None, progress=None) -> SearchReport:
+    """``planner search``: fastest fitting configurations and the fastest fitting FSDP2 baseline;
+    for a stack with no fitting plan, its lowest-peak legal plan and why it fails."""
     import time
 
-    pf = build_planfile(model=model, cluster=cluster, gpus=gpus, seq_len=seq_len,
-                        global_batch_tokens=global_batch_tokens,
-                        overrides={"routing": routing, "dispatch_bound": dispatch_bound, "dtype": dtype})
+    if stack not in STACKS:
+        raise InvalidPlan("--stack", stack, f"must be one of {', '.join(STACKS)}", "write e.g. --stack best")
+    pf, ref = build(model=model, cluster=cluster, gpus=gpus, seq_len=seq_len,
+                    global_batch_tokens=global_batch_tokens, cluster_overrides=cluster_overrides,
+                    overrides={"routing": routing, "dispatch_bound": dispatch_bound, "dtype": dtype})
+    from planner.search.rank import lowest_peak
     from planner.search.rank import search as run
 
     t0 = time.perf_counter()
     res = run(pf.model, pf.cluster, pf.workload, world_size=gpus, routing=routing, dispatch_bound=dispatch_bound,
               dtype=dtype, top=top, progress=progress)
-    closest = None
-    if not res.top:
-        from planner.budget.peak import capacity_bytes
-        from planner.search.rank import lowest_peak
-
-        try:
-            plan, peak, _ = lowest_peak(pf.model, pf.cluster, pf.workload, world_size=gpus, stack="composed",
-                                        routing=routing, dispatch_bound=dispatch_bound, dtype=dtype)
-            closest = (plan, peak, capacity_bytes(make_context(pf.model, pf.cluster, pf.workload, plan)))
-        except AssertionError:  # nothing fits even the host
-            closest = None
+    closest = {}
+    for st, found in (("composed", res.top), ("fsdp2", res.baseline)):
+        if found:
+            continue
+        plan, _, _ = lowest_peak(pf.model, pf.cluster, pf.workload, world_size=gpus, stack=st, routing=routing,
+                                 dispatch_bound=dispatch_bound, dtype=dtype, host_fallback=True)
+        closest[st] = Closest(check_planfile(pf.model_copy(update={"plan": plan})))
     _raise_if_only_gaps(res)
-    return SearchReport(pf.model, pf.cluster, pf.workload, gpus, res, time.perf_counter() - t0, closest)
+    return SearchReport(pf.model, pf.cluster, pf.workload, gpus, res, time.perf_counter() - t0, stack, closest, ref)
 
 
 def _raise_if_only_gaps(res) -> None:
@@ -406,19 +533,22 @@ class SweepRow:
 
 
 def sweep(*, model: str, cluster: str | None = None, gpus: int, seq_lens: list[int], routing: str = "balanced",
-          dtype: str = "bf16", progress=None) -> list[SweepRow]:
+          dtype: str = "bf16", global_batch_tokens: int | None = None, cluster_overrides: dict | None = None,
+          progress=None) -> list[SweepRow]:
     """``planner sweep``: best composed plan and best baseline at each context length, with the
-    verdict and the peak of every live set of each."""
+    verdict and the peak of every live set of each. ``global_batch_tokens`` is the same at every
+    length (the tokens per optimizer step; the rest of each length's micro-steps is accumulation)."""
     from planner.search.sweep import best_plans
 
     for S in seq_lens:
-        validate(Workload, {"seq_len": S}, "workload")
+        validate(Workload, {"seq_len": S, "global_batch_tokens": global_batch_tokens}, "workload")
     pf = build_planfile(model=model, cluster=cluster, gpus=gpus, seq_len=seq_lens[0],
+                        global_batch_tokens=global_batch_tokens, cluster_overrides=cluster_overrides,
                         overrides={"routing": routing, "dtype": dtype})
     rows = []
     for pt in best_plans(pf.model, pf.cluster, world_size=gpus, seq_lens=seq_lens, routing=routing, dtype=dtype,
-                         progress=progress):
-        wl = Workload(seq_len=pt.seq_len)
+                         global_batch_tokens=global_batch_tokens, progress=progress):
+        wl = Workload(seq_len=pt.seq_len, global_batch_tokens=global_batch_tokens)
         for plan, cand in ((pt.composed, pt.composed_candidate), (pt.baseline, pt.baseline_candidate)):
             rep = check_planfile(PlanFile(model=pf.model, cluster=pf.cluster, workload=wl, plan=plan))
             rows.append(SweepRow(pt.seq_len, plan.stack, rep.fits, rep.peak_bytes, rep.capacity_bytes,

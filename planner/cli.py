@@ -72,6 +72,15 @@ Gpus = Annotated[Optional[int], typer.Option("--gpus", help="W: ranks (GPUs) in 
 SeqLen = Annotated[Optional[str], typer.Option("--seq-len", help="S: context length (128k, 1m, 131072).")]
 GBT = Annotated[Optional[str], typer.Option("--global-batch-tokens", help="Tokens per optimizer step.")]
 Json = Annotated[bool, typer.Option("--json", help="Print one JSON object.")]
+HbmGib = Annotated[Optional[float], typer.Option("--hbm-gib", help="HBM per GPU, GiB, replacing the cluster profile's.", show_default="the profile's")]
+HostRamGib = Annotated[Optional[float], typer.Option("--host-ram-gib", help="Host RAM per node, GiB, replacing the cluster profile's.", show_default="the profile's")]
+GpusPerNode = Annotated[Optional[int], typer.Option("--gpus-per-node", help="GPUs per node (ranks sharing a node's host RAM), replacing the profile's.", show_default="the profile's")]
+
+
+class StackC(str, Enum):
+    best = "best"
+    composed = "composed"
+    fsdp2 = "fsdp2"
 
 
 def _print_json(doc) -> None:
@@ -111,16 +120,24 @@ def _overrides(**kw) -> dict:
     return ov
 
 
-def _common(model, plan, cluster, gpus, seq_len, gbt, ov) -> dict:
+def _topology(hbm_gib, host_ram_gib, gpus_per_node) -> dict:
+    from planner.report.plan_file import topology_overrides
+
+    return topology_overrides(hbm_gib=hbm_gib, host_ram_gib=host_ram_gib, gpus_per_node=gpus_per_node)
+
+
+def _common(model, plan, cluster, gpus, seq_len, gbt, ov, hbm_gib=None, host_ram_gib=None,
+            gpus_per_node=None) -> dict:
     return dict(model=model, plan_file=plan, cluster=cluster, gpus=gpus,
                 seq_len=_count(seq_len, "--seq-len"), global_batch_tokens=_count(gbt, "--global-batch-tokens"),
-                overrides=ov)
+                overrides=ov, cluster_overrides=_topology(hbm_gib, host_ram_gib, gpus_per_node))
 
 
 @app.command()
 def check(
     model: Model = None, plan: PlanOpt = None, cluster: Cluster = None, gpus: Gpus = None,
     seq_len: SeqLen = None, global_batch_tokens: GBT = None,
+    hbm_gib: HbmGib = None, host_ram_gib: HostRamGib = None, gpus_per_node: GpusPerNode = None,
     dispatch: Annotated[Optional[DispatchC], typer.Option(help="Expert dispatch operator.")] = None,
     expert_parallel: Annotated[Optional[int], typer.Option(help="E_p (baseline: ep).")] = None,
     token_budget: Annotated[Optional[str], typer.Option(help="c: per-source tokens per chunk.")] = None,
@@ -155,7 +172,8 @@ def check(
     from planner.report.check_view import render_check
 
     ov = _overrides(**{k: v for k, v in locals().items() if k in _OV_KEYS})
-    rep = api.check(**_common(model, plan, cluster, gpus, seq_len, global_batch_tokens, ov))
+    rep = api.check(**_common(model, plan, cluster, gpus, seq_len, global_batch_tokens, ov, hbm_gib, host_ram_gib,
+                              gpus_per_node))
     if json_out:
         _print_json(rep.to_json())
     else:
@@ -175,7 +193,8 @@ def _frontier(kind: str, ctx: typer.Context, **kw) -> None:
 
     extra = kw.pop("extra")
     ov = _overrides(**{k: v for k, v in kw.items() if k in _OV_KEYS})
-    common = _common(kw["model"], kw["plan"], kw["cluster"], kw["gpus"], kw["seq_len"], kw["global_batch_tokens"], ov)
+    common = _common(kw["model"], kw["plan"], kw["cluster"], kw["gpus"], kw["seq_len"], kw["global_batch_tokens"], ov,
+                     kw["hbm_gib"], kw["host_ram_gib"], kw["gpus_per_node"])
     rep = api.max_context(**common, **extra) if kind == "context" else api.max_batch(**common, **extra)
     if kw["json_out"]:
         _print_json(rep.to_json())
@@ -237,17 +256,19 @@ def search(
     gpus: Annotated[int, typer.Option("--gpus", help="W: ranks (GPUs) in the job.")],
     seq_len: Annotated[str, typer.Option("--seq-len", help="S: context length (128k, 1m).")],
     cluster: Cluster = None, global_batch_tokens: GBT = None,
+    hbm_gib: HbmGib = None, host_ram_gib: HostRamGib = None, gpus_per_node: GpusPerNode = None,
     routing: Annotated[str, typer.Option(help="balanced | worst | R/H, for both stacks.")] = "balanced",
     dispatch_bound: Annotated[BoundC, typer.Option(help="Dispatch size the verdicts use.")] = BoundC.guarantee,
     dtype: Annotated[DtypeC, typer.Option(help="Activation dtype.")] = DtypeC.bf16,
     top: Annotated[int, typer.Option(help="How many composed plans to list.")] = 5,
-    out_file: Annotated[Optional[str], typer.Option("--out", help="Write the best plan as a plan file.")] = None,
+    stack: Annotated[StackC, typer.Option(help="Which plan --out writes: the faster stack that fits (best), or one stack.")] = StackC.best,
+    out_file: Annotated[Optional[str], typer.Option("--out", help="Write the chosen plan (--stack) as a plan file.")] = None,
     progress: Annotated[bool, typer.Option(help="Show a progress bar.")] = True,
     json_out: Json = False,
 ) -> None:
     """Fastest configuration that fits, beside the fastest FSDP2 baseline that fits."""
     from planner import api
-    from planner.report.search_view import render_search
+    from planner.report.search_view import describe_choice, render_search
     from planner.schema.io import check_writable, write_yaml_atomic
 
     if top < 1:
@@ -260,20 +281,23 @@ def search(
             prog.start()
         rep = api.search(model=model, cluster=cluster, gpus=gpus, seq_len=parse_count(seq_len, "--seq-len"),
                          global_batch_tokens=_count(global_batch_tokens, "--global-batch-tokens"),
-                         routing=routing, dispatch_bound=_v(dispatch_bound), dtype=_v(dtype), top=top, progress=cb)
+                         routing=routing, dispatch_bound=_v(dispatch_bound), dtype=_v(dtype), top=top,
+                         stack=_v(stack), cluster_overrides=_topology(hbm_gib, host_ram_gib, gpus_per_node),
+                         progress=cb)
     finally:
         if prog:
             prog.stop()
-    if out_file and (rep.result.top or rep.closest is not None):
-        write_yaml_atomic(out_file, rep.planfile(0).model_dump(mode="json"), "--out")
+    doc = rep.planfile_doc() if out_file else None
+    if doc is not None:
+        write_yaml_atomic(out_file, doc, "--out")
     if json_out:
         _print_json(rep.to_json())
     else:
         render_search(rep, out)
-        if out_file and (rep.result.top or rep.closest is not None):
-            which = "best" if rep.result.top else "closest (none fits)"
-            err.print(f"wrote the {which} plan to {out_file} (planner check --plan {out_file})")
-    raise typer.Exit(0 if rep.result.top else 1)
+        if doc is not None:
+            err.print(f"wrote {describe_choice(rep)} to {out_file} (planner check --plan {out_file})",
+                      markup=False, highlight=False)
+    raise typer.Exit(0 if rep.chosen is not None and rep.chosen[1] else 1)
 
 
 @app.command()
@@ -281,7 +305,8 @@ def sweep(
     model: Annotated[str, typer.Argument(help="Profile name, model YAML, or HF config.json.")],
     gpus: Annotated[int, typer.Option("--gpus", help="W: ranks (GPUs) in the job.")],
     seq_lens: Annotated[str, typer.Option("--seq-lens", help="Comma-separated context lengths (32k,64k,...).")],
-    cluster: Cluster = None,
+    cluster: Cluster = None, global_batch_tokens: GBT = None,
+    hbm_gib: HbmGib = None, host_ram_gib: HostRamGib = None, gpus_per_node: GpusPerNode = None,
     routing: Annotated[str, typer.Option(help="balanced | worst | R/H, for both stacks.")] = "balanced",
     dtype: Annotated[DtypeC, typer.Option(help="Activation dtype.")] = DtypeC.bf16,
     csv: Annotated[Optional[str], typer.Option("--csv", help="Write the sweep as CSV.")] = None,
@@ -305,7 +330,8 @@ def sweep(
         if prog:
             prog.start()
         rows = api.sweep(model=model, cluster=cluster, gpus=gpus, seq_lens=sorted(lens), routing=routing,
-                         dtype=_v(dtype), progress=cb)
+                         dtype=_v(dtype), global_batch_tokens=_count(global_batch_tokens, "--global-batch-tokens"),
+                         cluster_overrides=_topology(hbm_gib, host_ram_gib, gpus_per_node), progress=cb)
     finally:
         if prog:
             prog.stop()
