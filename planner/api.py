@@ -107,6 +107,23 @@ def build(*, model: str | None = None, plan_file: str | None = None, cluster: st
     return validate(PlanFile, {"model": m, "cluster": c, "workload": wl, "plan": plan}, ""), ref
 
 
+def refuse_planner_file(data: dict, path: str) -> None:
+    """``import-hf`` given one of the planner's own files: say what the file is and how to use it.
+
+    Raises:
+        InvalidPlan: ``data`` is a planner model profile, plan file or cluster profile.
+    """
+    if {"plan", "workload"} & set(data) and "num_layers" not in data:
+        raise InvalidPlan("CONFIG", path, "is a planner plan file, not a Hugging Face config",
+                          f"use it as it is: planner check --plan {path}")
+    if "topology" in data and "memory" in data:
+        raise InvalidPlan("CONFIG", path, "is a planner cluster profile, not a Hugging Face config",
+                          f"use it as it is: planner check MODEL --cluster {path}")
+    if "num_layers" in data and "hidden_size" in data and "name" in data:
+        raise InvalidPlan("CONFIG", path, "is already a planner model profile, not a Hugging Face config",
+                          f"use it as it is: planner check {path} --gpus W --seq-len S")
+
+
 def _refuse_folder(model: str) -> None:
     """A Hugging Face model folder given as MODEL: name the file to pass."""
     from pathlib import Path

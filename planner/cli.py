@@ -19,6 +19,20 @@ from planner.units import GiB, parse_count, parse_params
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Per-rank memory and step-time planner for long-context MoE training.")
+
+
+def _version(value: bool) -> None:
+    if value:
+        from planner import __version__
+
+        sys.stdout.write(f"planner (moe-planner) {__version__}\n")
+        raise typer.Exit(0)
+
+
+@app.callback()
+def _root(version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True,
+                                                help="Print the version and exit.")] = False) -> None:
+    """Per-rank memory and step-time planner for long-context MoE training."""
 _WIDTH = None if sys.stdout.isatty() else 160
 """Rich wraps at 80 columns when not on a terminal; pipes and logs get 160."""
 out = Console(width=_WIDTH)
@@ -65,13 +79,31 @@ class ACC(str, Enum):
     none = "none"
 
 
+def _d(name: str, part: str = "composed") -> str:
+    """The ``--help`` default of a plan knob, read from the schema (one source per fact)."""
+    from planner.schema.plan import BaselineKnobs, ComposedKnobs, Plan
+
+    cls = {"composed": ComposedKnobs, "baseline": BaselineKnobs, "plan": Plan}[part]
+    v = cls.model_fields[name].default
+    return "derived (README: defaults)" if v is None else str(v)
+
+
+def default_calibration_path() -> str:
+    """Where ``planner calibrate`` writes without ``--out``: the user's config folder, not the cwd."""
+    import os
+    from pathlib import Path
+
+    base = os.environ.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
+    return str(Path(base) / "moe-planner" / "clusters" / "measured.yaml")
+
+
 Model = Annotated[Optional[str], typer.Argument(help="Profile name (see `planner models`), model YAML, or HF config.json.")]
-PlanOpt = Annotated[Optional[str], typer.Option("--plan", help="Plan file (search --out); flags override its fields.")]
-Cluster = Annotated[Optional[str], typer.Option("--cluster", help="Cluster profile name or YAML [default: h200].")]
-Gpus = Annotated[Optional[int], typer.Option("--gpus", help="W: ranks (GPUs) in the job.")]
-SeqLen = Annotated[Optional[str], typer.Option("--seq-len", help="S: context length (128k, 1m, 131072).")]
-GBT = Annotated[Optional[str], typer.Option("--global-batch-tokens", help="Tokens per optimizer step.")]
-Json = Annotated[bool, typer.Option("--json", help="Print one JSON object.")]
+PlanOpt = Annotated[Optional[str], typer.Option("--plan", help="Plan file (search --out); flags override its fields.", show_default="none")]
+Cluster = Annotated[Optional[str], typer.Option("--cluster", help="Cluster profile name or YAML.", show_default="h200")]
+Gpus = Annotated[Optional[int], typer.Option("--gpus", help="W: ranks (GPUs) in the job.", show_default="the plan file's; required without --plan")]
+SeqLen = Annotated[Optional[str], typer.Option("--seq-len", help="S: context length (128k, 1m, 131072).", show_default="the plan file's; required without --plan")]
+GBT = Annotated[Optional[str], typer.Option("--global-batch-tokens", help="Tokens per optimizer step.", show_default="one micro-step: W/D sequences of S")]
+Json = Annotated[bool, typer.Option("--json", help="Print one JSON object (errors too).", show_default="off")]
 HbmGib = Annotated[Optional[float], typer.Option("--hbm-gib", help="HBM per GPU, GiB, replacing the cluster profile's.", show_default="the profile's")]
 HostRamGib = Annotated[Optional[float], typer.Option("--host-ram-gib", help="Host RAM per node, GiB, replacing the cluster profile's.", show_default="the profile's")]
 GpusPerNode = Annotated[Optional[int], typer.Option("--gpus-per-node", help="GPUs per node (ranks sharing a node's host RAM), replacing the profile's.", show_default="the profile's")]
@@ -138,33 +170,33 @@ def check(
     model: Model = None, plan: PlanOpt = None, cluster: Cluster = None, gpus: Gpus = None,
     seq_len: SeqLen = None, global_batch_tokens: GBT = None,
     hbm_gib: HbmGib = None, host_ram_gib: HostRamGib = None, gpus_per_node: GpusPerNode = None,
-    dispatch: Annotated[Optional[DispatchC], typer.Option(help="Expert dispatch operator.")] = None,
-    expert_parallel: Annotated[Optional[int], typer.Option(help="E_p (baseline: ep).")] = None,
-    token_budget: Annotated[Optional[str], typer.Option(help="c: per-source tokens per chunk.")] = None,
-    max_chunks: Annotated[Optional[int], typer.Option(help="K_max.")] = None,
-    llep_alpha: Annotated[Optional[float], typer.Option(help="α: LLEP capacity factor.")] = None,
-    llep_min_tokens: Annotated[Optional[int], typer.Option(help="m: min tokens per spilled GEMM.")] = None,
-    llep_lambda: Annotated[Optional[float], typer.Option(help="λ: imbalance threshold.")] = None,
-    routing: Annotated[Optional[str], typer.Option(help="balanced | worst | R/H (e.g. 80/16).")] = None,
-    dispatch_bound: Annotated[Optional[BoundC], typer.Option(help="Dispatch size the verdict uses.")] = None,
-    vocab: Annotated[Optional[VocabC], typer.Option(help="Vocabulary head.")] = None,
-    vocab_parallel: Annotated[Optional[int], typer.Option(help="P: vocabulary group size.")] = None,
-    vocab_blocks: Annotated[Optional[int], typer.Option(help="B_v: blocks per vocab shard.")] = None,
-    optimizer: Annotated[Optional[OptimizerC], typer.Option(help="Optimizer placement.")] = None,
-    bucket_params: Annotated[Optional[str], typer.Option(help="β: bucket size in params (100M).")] = None,
-    staging_slots: Annotated[Optional[int], typer.Option(help="s: staging slots.")] = None,
-    seq_parallel: Annotated[Optional[int], typer.Option(help="D: Ulysses degree.")] = None,
-    checkpoint: Annotated[Optional[CheckpointC], typer.Option(help="Activation checkpointing.")] = None,
-    sco_host_gib: Annotated[Optional[float], typer.Option(help="SCO host budget per rank, GiB (pinned).")] = None,
-    max_imports: Annotated[Optional[int], typer.Option(help="n_import_max.")] = None,
-    dtype: Annotated[Optional[DtypeC], typer.Option(help="Activation dtype.")] = None,
-    baseline: Annotated[bool, typer.Option("--baseline", help="Evaluate the FSDP2 baseline.")] = False,
-    tp: Annotated[Optional[int], typer.Option(help="Baseline tensor parallel.")] = None,
-    cp: Annotated[Optional[int], typer.Option(help="Baseline context parallel.")] = None,
-    dp_shard: Annotated[Optional[int], typer.Option(help="Baseline FSDP shard degree.")] = None,
-    ac: Annotated[Optional[ACC], typer.Option(help="Baseline activation checkpointing.")] = None,
-    cpu_offload: Annotated[bool, typer.Option("--cpu-offload", help="Baseline CPUOffloadPolicy.")] = False,
-    explain: Annotated[bool, typer.Option("--explain", help="Print every term's formula and value.")] = False,
+    dispatch: Annotated[Optional[DispatchC], typer.Option(help="Expert dispatch operator.", show_default=_d("dispatch", "composed"))] = None,
+    expert_parallel: Annotated[Optional[int], typer.Option(help="E_p (baseline: ep).", show_default=_d("expert_parallel", "composed"))] = None,
+    token_budget: Annotated[Optional[str], typer.Option(help="c: per-source tokens per chunk.", show_default=_d("token_budget", "composed"))] = None,
+    max_chunks: Annotated[Optional[int], typer.Option(help="K_max.", show_default=_d("max_chunks", "composed"))] = None,
+    llep_alpha: Annotated[Optional[float], typer.Option(help="α: LLEP capacity factor.", show_default=_d("llep_alpha", "composed"))] = None,
+    llep_min_tokens: Annotated[Optional[int], typer.Option(help="m: min tokens per spilled GEMM.", show_default=_d("llep_min_tokens", "composed"))] = None,
+    llep_lambda: Annotated[Optional[float], typer.Option(help="λ: imbalance threshold.", show_default=_d("llep_lambda", "composed"))] = None,
+    routing: Annotated[Optional[str], typer.Option(help="balanced | worst | R/H (e.g. 80/16).", show_default=_d("routing", "plan"))] = None,
+    dispatch_bound: Annotated[Optional[BoundC], typer.Option(help="Dispatch size the verdict uses.", show_default=_d("dispatch_bound", "plan"))] = None,
+    vocab: Annotated[Optional[VocabC], typer.Option(help="Vocabulary head.", show_default=_d("vocab", "composed"))] = None,
+    vocab_parallel: Annotated[Optional[int], typer.Option(help="P: vocabulary group size.", show_default=_d("vocab_parallel", "composed"))] = None,
+    vocab_blocks: Annotated[Optional[int], typer.Option(help="B_v: blocks per vocab shard.", show_default=_d("vocab_blocks", "composed"))] = None,
+    optimizer: Annotated[Optional[OptimizerC], typer.Option(help="Optimizer placement.", show_default=_d("optimizer", "composed"))] = None,
+    bucket_params: Annotated[Optional[str], typer.Option(help="β: bucket size in params (100M).", show_default=_d("bucket_params", "composed"))] = None,
+    staging_slots: Annotated[Optional[int], typer.Option(help="s: staging slots.", show_default=_d("staging_slots", "composed"))] = None,
+    seq_parallel: Annotated[Optional[int], typer.Option(help="D: Ulysses degree.", show_default=_d("seq_parallel", "composed"))] = None,
+    checkpoint: Annotated[Optional[CheckpointC], typer.Option(help="Activation checkpointing.", show_default=_d("checkpoint", "composed"))] = None,
+    sco_host_gib: Annotated[Optional[float], typer.Option(help="SCO host budget per rank, GiB (pinned).", show_default="what host RAM leaves")] = None,
+    max_imports: Annotated[Optional[int], typer.Option(help="n_import_max.", show_default=_d("max_imports", "composed"))] = None,
+    dtype: Annotated[Optional[DtypeC], typer.Option(help="Activation dtype.", show_default=_d("dtype", "plan"))] = None,
+    baseline: Annotated[bool, typer.Option("--baseline", help="Evaluate the FSDP2 baseline.", show_default="off: the composed stack")] = False,
+    tp: Annotated[Optional[int], typer.Option(help="Baseline tensor parallel.", show_default=_d("tp", "baseline"))] = None,
+    cp: Annotated[Optional[int], typer.Option(help="Baseline context parallel.", show_default=_d("cp", "baseline"))] = None,
+    dp_shard: Annotated[Optional[int], typer.Option(help="Baseline FSDP shard degree.", show_default=_d("dp_shard", "baseline"))] = None,
+    ac: Annotated[Optional[ACC], typer.Option(help="Baseline activation checkpointing.", show_default=_d("ac", "baseline"))] = None,
+    cpu_offload: Annotated[bool, typer.Option("--cpu-offload", help="Baseline CPUOffloadPolicy.", show_default="off")] = False,
+    explain: Annotated[bool, typer.Option("--explain", help="Print every term's formula and value.", show_default="off")] = False,
     json_out: Json = False,
 ) -> None:
     """Does this configuration fit, per rank, in HBM and host RAM? Which term binds?"""
@@ -253,7 +285,7 @@ def _progress(label: str, enabled: bool):
 @app.command()
 def search(
     model: Annotated[str, typer.Argument(help="Profile name, model YAML, or HF config.json.")],
-    gpus: Annotated[int, typer.Option("--gpus", help="W: ranks (GPUs) in the job.")],
+    gpus: Annotated[int, typer.Option("--gpus", help="W: ranks (GPUs) in the job.", show_default="the plan file's; required without --plan")],
     seq_len: Annotated[str, typer.Option("--seq-len", help="S: context length (128k, 1m).")],
     cluster: Cluster = None, global_batch_tokens: GBT = None,
     hbm_gib: HbmGib = None, host_ram_gib: HostRamGib = None, gpus_per_node: GpusPerNode = None,
@@ -262,7 +294,7 @@ def search(
     dtype: Annotated[DtypeC, typer.Option(help="Activation dtype.")] = DtypeC.bf16,
     top: Annotated[int, typer.Option(help="How many composed plans to list.")] = 5,
     stack: Annotated[StackC, typer.Option(help="Which plan --out writes: the faster stack that fits (best), or one stack.")] = StackC.best,
-    out_file: Annotated[Optional[str], typer.Option("--out", help="Write the chosen plan (--stack) as a plan file.")] = None,
+    out_file: Annotated[Optional[str], typer.Option("--out", help="Write the chosen plan (--stack) as a plan file.", show_default="none: nothing written")] = None,
     progress: Annotated[bool, typer.Option(help="Show a progress bar.")] = True,
     json_out: Json = False,
 ) -> None:
@@ -303,14 +335,14 @@ def search(
 @app.command()
 def sweep(
     model: Annotated[str, typer.Argument(help="Profile name, model YAML, or HF config.json.")],
-    gpus: Annotated[int, typer.Option("--gpus", help="W: ranks (GPUs) in the job.")],
+    gpus: Annotated[int, typer.Option("--gpus", help="W: ranks (GPUs) in the job.", show_default="the plan file's; required without --plan")],
     seq_lens: Annotated[str, typer.Option("--seq-lens", help="Comma-separated context lengths (32k,64k,...).")],
     cluster: Cluster = None, global_batch_tokens: GBT = None,
     hbm_gib: HbmGib = None, host_ram_gib: HostRamGib = None, gpus_per_node: GpusPerNode = None,
     routing: Annotated[str, typer.Option(help="balanced | worst | R/H, for both stacks.")] = "balanced",
     dtype: Annotated[DtypeC, typer.Option(help="Activation dtype.")] = DtypeC.bf16,
-    csv: Annotated[Optional[str], typer.Option("--csv", help="Write the sweep as CSV.")] = None,
-    plot: Annotated[Optional[str], typer.Option("--plot", help="Write a PNG (needs the plot extra).")] = None,
+    csv: Annotated[Optional[str], typer.Option("--csv", help="Write the sweep as CSV.", show_default="none")] = None,
+    plot: Annotated[Optional[str], typer.Option("--plot", help="Write the plot; the suffix picks the format (.png, .pdf, .svg; needs the plot extra).", show_default="none")] = None,
     progress: Annotated[bool, typer.Option(help="Show a progress bar.")] = True,
     json_out: Json = False,
 ) -> None:
@@ -348,8 +380,8 @@ def sweep(
 
 @app.command()
 def calibrate(
-    out_file: Annotated[Optional[str], typer.Option("--out", help="Profile to write [default: profiles/clusters/<gpu>.yaml measured copy].")] = None,
-    quick: Annotated[bool, typer.Option("--quick", help="Coarse grids; on a CPU-only machine a small CPU profile.")] = False,
+    out_file: Annotated[Optional[str], typer.Option("--out", help="Profile to write.", show_default=default_calibration_path())] = None,
+    quick: Annotated[bool, typer.Option("--quick", help="Coarse grids; on a CPU-only machine a small CPU profile.", show_default="off")] = False,
     progress: Annotated[bool, typer.Option(help="Show a progress bar.")] = True,
 ) -> None:
     """Measure this machine's curves and constants and write a cluster profile (needs the runtime extra)."""
@@ -359,7 +391,12 @@ def calibrate(
         raise InvalidPlan("planner calibrate", "torch", "is not installed (it needs the runtime extra)",
                           "pip install 'moe-planner[runtime]'")
     import calibration
-    path = out_file or "profiles/clusters/measured.yaml"
+    path = out_file
+    if path is None:
+        from pathlib import Path
+
+        path = default_calibration_path()
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
     spec = calibration.run(path, quick=quick, progress=progress, command=" ".join(["planner", *sys.argv[2:]]))
     err.print(f"wrote {path} ({spec.name}): use it with --cluster {path}; to fold a GPU calibration into a declared "
               f"profile of the same GPU: python3 -m calibration.merge PROFILE {path}")
@@ -375,8 +412,8 @@ def models(json_out: Json = False) -> None:
 
 @app.command("import-hf")
 def import_hf(config: Annotated[str, typer.Argument(help="Hugging Face config.json")],
-              output: Annotated[Optional[str], typer.Option("-o", "--output", help="Write the model YAML here.")] = None,
-              name: Annotated[Optional[str], typer.Option(help="Profile name [default: folder or file stem].")] = None) -> None:
+              output: Annotated[Optional[str], typer.Option("-o", "--output", help="Write the model YAML here.", show_default="stdout")] = None,
+              name: Annotated[Optional[str], typer.Option(help="Profile name.", show_default="the config's folder or file stem")] = None) -> None:
     """Turn a Hugging Face config.json into a model profile."""
     from pathlib import Path
 
@@ -389,6 +426,9 @@ def import_hf(config: Annotated[str, typer.Argument(help="Hugging Face config.js
     data = read_structured(config)
     if not isinstance(data, dict):
         raise InvalidPlan(config, type(data).__name__, "must hold a JSON object", "pass a config.json")
+    from planner.api import refuse_planner_file
+
+    refuse_planner_file(data, config)
     stem = Path(config).parent.name if Path(config).name == "config.json" else Path(config).stem
     spec, warnings = _imp(data, name=name or stem)
     for w in warnings:
@@ -440,6 +480,12 @@ def _usage_line(e: Exception) -> str:
     return f"error: {msg}; fix: see '{where} --help' for the commands and options"
 
 
+def _json_error(message: str, field, code: int) -> None:
+    """Under ``--json`` an error is one JSON object on stdout too (the line stays on stderr)."""
+    sys.stdout.write(json.dumps({"error": message, "field": None if field is None else str(field),
+                                 "exit_code": code}) + "\n")
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point: maps errors to exit codes (2 invalid input, 3 internal error with traceback).
 
@@ -447,12 +493,15 @@ def main(argv: list[str] | None = None) -> int:
     ``error:`` line; bare ``planner`` prints the help and exits 2 (click's convention).
     """
     usage_types, abort_types = _usage_exception_types()
+    as_json = "--json" in (sys.argv[1:] if argv is None else argv)
     try:
         rv = app(args=argv, prog_name="planner", standalone_mode=False)
         code = int(rv or 0)
     except PlanError as e:
         err.print(f"error: {e}", markup=False, highlight=False, soft_wrap=True)
         code = e.exit_code
+        if as_json:
+            _json_error(str(e), getattr(e, "field", None), code)
     except typer.Exit as e:
         code = e.exit_code
     except SystemExit as e:
@@ -464,6 +513,10 @@ def main(argv: list[str] | None = None) -> int:
             e.show()
         else:
             err.print(_usage_line(e), markup=False, highlight=False, soft_wrap=True)
+            if as_json:
+                param = getattr(e, "param", None)
+                opts = getattr(param, "opts", None) or [getattr(param, "name", None)]
+                _json_error(_usage_line(e).removeprefix("error: "), opts[0] if param is not None else None, 2)
         code = 2
     except Exception:  # noqa: BLE001 - bugs
         traceback.print_exc()
