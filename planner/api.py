@@ -220,6 +220,18 @@ class CheckReport:
 
     @property
     def binding_live_set(self) -> str:
+        """The live set that pushed the binding phase to the peak: the one whose bytes there exceed
+        its own minimum over phases by the most (its phase-specific part at the peak). Persistent
+        state, the same in every phase, never pushes a phase above the others; ties go to the larger
+        live set in the binding phase."""
+        def pushed(n: str) -> tuple[int, int]:
+            row = self.evaluation.live_set_bytes(n)
+            return int(row[self.binding]) - int(row.min()), int(row[self.binding])
+        return max(LIVE_SETS, key=pushed)
+
+    @property
+    def largest_live_set(self) -> str:
+        """The live set with the most bytes in the binding phase."""
         return max(LIVE_SETS, key=lambda n: self.live_set_bytes(n)[0])
 
     def term_rows(self, phase_index: int | None = None) -> list[tuple[Any, int, int]]:
@@ -261,6 +273,8 @@ class CheckReport:
             "capacity_bytes": self.capacity_bytes, "headroom_bytes": self.capacity_bytes - self.peak_bytes,
             "hbm_bytes": self.hbm_bytes, "outside_allocator_bytes": self.outside_allocator_bytes,
             "binding_phase": self.binding_phase, "binding_live_set": self.binding_live_set,
+            "largest_live_set": self.largest_live_set,
+            **self.extra.get("step", {}),
             "binding_terms": self.binding_terms, "assumed": self.assumed, "provisional": self.provisional,
             "live_sets": live,
             "host": {"bytes": int(h.bytes), "capacity_bytes": int(h.capacity_bytes), "fits": self.fits_host,
@@ -294,8 +308,21 @@ def check_planfile(pf: PlanFile) -> CheckReport:
         planfile=resolved_planfile(pf, ctx), ctx=ctx, evaluation=ev, capacity_bytes=capacity_bytes(ctx),
         hbm_bytes=ctx.cluster.topology.hbm_bytes, outside_allocator_bytes=outside_allocator_bytes(ctx),
         host=host, assumed=assumed_used(ctx), provisional=provisional, binding=int(ev.binding_index),
-        extra={"dispatch_bounds": dispatch_bounds(ctx, ev)},
+        extra={"dispatch_bounds": dispatch_bounds(ctx, ev), "step": step_summary(ctx)},
     )
+
+
+def step_summary(ctx: Ctx) -> dict[str, Any]:
+    """Predicted step time and tokens per optimizer step (``None`` where the time model has a gap)."""
+    from planner.timing.step import step_time
+
+    st = step_time(ctx)
+    total = float(np.asarray(st.total_s).reshape(-1)[0])
+    per_rank = int(np.asarray(st.tokens_per_step).reshape(-1)[0])
+    ok = bool(np.isfinite(total))
+    return {"step_s": total if ok else None, "tokens_per_step": per_rank * ctx.world_size,
+            "tokens_per_step_per_rank": per_rank, "tokens_per_s_per_gpu": per_rank / total if ok else None,
+            "step_gaps": list(st.gaps)}
 
 
 def dispatch_bounds(ctx: Ctx, ev: Evaluation) -> dict[str, int]:
@@ -339,6 +366,7 @@ class FrontierReport:
                                "capacity_bytes": s.capacity_bytes, "host_capacity_bytes": s.host_capacity_bytes}
         if self.axis == "seq_len":
             out["max_seq_len"] = best
+            out["seq_step"] = int(s.values[1] - s.values[0]) if len(s.values) > 1 else int(s.values[0])
         else:
             W = self.planfile.plan.world_size
             D = resolve_plan(self.planfile.model, self.planfile.workload, self.planfile.plan)
@@ -353,14 +381,23 @@ class FrontierReport:
         return out
 
 
-def max_context(*, seq_step: int = 1024, max_seq_len: int = 16 * 2**20, **kwargs) -> FrontierReport:
-    """``planner max-context``: scan ``S`` over the whole grid (DESIGN §3.4)."""
+DEFAULT_SEQ_STEP_PER_RANK = 1024
+"""``max-context`` grid step without ``--seq-step``: ``S`` grows by ``1024·D`` (1024 tokens per rank)."""
+
+
+def max_context(*, seq_step: int | None = None, max_seq_len: int = 16 * 2**20, **kwargs) -> FrontierReport:
+    """``planner max-context``: scan ``S`` over the whole grid (DESIGN §3.4). ``seq_step`` and
+    ``max_seq_len`` are both total context ``S``; the step is rounded up to a multiple of the
+    sequence-sharding degree ``D`` (``cp`` for the baseline), default ``1024·D``."""
     from planner.budget.frontier import scan, seq_len_grid
 
     if kwargs.get("seq_len") is None and not kwargs.get("plan_file"):
-        kwargs["seq_len"] = seq_step * (kwargs.get("gpus") or 1)
+        kwargs["seq_len"] = (seq_step or DEFAULT_SEQ_STEP_PER_RANK) * (kwargs.get("gpus") or 1)
     pf, ref = build(**kwargs)
-    grid = seq_len_grid(pf, seq_step, max_seq_len)
+    plan = resolve_plan(pf.model, pf.workload, pf.plan)
+    D = plan.composed.seq_parallel if plan.stack == "composed" else plan.baseline.cp
+    per_rank = DEFAULT_SEQ_STEP_PER_RANK if seq_step is None else -(-seq_step // D)
+    grid = seq_len_grid(pf, per_rank, max_seq_len)
     return FrontierReport(pf, "seq_len", scan(pf, "seq_len", grid), ref)
 
 
@@ -572,3 +609,61 @@ def sweep(*, model: str, cluster: str | None = None, gpus: int, seq_lens: list[i
                                  {ls: rep.live_set_bytes(ls)[1] for ls in LIVE_SETS}, rep.binding_live_set,
                                  cand.tokens_per_s_per_gpu if cand else None, rep.planfile.plan))
     return rows
+
+
+MIN_GPUS_MAX = 4096
+"""Largest ``W`` that ``min-gpus`` tries by default."""
+
+
+@dataclass
+class MinGpusReport:
+    """``planner min-gpus``: the smallest power-of-two ``W`` at which each stack has a plan that fits."""
+
+    model: Any
+    workload: Workload
+    composed: int | None
+    baseline: int | None
+    tried: list[dict]
+    """Per ``W`` tried: ``{world_size, composed_fit, baseline_fit, composed_lowest_peak_bytes, ...}``."""
+
+    def to_json(self) -> dict:
+        return {"model": self.model.name, "seq_len": self.workload.seq_len, "min_gpus": self.composed,
+                "baseline_min_gpus": self.baseline, "tried": self.tried}
+
+
+def min_gpus(*, model: str, seq_len: int, cluster: str | None = None, cluster_overrides: dict | None = None,
+             routing: str = "balanced", dispatch_bound: str = "guarantee", dtype: str = "bf16",
+             max_gpus: int = MIN_GPUS_MAX, progress=None) -> MinGpusReport:
+    """Smallest ``W = 2^k ≤ max_gpus`` for which some legal composed plan fits (HBM and host RAM),
+    and the same for the FSDP2 baseline, by the memory model alone (the search's candidate space,
+    no time model). Powers of two: the legal degrees (``D``, ``E_p``, ``P``, ``tp``, ``cp``) divide
+    ``W`` and the heads and experts, which are powers of two in every shipped model."""
+    from planner.search.rank import lowest_peak
+
+    if not 1 <= max_gpus <= 2**20:
+        raise InvalidPlan("--max-gpus", max_gpus, "must be in 1..1048576", "give e.g. --max-gpus 4096")
+    pf, _ = build(model=model, cluster=cluster, gpus=1, seq_len=seq_len, cluster_overrides=cluster_overrides,
+                  overrides={"routing": routing, "dispatch_bound": dispatch_bound, "dtype": dtype})
+    found: dict[str, int | None] = {"composed": None, "fsdp2": None}
+    tried = []
+    ws = [1 << k for k in range(max_gpus.bit_length()) if 1 << k <= max_gpus]
+    for j, W in enumerate(ws):
+        row: dict[str, Any] = {"world_size": W}
+        for st in ("composed", "fsdp2"):
+            if found[st] is not None:
+                continue
+            try:
+                _, peak, n_fit = lowest_peak(pf.model, pf.cluster, pf.workload, world_size=W, stack=st,
+                                             routing=routing, dispatch_bound=dispatch_bound, dtype=dtype,
+                                             host_fallback=True)
+            except AssertionError:  # no legal candidate at this W
+                peak, n_fit = None, 0
+            row[f"{st}_fit"], row[f"{st}_lowest_peak_bytes"] = n_fit, peak
+            if n_fit:
+                found[st] = W
+        tried.append(row)
+        if progress:
+            progress(j + 1, len(ws))
+        if all(v is not None for v in found.values()):
+            break
+    return MinGpusReport(pf.model, pf.workload, found["composed"], found["fsdp2"], tried)

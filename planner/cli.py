@@ -102,6 +102,7 @@ PlanOpt = Annotated[Optional[str], typer.Option("--plan", help="Plan file (searc
 Cluster = Annotated[Optional[str], typer.Option("--cluster", help="Cluster profile name or YAML.", show_default="h200")]
 Gpus = Annotated[Optional[int], typer.Option("--gpus", help="W: ranks (GPUs) in the job.", show_default="the plan file's; required without --plan")]
 SeqLen = Annotated[Optional[str], typer.Option("--seq-len", help="S: context length (128k, 1m, 131072).", show_default="the plan file's; required without --plan")]
+Seqs = Annotated[Optional[int], typer.Option("--seqs-per-microbatch", help="Sequences of length S per sequence group per micro-step.", show_default="1 (the plan file's with --plan)")]
 GBT = Annotated[Optional[str], typer.Option("--global-batch-tokens", help="Tokens per optimizer step.", show_default="one micro-step: W/D sequences of S")]
 Json = Annotated[bool, typer.Option("--json", help="Print one JSON object (errors too).", show_default="off")]
 HbmGib = Annotated[Optional[float], typer.Option("--hbm-gib", help="HBM per GPU, GiB, replacing the cluster profile's.", show_default="the profile's")]
@@ -159,8 +160,8 @@ def _topology(hbm_gib, host_ram_gib, gpus_per_node) -> dict:
 
 
 def _common(model, plan, cluster, gpus, seq_len, gbt, ov, hbm_gib=None, host_ram_gib=None,
-            gpus_per_node=None) -> dict:
-    return dict(model=model, plan_file=plan, cluster=cluster, gpus=gpus,
+            gpus_per_node=None, seqs=None) -> dict:
+    return dict(model=model, plan_file=plan, cluster=cluster, gpus=gpus, seqs_per_microbatch=seqs,
                 seq_len=_count(seq_len, "--seq-len"), global_batch_tokens=_count(gbt, "--global-batch-tokens"),
                 overrides=ov, cluster_overrides=_topology(hbm_gib, host_ram_gib, gpus_per_node))
 
@@ -168,7 +169,7 @@ def _common(model, plan, cluster, gpus, seq_len, gbt, ov, hbm_gib=None, host_ram
 @app.command()
 def check(
     model: Model = None, plan: PlanOpt = None, cluster: Cluster = None, gpus: Gpus = None,
-    seq_len: SeqLen = None, global_batch_tokens: GBT = None,
+    seq_len: SeqLen = None, global_batch_tokens: GBT = None, seqs_per_microbatch: Seqs = None,
     hbm_gib: HbmGib = None, host_ram_gib: HostRamGib = None, gpus_per_node: GpusPerNode = None,
     dispatch: Annotated[Optional[DispatchC], typer.Option(help="Expert dispatch operator.", show_default=_d("dispatch", "composed"))] = None,
     expert_parallel: Annotated[Optional[int], typer.Option(help="E_p (baseline: ep).", show_default=_d("expert_parallel", "composed"))] = None,
@@ -205,7 +206,7 @@ def check(
 
     ov = _overrides(**{k: v for k, v in locals().items() if k in _OV_KEYS})
     rep = api.check(**_common(model, plan, cluster, gpus, seq_len, global_batch_tokens, ov, hbm_gib, host_ram_gib,
-                              gpus_per_node))
+                              gpus_per_node, seqs_per_microbatch))
     if json_out:
         _print_json(rep.to_json())
     else:
@@ -226,7 +227,7 @@ def _frontier(kind: str, ctx: typer.Context, **kw) -> None:
     extra = kw.pop("extra")
     ov = _overrides(**{k: v for k, v in kw.items() if k in _OV_KEYS})
     common = _common(kw["model"], kw["plan"], kw["cluster"], kw["gpus"], kw["seq_len"], kw["global_batch_tokens"], ov,
-                     kw["hbm_gib"], kw["host_ram_gib"], kw["gpus_per_node"])
+                     kw["hbm_gib"], kw["host_ram_gib"], kw["gpus_per_node"], kw["seqs_per_microbatch"])
     rep = api.max_context(**common, **extra) if kind == "context" else api.max_batch(**common, **extra)
     if kw["json_out"]:
         _print_json(rep.to_json())
@@ -250,12 +251,12 @@ def _frontier_signature(fn):
 @app.command("max-context")
 @_frontier_signature
 def max_context(
-    seq_step: Annotated[str, typer.Option(help="Grid step of N (tokens per rank).")] = "1024",
-    max_seq_len: Annotated[str, typer.Option(help="Largest S scanned.")] = "16m",
+    seq_step: Annotated[Optional[str], typer.Option(help="Grid step of S (total context, like --max-seq-len), rounded up to a multiple of D.", show_default="1k × D")] = None,
+    max_seq_len: Annotated[str, typer.Option(help="Largest S (total context) scanned.")] = "16m",
     **kw,
 ) -> None:
     """Largest context length that fits (whole-grid scan; the peak is not monotone in S)."""
-    kw["extra"] = {"seq_step": parse_count(seq_step, "--seq-step"), "max_seq_len": parse_count(max_seq_len, "--max-seq-len")}
+    kw["extra"] = {"seq_step": _count(seq_step, "--seq-step"), "max_seq_len": parse_count(max_seq_len, "--max-seq-len")}
     _frontier("context", None, **kw)
 
 
@@ -376,6 +377,40 @@ def sweep(
     else:
         render_sweep(rows, out)
     raise typer.Exit(0)
+
+
+@app.command("min-gpus")
+def min_gpus(
+    model: Annotated[str, typer.Argument(help="Profile name, model YAML, or HF config.json.")],
+    seq_len: Annotated[str, typer.Option("--seq-len", help="S: context length (128k, 1m).")],
+    cluster: Cluster = None,
+    hbm_gib: HbmGib = None, host_ram_gib: HostRamGib = None, gpus_per_node: GpusPerNode = None,
+    routing: Annotated[str, typer.Option(help="balanced | worst | R/H, for both stacks.")] = "balanced",
+    dispatch_bound: Annotated[BoundC, typer.Option(help="Dispatch size the verdicts use.")] = BoundC.guarantee,
+    dtype: Annotated[DtypeC, typer.Option(help="Activation dtype.")] = DtypeC.bf16,
+    max_gpus: Annotated[int, typer.Option(help="Largest W tried (powers of two).")] = 4096,
+    progress: Annotated[bool, typer.Option(help="Show a progress bar.")] = True,
+    json_out: Json = False,
+) -> None:
+    """Smallest W (a power of two) at which some composed plan fits; the FSDP2 baseline's beside it."""
+    from planner import api
+    from planner.report.search_view import render_min_gpus
+
+    prog, cb = _progress("trying W", progress and not json_out)
+    try:
+        if prog:
+            prog.start()
+        rep = api.min_gpus(model=model, seq_len=parse_count(seq_len, "--seq-len"), cluster=cluster,
+                           cluster_overrides=_topology(hbm_gib, host_ram_gib, gpus_per_node), routing=routing,
+                           dispatch_bound=_v(dispatch_bound), dtype=_v(dtype), max_gpus=max_gpus, progress=cb)
+    finally:
+        if prog:
+            prog.stop()
+    if json_out:
+        _print_json(rep.to_json())
+    else:
+        render_min_gpus(rep, out)
+    raise typer.Exit(0 if rep.composed is not None else 1)
 
 
 @app.command()

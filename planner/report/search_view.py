@@ -95,3 +95,21 @@ def describe_choice(rep) -> str:
     elif rep.stack == "best":
         why = " (neither stack fits: the one whose closest plan overshoots less)"
     return (f"the fastest {name} plan" if ch[1] else f"the closest {name} plan (none fits)") + why
+
+
+def render_min_gpus(rep, console: Console) -> None:
+    """The smallest W of each stack, and what the memory model found at each W tried."""
+    S = fmt_count(rep.workload.seq_len)
+    for name, w in (("composed stack", rep.composed), ("FSDP2 baseline", rep.baseline)):
+        tried = max(r["world_size"] for r in rep.tried)
+        console.print(f"{name}: " + (f"fits from W = {w} GPUs" if w else f"does not fit up to W = {tried}")
+                      + f" at S = {S}", markup=False, highlight=False)
+    for r in rep.tried:
+        parts = []
+        for st, name in (("composed", "composed"), ("fsdp2", "FSDP2")):
+            if f"{st}_fit" in r:
+                pk = r[f"{st}_lowest_peak_bytes"]
+                parts.append(f"{name} {r[st + '_fit']} fit" + (f" (lowest peak {gib(pk):.1f} GiB)" if pk else ""))
+        console.print(f"  W = {r['world_size']}: " + ", ".join(parts), markup=False, highlight=False)
+    console.print("memory model only (the search's candidate space); `planner search` at that W ranks the plans",
+                  style="dim")
