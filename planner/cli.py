@@ -349,7 +349,7 @@ def sweep(
 ) -> None:
     """Per context length: best composed plan and best baseline, peak per live set, verdict, throughput."""
     from planner import api
-    from planner.report.sweep_view import frame, render_sweep, write_csv, write_plot
+    from planner.report.sweep_view import frame, plot_format, render_sweep, write_csv, write_plot
     from planner.schema.io import check_writable
 
     lens = [parse_count(x, "--seq-lens") for x in seq_lens.split(",") if x.strip()]
@@ -358,6 +358,8 @@ def sweep(
     for path, field in ((csv, "--csv"), (plot, "--plot")):
         if path:
             check_writable(path, field)
+    if plot:
+        plot_format(plot)
     prog, cb = _progress("sweeping", progress and not json_out)
     try:
         if prog:
@@ -371,7 +373,7 @@ def sweep(
     if csv:
         write_csv(rows, csv)
     if plot:
-        write_plot(rows, plot, f"{model} on {gpus} GPUs: per-rank peak by live set")
+        write_plot(rows, plot, f"{model} on {gpus} GPUs: per-rank peak by live set, and throughput")
     if json_out:
         _print_json(json.loads(frame(rows).to_json(orient="records")))
     else:
