@@ -43,7 +43,8 @@ def build_planfile(**kwargs) -> PlanFile:
 def build(*, model: str | None = None, plan_file: str | None = None, cluster: str | None = None,
           gpus: int | None = None, seq_len: int | None = None, global_batch_tokens: int | None = None,
           seqs_per_microbatch: int | None = None, overrides: dict[str, Any] | None = None,
-          cluster_overrides: dict[str, int] | None = None) -> tuple[PlanFile, dict | None]:
+          cluster_overrides: dict[str, int] | None = None,
+          mtp_trained: bool | None = None) -> tuple[PlanFile, dict | None]:
     """An (unresolved) plan file from a plan file and/or a model plus flag overrides, and the
     reference that names its cluster in a written plan file (``None`` for an old plan file that
     embeds its profile and no ``--cluster``). ``cluster_overrides`` are topology fields
@@ -89,6 +90,11 @@ def build(*, model: str | None = None, plan_file: str | None = None, cluster: st
         if seq_len is None:
             raise InvalidPlan("--seq-len", None, "is required without --plan", "add e.g. --seq-len 128k")
     ov = _stack_overrides(ov, ov.get("stack", plan.get("stack", "composed")))
+    if mtp_trained is not None:
+        if not m.mtp_layers:
+            raise InvalidPlan("--mtp-trained" if mtp_trained else "--no-mtp-trained", m.name,
+                              "applies to a model with MTP layers (this one has none)", "drop the flag")
+        m = m.model_copy(update={"mtp_trained": mtp_trained})
     if gpus is not None:
         plan["world_size"] = gpus
     if seq_len is not None:
@@ -281,9 +287,17 @@ class CheckReport:
                      "ranks_per_node": h.ranks_per_node, "baseline_bytes": int(h.baseline_bytes),
                      "optimizer_bytes": int(h.optimizer_bytes), "sco_bytes": int(h.sco_bytes)},
             "derived": derived_symbols(self.ctx),
+            "params": param_summary(self.planfile.model),
             "dispatch_bounds": self.extra.get("dispatch_bounds", {}),
             "plan": planfile_doc(self.planfile, self.cluster_ref),
         }
+
+
+def param_summary(model) -> dict[str, Any]:
+    """``Θ`` as used (``num_params``), with and without the MTP layers, and whether they are trained."""
+    return {"num_params": model.param_counts()["total"], "with_mtp": model.param_counts(mtp=True)["total"],
+            "without_mtp": model.param_counts(mtp=False)["total"], "mtp_layers": model.mtp_layers,
+            "mtp_trained": model.mtp_trained}
 
 
 def derived_symbols(ctx: Ctx) -> dict[str, Any]:

@@ -160,8 +160,9 @@ def _topology(hbm_gib, host_ram_gib, gpus_per_node) -> dict:
 
 
 def _common(model, plan, cluster, gpus, seq_len, gbt, ov, hbm_gib=None, host_ram_gib=None,
-            gpus_per_node=None, seqs=None) -> dict:
+            gpus_per_node=None, seqs=None, mtp_trained=None) -> dict:
     return dict(model=model, plan_file=plan, cluster=cluster, gpus=gpus, seqs_per_microbatch=seqs,
+                mtp_trained=mtp_trained,
                 seq_len=_count(seq_len, "--seq-len"), global_batch_tokens=_count(gbt, "--global-batch-tokens"),
                 overrides=ov, cluster_overrides=_topology(hbm_gib, host_ram_gib, gpus_per_node))
 
@@ -171,6 +172,7 @@ def check(
     model: Model = None, plan: PlanOpt = None, cluster: Cluster = None, gpus: Gpus = None,
     seq_len: SeqLen = None, global_batch_tokens: GBT = None, seqs_per_microbatch: Seqs = None,
     hbm_gib: HbmGib = None, host_ram_gib: HostRamGib = None, gpus_per_node: GpusPerNode = None,
+    mtp_trained: Annotated[Optional[bool], typer.Option("--mtp-trained/--no-mtp-trained", help="Whether the model's MTP layers are trained (count in Θ).", show_default="the model file's mtp_trained (true)")] = None,
     dispatch: Annotated[Optional[DispatchC], typer.Option(help="Expert dispatch operator.", show_default=_d("dispatch", "composed"))] = None,
     expert_parallel: Annotated[Optional[int], typer.Option(help="E_p (baseline: ep).", show_default=_d("expert_parallel", "composed"))] = None,
     token_budget: Annotated[Optional[str], typer.Option(help="c: per-source tokens per chunk.", show_default=_d("token_budget", "composed"))] = None,
@@ -206,7 +208,7 @@ def check(
 
     ov = _overrides(**{k: v for k, v in locals().items() if k in _OV_KEYS})
     rep = api.check(**_common(model, plan, cluster, gpus, seq_len, global_batch_tokens, ov, hbm_gib, host_ram_gib,
-                              gpus_per_node, seqs_per_microbatch))
+                              gpus_per_node, seqs_per_microbatch, mtp_trained))
     if json_out:
         _print_json(rep.to_json())
     else:
@@ -227,7 +229,8 @@ def _frontier(kind: str, ctx: typer.Context, **kw) -> None:
     extra = kw.pop("extra")
     ov = _overrides(**{k: v for k, v in kw.items() if k in _OV_KEYS})
     common = _common(kw["model"], kw["plan"], kw["cluster"], kw["gpus"], kw["seq_len"], kw["global_batch_tokens"], ov,
-                     kw["hbm_gib"], kw["host_ram_gib"], kw["gpus_per_node"], kw["seqs_per_microbatch"])
+                     kw["hbm_gib"], kw["host_ram_gib"], kw["gpus_per_node"], kw["seqs_per_microbatch"],
+                     kw["mtp_trained"])
     rep = api.max_context(**common, **extra) if kind == "context" else api.max_batch(**common, **extra)
     if kw["json_out"]:
         _print_json(rep.to_json())

@@ -37,13 +37,23 @@ def _plan_line(rep) -> str:
             f"CPU offload {'on' if b.cpu_offload else 'off'} · routing {p.routing} · {p.dtype}")
 
 
+def _mtp_note(model) -> str:
+    """Θ's other reading when the model has MTP layers (a model card counts the main model only)."""
+    if not model.mtp_layers:
+        return ""
+    other = model.param_counts(mtp=not model.mtp_trained)["total"] / 1e9
+    return (f" (with {model.mtp_layers} trained MTP layer{'s' if model.mtp_layers > 1 else ''}; "
+            f"{other:.1f}B without)" if model.mtp_trained else
+            f" (MTP layers not trained; {other:.1f}B with them)")
+
+
 def render_check(rep, console: Console, explain: bool = False) -> None:
     """Print the verdict: live sets by phase, headroom, binding terms, plan, assumptions."""
     pf = rep.planfile
     W, S = pf.plan.world_size, pf.workload.seq_len
     console.print(f"[bold]{pf.model.name}[/] on {W} × {pf.cluster.topology.gpu_name} "
                   f"({pf.cluster.name}) · S = {fmt_count(S)} ({S:,} tokens) · N = {fmt_count(int(rep.ctx.tokens_per_rank))} "
-                  f"tokens/rank · Θ = {rep.ctx.num_params / 1e9:.1f}B")
+                  f"tokens/rank · Θ = {rep.ctx.num_params / 1e9:.1f}B" + _mtp_note(pf.model))
     console.print(_plan_line(rep), style="dim")
     tab = rep.phase_kind_table()
     t = Table(title="per-rank GiB, worst phase of each kind")
