@@ -18,7 +18,7 @@ from planner.budget.host import host_budget
 from planner.budget.peak import Evaluation, assumed_used, capacity_bytes, evaluate, outside_allocator_bytes
 from planner.budget.resolve import resolve_plan
 from planner.budget.terms import LIVE_SETS, PHASE_KINDS
-from planner.errors import InvalidPlan
+from planner.errors import InvalidPlan, PlanError
 from planner.report.plan_file import planfile_doc
 from planner.schema import PlanFile, Workload
 from planner.schema.io import load_cluster, load_model, validate
@@ -563,7 +563,10 @@ def search(*, model: str, cluster: str | None = None, gpus: int, seq_len: int, g
             continue
         plan, _, _ = lowest_peak(pf.model, pf.cluster, pf.workload, world_size=gpus, stack=st, routing=routing,
                                  dispatch_bound=dispatch_bound, dtype=dtype, host_fallback=True)
-        closest[st] = Closest(check_planfile(pf.model_copy(update={"plan": plan})))
+        try:
+            closest[st] = Closest(check_planfile(pf.model_copy(update={"plan": plan})))
+        except PlanError:  # a plan check refuses cannot be offered as the closest (nor written)
+            continue
     _raise_if_only_gaps(res)
     return SearchReport(pf.model, pf.cluster, pf.workload, gpus, res, time.perf_counter() - t0, stack, closest, ref)
 

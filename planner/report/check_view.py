@@ -54,6 +54,13 @@ def render_check(rep, console: Console, explain: bool = False) -> None:
     console.print(f"[bold]{pf.model.name}[/] on {W} × {pf.cluster.topology.gpu_name} "
                   f"({pf.cluster.name}) · S = {fmt_count(S)} ({S:,} tokens) · N = {fmt_count(int(rep.ctx.tokens_per_rank))} "
                   f"tokens/rank · Θ = {rep.ctx.num_params / 1e9:.1f}B" + _mtp_note(pf.model))
+    topo = (rep.cluster_ref or {}).get("topology")
+    if topo:
+        from planner.report.plan_file import TOPOLOGY_FLAGS
+
+        console.print("cluster overrides: " + ", ".join(
+            f"{TOPOLOGY_FLAGS[k]} {v / 2**30:g}" if k.endswith("_bytes") else f"{TOPOLOGY_FLAGS[k]} {v}"
+            for k, v in topo.items()), style="dim", markup=False, highlight=False)
     console.print(_plan_line(rep), style="dim")
     tab = rep.phase_kind_table()
     t = Table(title="per-rank GiB, worst phase of each kind")
