@@ -19,7 +19,7 @@ from planner.budget.peak import Evaluation, assumed_used, capacity_bytes, evalua
 from planner.budget.resolve import resolve_plan
 from planner.budget.terms import LIVE_SETS, PHASE_KINDS
 from planner.errors import InvalidPlan, PlanError
-from planner.report.plan_file import planfile_doc
+from planner.schema.cluster_ref import planfile_doc
 from planner.schema import PlanFile, Workload
 from planner.schema.io import load_cluster, load_model, validate
 
@@ -48,12 +48,12 @@ def build(*, model: str | None = None, plan_file: str | None = None, cluster: st
     """An (unresolved) plan file from a plan file and/or a model plus flag overrides, and the
     reference that names its cluster in a written plan file (``None`` for an old plan file that
     embeds its profile and no ``--cluster``). ``cluster_overrides`` are topology fields
-    (``planner.report.plan_file.TOPOLOGY_FLAGS``) replacing the profile's.
+    (``planner.schema.cluster_ref.TOPOLOGY_FLAGS``) replacing the profile's.
 
     Raises:
         InvalidPlan: neither a model nor a plan file, or ``--gpus``/``--seq-len`` missing.
     """
-    from planner.report.plan_file import apply_topology, cluster_reference, read_plan_document
+    from planner.schema.cluster_ref import apply_topology, cluster_reference, read_plan_document
 
     ov = {k: v for k, v in (overrides or {}).items() if v is not None}
     unknown = set(ov) - COMPOSED_KEYS - BASELINE_KEYS - PLAN_KEYS
@@ -80,7 +80,7 @@ def build(*, model: str | None = None, plan_file: str | None = None, cluster: st
     else:
         if model is None:
             raise InvalidPlan("MODEL", None, "is required", "give a model name/file or --plan FILE")
-        from planner.report.plan_file import DEFAULT_CLUSTER
+        from planner.schema.cluster_ref import DEFAULT_CLUSTER
 
         m, base = load_model(model), load_cluster(cluster or DEFAULT_CLUSTER)
         c, ref = apply_topology(base, cov), cluster_reference(cluster, base, cov)
@@ -197,7 +197,7 @@ class CheckReport:
     binding: int = 0
     extra: dict = field(default_factory=dict)
     cluster_ref: dict | None = None
-    """How the ``plan`` of ``--json`` names its cluster (``planner.report.plan_file``)."""
+    """How the ``plan`` of ``--json`` names its cluster (``planner.schema.cluster_ref``)."""
 
     @property
     def peak_bytes(self) -> int:

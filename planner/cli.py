@@ -154,7 +154,7 @@ def _overrides(**kw) -> dict:
 
 
 def _topology(hbm_gib, host_ram_gib, gpus_per_node) -> dict:
-    from planner.report.plan_file import topology_overrides
+    from planner.schema.cluster_ref import topology_overrides
 
     return topology_overrides(hbm_gib=hbm_gib, host_ram_gib=host_ram_gib, gpus_per_node=gpus_per_node)
 

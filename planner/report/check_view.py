@@ -56,7 +56,7 @@ def render_check(rep, console: Console, explain: bool = False) -> None:
                   f"tokens/rank · Θ = {rep.ctx.num_params / 1e9:.1f}B" + _mtp_note(pf.model))
     topo = (rep.cluster_ref or {}).get("topology")
     if topo:
-        from planner.report.plan_file import TOPOLOGY_FLAGS
+        from planner.schema.cluster_ref import TOPOLOGY_FLAGS
 
         console.print("cluster overrides: " + ", ".join(
             f"{TOPOLOGY_FLAGS[k]} {v / 2**30:g}" if k.endswith("_bytes") else f"{TOPOLOGY_FLAGS[k]} {v}"

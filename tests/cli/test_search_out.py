@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from planner import api
-from planner.report.plan_file import cluster_checksum
+from planner.schema.cluster_ref import cluster_checksum
 from planner.schema.io import load_cluster
 from planner.search.rank import collapse, rank_key
 from planner.units import GiB

@@ -20,9 +20,9 @@ from pathlib import Path
 from typing import Any
 
 from planner.errors import InvalidPlan
-from planner.schema import ClusterSpec, PlanFile
-from planner.schema.cluster import Topology
+from planner.schema.cluster import ClusterSpec, Topology
 from planner.schema.io import _looks_like_path, load_cluster, read_structured, validate
+from planner.schema.planfile import PlanFile
 from planner.units import GiB
 
 DEFAULT_CLUSTER = "h200"
