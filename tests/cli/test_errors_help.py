@@ -43,7 +43,8 @@ def test_version():
     assert res.returncode == 0 and res.stdout.strip().endswith(__version__)
 
 
-@pytest.mark.parametrize("cmd", ["check", "search", "sweep", "max-context", "max-batch", "calibrate", "import-hf"])
+@pytest.mark.parametrize("cmd", ["check", "search", "sweep", "max-context", "max-batch", "min-gpus", "calibrate",
+                                 "import-hf"])
 def test_help_shows_every_flags_default(cmd):
     text = _run(cmd, "--help").stdout
     flag = re.compile(r"^│\s*\*?\s*(-\w\s+)?--(?!help\b)")

@@ -132,3 +132,15 @@ def test_checksum_mismatch_is_one_line_naming_the_fix(tmp_path, bad, field):
 def test_bad_cluster_flags_exit_2(flag, value):
     res = _run("check", MODEL, "--gpus", W, "--seq-len", S, flag, value)
     assert res.returncode == 2 and flag in res.stderr and len(res.stderr.strip().splitlines()) == 1, res.stderr
+
+
+def test_load_planfile_reads_a_reference(tmp_path):
+    """The runtime and ``validate`` read plan files through ``load_planfile``: a written plan with a
+    cluster reference and overrides loads with the overrides applied."""
+    from planner.schema.io import load_planfile
+
+    out = tmp_path / "plan.yaml"
+    res = _run("search", MODEL, "--gpus", W, "--seq-len", S, "--hbm-gib", "100", "--out", str(out), "--no-progress")
+    assert res.returncode == 0, res.stderr
+    pf = load_planfile(out)
+    assert pf.cluster.topology.hbm_bytes == 100 * GiB and pf.cluster.name == "h200"
