@@ -19,6 +19,20 @@ from planner.units import GiB, parse_count, parse_params
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Per-rank memory and step-time planner for long-context MoE training.")
+
+
+def _version(value: bool) -> None:
+    if value:
+        from planner import __version__
+
+        sys.stdout.write(f"planner (moe-planner) {__version__}\n")
+        raise typer.Exit(0)
+
+
+@app.callback()
+def _root(version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True,
+                                                help="Print the version and exit.")] = False) -> None:
+    """Per-rank memory and step-time planner for long-context MoE training."""
 _WIDTH = None if sys.stdout.isatty() else 160
 """Rich wraps at 80 columns when not on a terminal; pipes and logs get 160."""
 out = Console(width=_WIDTH)
@@ -65,13 +79,41 @@ class ACC(str, Enum):
     none = "none"
 
 
+def _d(name: str, part: str = "composed") -> str:
+    """The ``--help`` default of a plan knob, read from the schema (one source per fact)."""
+    from planner.schema.plan import BaselineKnobs, ComposedKnobs, Plan
+
+    cls = {"composed": ComposedKnobs, "baseline": BaselineKnobs, "plan": Plan}[part]
+    v = cls.model_fields[name].default
+    return "derived (README: defaults)" if v is None else str(v)
+
+
+def default_calibration_path() -> str:
+    """Where ``planner calibrate`` writes without ``--out``: the user's config folder, not the cwd."""
+    import os
+    from pathlib import Path
+
+    base = os.environ.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
+    return str(Path(base) / "moe-planner" / "clusters" / "measured.yaml")
+
+
 Model = Annotated[Optional[str], typer.Argument(help="Profile name (see `planner models`), model YAML, or HF config.json.")]
-PlanOpt = Annotated[Optional[str], typer.Option("--plan", help="Plan file (search --out); flags override its fields.")]
-Cluster = Annotated[Optional[str], typer.Option("--cluster", help="Cluster profile name or YAML [default: h200].")]
-Gpus = Annotated[Optional[int], typer.Option("--gpus", help="W: ranks (GPUs) in the job.")]
-SeqLen = Annotated[Optional[str], typer.Option("--seq-len", help="S: context length (128k, 1m, 131072).")]
-GBT = Annotated[Optional[str], typer.Option("--global-batch-tokens", help="Tokens per optimizer step.")]
-Json = Annotated[bool, typer.Option("--json", help="Print one JSON object.")]
+PlanOpt = Annotated[Optional[str], typer.Option("--plan", help="Plan file (search --out); flags override its fields.", show_default="none")]
+Cluster = Annotated[Optional[str], typer.Option("--cluster", help="Cluster profile name or YAML.", show_default="h200")]
+Gpus = Annotated[Optional[int], typer.Option("--gpus", help="W: ranks (GPUs) in the job.", show_default="the plan file's; required without --plan")]
+SeqLen = Annotated[Optional[str], typer.Option("--seq-len", help="S: context length (128k, 1m, 131072).", show_default="the plan file's; required without --plan")]
+Seqs = Annotated[Optional[int], typer.Option("--seqs-per-microbatch", help="Sequences of length S per sequence group per micro-step.", show_default="1 (the plan file's with --plan)")]
+GBT = Annotated[Optional[str], typer.Option("--global-batch-tokens", help="Tokens per optimizer step.", show_default="one micro-step: W/D sequences of S")]
+Json = Annotated[bool, typer.Option("--json", help="Print one JSON object (errors too).", show_default="off")]
+HbmGib = Annotated[Optional[float], typer.Option("--hbm-gib", help="HBM per GPU, GiB, replacing the cluster profile's.", show_default="the profile's")]
+HostRamGib = Annotated[Optional[float], typer.Option("--host-ram-gib", help="Host RAM per node, GiB, replacing the cluster profile's.", show_default="the profile's")]
+GpusPerNode = Annotated[Optional[int], typer.Option("--gpus-per-node", help="GPUs per node (ranks sharing a node's host RAM), replacing the profile's.", show_default="the profile's")]
+
+
+class StackC(str, Enum):
+    best = "best"
+    composed = "composed"
+    fsdp2 = "fsdp2"
 
 
 def _print_json(doc) -> None:
@@ -111,43 +153,53 @@ def _overrides(**kw) -> dict:
     return ov
 
 
-def _common(model, plan, cluster, gpus, seq_len, gbt, ov) -> dict:
-    return dict(model=model, plan_file=plan, cluster=cluster, gpus=gpus,
+def _topology(hbm_gib, host_ram_gib, gpus_per_node) -> dict:
+    from planner.schema.cluster_ref import topology_overrides
+
+    return topology_overrides(hbm_gib=hbm_gib, host_ram_gib=host_ram_gib, gpus_per_node=gpus_per_node)
+
+
+def _common(model, plan, cluster, gpus, seq_len, gbt, ov, hbm_gib=None, host_ram_gib=None,
+            gpus_per_node=None, seqs=None, mtp_trained=None) -> dict:
+    return dict(model=model, plan_file=plan, cluster=cluster, gpus=gpus, seqs_per_microbatch=seqs,
+                mtp_trained=mtp_trained,
                 seq_len=_count(seq_len, "--seq-len"), global_batch_tokens=_count(gbt, "--global-batch-tokens"),
-                overrides=ov)
+                overrides=ov, cluster_overrides=_topology(hbm_gib, host_ram_gib, gpus_per_node))
 
 
 @app.command()
 def check(
     model: Model = None, plan: PlanOpt = None, cluster: Cluster = None, gpus: Gpus = None,
-    seq_len: SeqLen = None, global_batch_tokens: GBT = None,
-    dispatch: Annotated[Optional[DispatchC], typer.Option(help="Expert dispatch operator.")] = None,
-    expert_parallel: Annotated[Optional[int], typer.Option(help="E_p (baseline: ep).")] = None,
-    token_budget: Annotated[Optional[str], typer.Option(help="c: per-source tokens per chunk.")] = None,
-    max_chunks: Annotated[Optional[int], typer.Option(help="K_max.")] = None,
-    llep_alpha: Annotated[Optional[float], typer.Option(help="α: LLEP capacity factor.")] = None,
-    llep_min_tokens: Annotated[Optional[int], typer.Option(help="m: min tokens per spilled GEMM.")] = None,
-    llep_lambda: Annotated[Optional[float], typer.Option(help="λ: imbalance threshold.")] = None,
-    routing: Annotated[Optional[str], typer.Option(help="balanced | worst | R/H (e.g. 80/16).")] = None,
-    dispatch_bound: Annotated[Optional[BoundC], typer.Option(help="Dispatch size the verdict uses.")] = None,
-    vocab: Annotated[Optional[VocabC], typer.Option(help="Vocabulary head.")] = None,
-    vocab_parallel: Annotated[Optional[int], typer.Option(help="P: vocabulary group size.")] = None,
-    vocab_blocks: Annotated[Optional[int], typer.Option(help="B_v: blocks per vocab shard.")] = None,
-    optimizer: Annotated[Optional[OptimizerC], typer.Option(help="Optimizer placement.")] = None,
-    bucket_params: Annotated[Optional[str], typer.Option(help="β: bucket size in params (100M).")] = None,
-    staging_slots: Annotated[Optional[int], typer.Option(help="s: staging slots.")] = None,
-    seq_parallel: Annotated[Optional[int], typer.Option(help="D: Ulysses degree.")] = None,
-    checkpoint: Annotated[Optional[CheckpointC], typer.Option(help="Activation checkpointing.")] = None,
-    sco_host_gib: Annotated[Optional[float], typer.Option(help="SCO host budget per rank, GiB (pinned).")] = None,
-    max_imports: Annotated[Optional[int], typer.Option(help="n_import_max.")] = None,
-    dtype: Annotated[Optional[DtypeC], typer.Option(help="Activation dtype.")] = None,
-    baseline: Annotated[bool, typer.Option("--baseline", help="Evaluate the FSDP2 baseline.")] = False,
-    tp: Annotated[Optional[int], typer.Option(help="Baseline tensor parallel.")] = None,
-    cp: Annotated[Optional[int], typer.Option(help="Baseline context parallel.")] = None,
-    dp_shard: Annotated[Optional[int], typer.Option(help="Baseline FSDP shard degree.")] = None,
-    ac: Annotated[Optional[ACC], typer.Option(help="Baseline activation checkpointing.")] = None,
-    cpu_offload: Annotated[bool, typer.Option("--cpu-offload", help="Baseline CPUOffloadPolicy.")] = False,
-    explain: Annotated[bool, typer.Option("--explain", help="Print every term's formula and value.")] = False,
+    seq_len: SeqLen = None, global_batch_tokens: GBT = None, seqs_per_microbatch: Seqs = None,
+    hbm_gib: HbmGib = None, host_ram_gib: HostRamGib = None, gpus_per_node: GpusPerNode = None,
+    mtp_trained: Annotated[Optional[bool], typer.Option("--mtp-trained/--no-mtp-trained", help="Whether the model's MTP layers are trained (count in Θ).", show_default="the model file's mtp_trained (true)")] = None,
+    dispatch: Annotated[Optional[DispatchC], typer.Option(help="Expert dispatch operator.", show_default=_d("dispatch", "composed"))] = None,
+    expert_parallel: Annotated[Optional[int], typer.Option(help="E_p (baseline: ep).", show_default=_d("expert_parallel", "composed"))] = None,
+    token_budget: Annotated[Optional[str], typer.Option(help="c: per-source tokens per chunk.", show_default=_d("token_budget", "composed"))] = None,
+    max_chunks: Annotated[Optional[int], typer.Option(help="K_max.", show_default=_d("max_chunks", "composed"))] = None,
+    llep_alpha: Annotated[Optional[float], typer.Option(help="α: LLEP capacity factor.", show_default=_d("llep_alpha", "composed"))] = None,
+    llep_min_tokens: Annotated[Optional[int], typer.Option(help="m: min tokens per spilled GEMM.", show_default=_d("llep_min_tokens", "composed"))] = None,
+    llep_lambda: Annotated[Optional[float], typer.Option(help="λ: imbalance threshold.", show_default=_d("llep_lambda", "composed"))] = None,
+    routing: Annotated[Optional[str], typer.Option(help="balanced | worst | R/H (e.g. 80/16).", show_default=_d("routing", "plan"))] = None,
+    dispatch_bound: Annotated[Optional[BoundC], typer.Option(help="Dispatch size the verdict uses.", show_default=_d("dispatch_bound", "plan"))] = None,
+    vocab: Annotated[Optional[VocabC], typer.Option(help="Vocabulary head.", show_default=_d("vocab", "composed"))] = None,
+    vocab_parallel: Annotated[Optional[int], typer.Option(help="P: vocabulary group size.", show_default=_d("vocab_parallel", "composed"))] = None,
+    vocab_blocks: Annotated[Optional[int], typer.Option(help="B_v: blocks per vocab shard.", show_default=_d("vocab_blocks", "composed"))] = None,
+    optimizer: Annotated[Optional[OptimizerC], typer.Option(help="Optimizer placement.", show_default=_d("optimizer", "composed"))] = None,
+    bucket_params: Annotated[Optional[str], typer.Option(help="β: bucket size in params (100M).", show_default=_d("bucket_params", "composed"))] = None,
+    staging_slots: Annotated[Optional[int], typer.Option(help="s: staging slots.", show_default=_d("staging_slots", "composed"))] = None,
+    seq_parallel: Annotated[Optional[int], typer.Option(help="D: Ulysses degree.", show_default=_d("seq_parallel", "composed"))] = None,
+    checkpoint: Annotated[Optional[CheckpointC], typer.Option(help="Activation checkpointing.", show_default=_d("checkpoint", "composed"))] = None,
+    sco_host_gib: Annotated[Optional[float], typer.Option(help="SCO host budget per rank, GiB (pinned).", show_default="what host RAM leaves")] = None,
+    max_imports: Annotated[Optional[int], typer.Option(help="n_import_max.", show_default=_d("max_imports", "composed"))] = None,
+    dtype: Annotated[Optional[DtypeC], typer.Option(help="Activation dtype.", show_default=_d("dtype", "plan"))] = None,
+    baseline: Annotated[bool, typer.Option("--baseline", help="Evaluate the FSDP2 baseline.", show_default="off: the composed stack")] = False,
+    tp: Annotated[Optional[int], typer.Option(help="Baseline tensor parallel.", show_default=_d("tp", "baseline"))] = None,
+    cp: Annotated[Optional[int], typer.Option(help="Baseline context parallel.", show_default=_d("cp", "baseline"))] = None,
+    dp_shard: Annotated[Optional[int], typer.Option(help="Baseline FSDP shard degree.", show_default=_d("dp_shard", "baseline"))] = None,
+    ac: Annotated[Optional[ACC], typer.Option(help="Baseline activation checkpointing.", show_default=_d("ac", "baseline"))] = None,
+    cpu_offload: Annotated[bool, typer.Option("--cpu-offload", help="Baseline CPUOffloadPolicy.", show_default="off")] = False,
+    explain: Annotated[bool, typer.Option("--explain", help="Print every term's formula and value.", show_default="off")] = False,
     json_out: Json = False,
 ) -> None:
     """Does this configuration fit, per rank, in HBM and host RAM? Which term binds?"""
@@ -155,7 +207,8 @@ def check(
     from planner.report.check_view import render_check
 
     ov = _overrides(**{k: v for k, v in locals().items() if k in _OV_KEYS})
-    rep = api.check(**_common(model, plan, cluster, gpus, seq_len, global_batch_tokens, ov))
+    rep = api.check(**_common(model, plan, cluster, gpus, seq_len, global_batch_tokens, ov, hbm_gib, host_ram_gib,
+                              gpus_per_node, seqs_per_microbatch, mtp_trained))
     for w in rep.warnings:
         err.print(f"warning: {w}", markup=False, highlight=False, soft_wrap=True)
     if json_out:
@@ -177,7 +230,9 @@ def _frontier(kind: str, ctx: typer.Context, **kw) -> None:
 
     extra = kw.pop("extra")
     ov = _overrides(**{k: v for k, v in kw.items() if k in _OV_KEYS})
-    common = _common(kw["model"], kw["plan"], kw["cluster"], kw["gpus"], kw["seq_len"], kw["global_batch_tokens"], ov)
+    common = _common(kw["model"], kw["plan"], kw["cluster"], kw["gpus"], kw["seq_len"], kw["global_batch_tokens"], ov,
+                     kw["hbm_gib"], kw["host_ram_gib"], kw["gpus_per_node"], kw["seqs_per_microbatch"],
+                     kw["mtp_trained"])
     rep = api.max_context(**common, **extra) if kind == "context" else api.max_batch(**common, **extra)
     if kw["json_out"]:
         _print_json(rep.to_json())
@@ -201,12 +256,12 @@ def _frontier_signature(fn):
 @app.command("max-context")
 @_frontier_signature
 def max_context(
-    seq_step: Annotated[str, typer.Option(help="Grid step of N (tokens per rank).")] = "1024",
-    max_seq_len: Annotated[str, typer.Option(help="Largest S scanned.")] = "16m",
+    seq_step: Annotated[Optional[str], typer.Option(help="Grid step of S (total context, like --max-seq-len), rounded up to a multiple of D.", show_default="1k × D")] = None,
+    max_seq_len: Annotated[str, typer.Option(help="Largest S (total context) scanned.")] = "16m",
     **kw,
 ) -> None:
     """Largest context length that fits (whole-grid scan; the peak is not monotone in S)."""
-    kw["extra"] = {"seq_step": parse_count(seq_step, "--seq-step"), "max_seq_len": parse_count(max_seq_len, "--max-seq-len")}
+    kw["extra"] = {"seq_step": _count(seq_step, "--seq-step"), "max_seq_len": parse_count(max_seq_len, "--max-seq-len")}
     _frontier("context", None, **kw)
 
 
@@ -240,20 +295,22 @@ MAX_TOP = 1000
 @app.command()
 def search(
     model: Annotated[str, typer.Argument(help="Profile name, model YAML, or HF config.json.")],
-    gpus: Annotated[int, typer.Option("--gpus", help="W: ranks (GPUs) in the job.")],
+    gpus: Annotated[int, typer.Option("--gpus", help="W: ranks (GPUs) in the job.", show_default="the plan file's; required without --plan")],
     seq_len: Annotated[str, typer.Option("--seq-len", help="S: context length (128k, 1m).")],
     cluster: Cluster = None, global_batch_tokens: GBT = None,
+    hbm_gib: HbmGib = None, host_ram_gib: HostRamGib = None, gpus_per_node: GpusPerNode = None,
     routing: Annotated[str, typer.Option(help="balanced | worst | R/H, for both stacks.")] = "balanced",
     dispatch_bound: Annotated[BoundC, typer.Option(help="Dispatch size the verdicts use.")] = BoundC.guarantee,
     dtype: Annotated[DtypeC, typer.Option(help="Activation dtype.")] = DtypeC.bf16,
     top: Annotated[int, typer.Option(help="How many composed plans to list.")] = 5,
-    out_file: Annotated[Optional[str], typer.Option("--out", help="Write the best plan as a plan file.")] = None,
+    stack: Annotated[StackC, typer.Option(help="Which plan --out writes: the faster stack that fits (best), or one stack.")] = StackC.best,
+    out_file: Annotated[Optional[str], typer.Option("--out", help="Write the chosen plan (--stack) as a plan file.", show_default="none: nothing written")] = None,
     progress: Annotated[bool, typer.Option(help="Show a progress bar.")] = True,
     json_out: Json = False,
 ) -> None:
     """Fastest configuration that fits, beside the fastest FSDP2 baseline that fits."""
     from planner import api
-    from planner.report.search_view import render_search
+    from planner.report.search_view import describe_choice, render_search
     from planner.schema.io import check_writable, write_yaml_atomic
 
     if not 1 <= top <= MAX_TOP:
@@ -266,38 +323,42 @@ def search(
             prog.start()
         rep = api.search(model=model, cluster=cluster, gpus=gpus, seq_len=parse_count(seq_len, "--seq-len"),
                          global_batch_tokens=_count(global_batch_tokens, "--global-batch-tokens"),
-                         routing=routing, dispatch_bound=_v(dispatch_bound), dtype=_v(dtype), top=top, progress=cb)
+                         routing=routing, dispatch_bound=_v(dispatch_bound), dtype=_v(dtype), top=top,
+                         stack=_v(stack), cluster_overrides=_topology(hbm_gib, host_ram_gib, gpus_per_node),
+                         progress=cb)
     finally:
         if prog:
             prog.stop()
-    if out_file and (rep.result.top or rep.closest is not None):
-        write_yaml_atomic(out_file, rep.planfile(0).model_dump(mode="json"), "--out")
+    doc = rep.planfile_doc() if out_file else None
+    if doc is not None:
+        write_yaml_atomic(out_file, doc, "--out")
     if json_out:
         _print_json(rep.to_json())
     else:
         render_search(rep, out)
-        if out_file and (rep.result.top or rep.closest is not None):
-            which = "best" if rep.result.top else "closest (none fits)"
-            err.print(f"wrote the {which} plan to {out_file} (planner check --plan {out_file})")
-    raise typer.Exit(0 if rep.result.top else 1)
+        if doc is not None:
+            err.print(f"wrote {describe_choice(rep)} to {out_file} (planner check --plan {out_file})",
+                      markup=False, highlight=False)
+    raise typer.Exit(0 if rep.chosen is not None and rep.chosen[1] else 1)
 
 
 @app.command()
 def sweep(
     model: Annotated[str, typer.Argument(help="Profile name, model YAML, or HF config.json.")],
-    gpus: Annotated[int, typer.Option("--gpus", help="W: ranks (GPUs) in the job.")],
+    gpus: Annotated[int, typer.Option("--gpus", help="W: ranks (GPUs) in the job.", show_default="the plan file's; required without --plan")],
     seq_lens: Annotated[str, typer.Option("--seq-lens", help="Comma-separated context lengths (32k,64k,...).")],
-    cluster: Cluster = None,
+    cluster: Cluster = None, global_batch_tokens: GBT = None,
+    hbm_gib: HbmGib = None, host_ram_gib: HostRamGib = None, gpus_per_node: GpusPerNode = None,
     routing: Annotated[str, typer.Option(help="balanced | worst | R/H, for both stacks.")] = "balanced",
     dtype: Annotated[DtypeC, typer.Option(help="Activation dtype.")] = DtypeC.bf16,
-    csv: Annotated[Optional[str], typer.Option("--csv", help="Write the sweep as CSV.")] = None,
-    plot: Annotated[Optional[str], typer.Option("--plot", help="Write a PNG (needs the plot extra).")] = None,
+    csv: Annotated[Optional[str], typer.Option("--csv", help="Write the sweep as CSV.", show_default="none")] = None,
+    plot: Annotated[Optional[str], typer.Option("--plot", help="Write the plot; the suffix picks the format (.png, .pdf, .svg; needs the plot extra).", show_default="none")] = None,
     progress: Annotated[bool, typer.Option(help="Show a progress bar.")] = True,
     json_out: Json = False,
 ) -> None:
     """Per context length: best composed plan and best baseline, peak per live set, verdict, throughput."""
     from planner import api
-    from planner.report.sweep_view import frame, render_sweep, write_csv, write_plot
+    from planner.report.sweep_view import frame, plot_format, render_sweep, write_csv, write_plot
     from planner.schema.io import check_writable
 
     lens = [parse_count(x, "--seq-lens") for x in seq_lens.split(",") if x.strip()]
@@ -306,19 +367,22 @@ def sweep(
     for path, field in ((csv, "--csv"), (plot, "--plot")):
         if path:
             check_writable(path, field)
+    if plot:
+        plot_format(plot)
     prog, cb = _progress("sweeping", progress and not json_out)
     try:
         if prog:
             prog.start()
         rows = api.sweep(model=model, cluster=cluster, gpus=gpus, seq_lens=sorted(lens), routing=routing,
-                         dtype=_v(dtype), progress=cb)
+                         dtype=_v(dtype), global_batch_tokens=_count(global_batch_tokens, "--global-batch-tokens"),
+                         cluster_overrides=_topology(hbm_gib, host_ram_gib, gpus_per_node), progress=cb)
     finally:
         if prog:
             prog.stop()
     if csv:
         write_csv(rows, csv)
     if plot:
-        write_plot(rows, plot, f"{model} on {gpus} GPUs: per-rank peak by live set")
+        write_plot(rows, plot, f"{model} on {gpus} GPUs: per-rank peak by live set, and throughput")
     if json_out:
         _print_json(json.loads(frame(rows).to_json(orient="records")))
     else:
@@ -326,10 +390,44 @@ def sweep(
     raise typer.Exit(0)
 
 
+@app.command("min-gpus")
+def min_gpus(
+    model: Annotated[str, typer.Argument(help="Profile name, model YAML, or HF config.json.")],
+    seq_len: Annotated[str, typer.Option("--seq-len", help="S: context length (128k, 1m).")],
+    cluster: Cluster = None,
+    hbm_gib: HbmGib = None, host_ram_gib: HostRamGib = None, gpus_per_node: GpusPerNode = None,
+    routing: Annotated[str, typer.Option(help="balanced | worst | R/H, for both stacks.")] = "balanced",
+    dispatch_bound: Annotated[BoundC, typer.Option(help="Dispatch size the verdicts use.")] = BoundC.guarantee,
+    dtype: Annotated[DtypeC, typer.Option(help="Activation dtype.")] = DtypeC.bf16,
+    max_gpus: Annotated[int, typer.Option(help="Largest W tried (powers of two).")] = 4096,
+    progress: Annotated[bool, typer.Option(help="Show a progress bar.")] = True,
+    json_out: Json = False,
+) -> None:
+    """Smallest W (a power of two) at which some composed plan fits; the FSDP2 baseline's beside it."""
+    from planner import api
+    from planner.report.search_view import render_min_gpus
+
+    prog, cb = _progress("trying W", progress and not json_out)
+    try:
+        if prog:
+            prog.start()
+        rep = api.min_gpus(model=model, seq_len=parse_count(seq_len, "--seq-len"), cluster=cluster,
+                           cluster_overrides=_topology(hbm_gib, host_ram_gib, gpus_per_node), routing=routing,
+                           dispatch_bound=_v(dispatch_bound), dtype=_v(dtype), max_gpus=max_gpus, progress=cb)
+    finally:
+        if prog:
+            prog.stop()
+    if json_out:
+        _print_json(rep.to_json())
+    else:
+        render_min_gpus(rep, out)
+    raise typer.Exit(0 if rep.composed is not None else 1)
+
+
 @app.command()
 def calibrate(
-    out_file: Annotated[Optional[str], typer.Option("--out", help="Profile to write [default: profiles/clusters/<gpu>.yaml measured copy].")] = None,
-    quick: Annotated[bool, typer.Option("--quick", help="Coarse grids; on a CPU-only machine a small CPU profile.")] = False,
+    out_file: Annotated[Optional[str], typer.Option("--out", help="Profile to write.", show_default=default_calibration_path())] = None,
+    quick: Annotated[bool, typer.Option("--quick", help="Coarse grids; on a CPU-only machine a small CPU profile.", show_default="off")] = False,
     progress: Annotated[bool, typer.Option(help="Show a progress bar.")] = True,
 ) -> None:
     """Measure this machine's curves and constants and write a cluster profile (needs the runtime extra)."""
@@ -339,7 +437,12 @@ def calibrate(
         raise InvalidPlan("planner calibrate", "torch", "is not installed (it needs the runtime extra)",
                           "pip install 'moe-planner[runtime]'")
     import calibration
-    path = out_file or "profiles/clusters/measured.yaml"
+    path = out_file
+    if path is None:
+        from pathlib import Path
+
+        path = default_calibration_path()
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
     spec = calibration.run(path, quick=quick, progress=progress, command=" ".join(["planner", *sys.argv[2:]]))
     err.print(f"wrote {path} ({spec.name}): use it with --cluster {path}; to fold a GPU calibration into a declared "
               f"profile of the same GPU: python3 -m calibration.merge PROFILE {path}")
@@ -355,8 +458,8 @@ def models(json_out: Json = False) -> None:
 
 @app.command("import-hf")
 def import_hf(config: Annotated[str, typer.Argument(help="Hugging Face config.json")],
-              output: Annotated[Optional[str], typer.Option("-o", "--output", help="Write the model YAML here.")] = None,
-              name: Annotated[Optional[str], typer.Option(help="Profile name [default: folder or file stem].")] = None) -> None:
+              output: Annotated[Optional[str], typer.Option("-o", "--output", help="Write the model YAML here.", show_default="stdout")] = None,
+              name: Annotated[Optional[str], typer.Option(help="Profile name.", show_default="the config's folder or file stem")] = None) -> None:
     """Turn a Hugging Face config.json into a model profile."""
     from pathlib import Path
 
@@ -369,6 +472,9 @@ def import_hf(config: Annotated[str, typer.Argument(help="Hugging Face config.js
     data = read_structured(config)
     if not isinstance(data, dict):
         raise InvalidPlan(config, type(data).__name__, "must hold a JSON object", "pass a config.json")
+    from planner.api import refuse_planner_file
+
+    refuse_planner_file(data, config)
     stem = Path(config).parent.name if Path(config).name == "config.json" else Path(config).stem
     spec, warnings = _imp(data, name=name or stem)
     for w in warnings:
@@ -420,6 +526,12 @@ def _usage_line(e: Exception) -> str:
     return f"error: {msg}; fix: see '{where} --help' for the commands and options"
 
 
+def _json_error(message: str, field, code: int) -> None:
+    """Under ``--json`` an error is one JSON object on stdout too (the line stays on stderr)."""
+    sys.stdout.write(json.dumps({"error": message, "field": None if field is None else str(field),
+                                 "exit_code": code}) + "\n")
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point: maps errors to exit codes (2 invalid input, 3 internal error with traceback).
 
@@ -427,12 +539,15 @@ def main(argv: list[str] | None = None) -> int:
     ``error:`` line; bare ``planner`` prints the help and exits 2 (click's convention).
     """
     usage_types, abort_types = _usage_exception_types()
+    as_json = "--json" in (sys.argv[1:] if argv is None else argv)
     try:
         rv = app(args=argv, prog_name="planner", standalone_mode=False)
         code = int(rv or 0)
     except PlanError as e:
         err.print(f"error: {e}", markup=False, highlight=False, soft_wrap=True)
         code = e.exit_code
+        if as_json:
+            _json_error(str(e), getattr(e, "field", None), code)
     except typer.Exit as e:
         code = e.exit_code
     except SystemExit as e:
@@ -444,6 +559,10 @@ def main(argv: list[str] | None = None) -> int:
             e.show()
         else:
             err.print(_usage_line(e), markup=False, highlight=False, soft_wrap=True)
+            if as_json:
+                param = getattr(e, "param", None)
+                opts = getattr(param, "opts", None) or [getattr(param, "name", None)]
+                _json_error(_usage_line(e).removeprefix("error: "), opts[0] if param is not None else None, 2)
         code = 2
     except Exception:  # noqa: BLE001 - bugs
         traceback.print_exc()

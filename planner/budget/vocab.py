@@ -30,13 +30,13 @@ Ring-DTP (``N`` is the group's ``N_max``; rank 0 holds a ``V_max``-row shard):
 The forward holds a subset of the backward's buffers (no gradients; three ``3N·4`` states instead
 of ``2·N·H·4`` gradients), so it never binds.
 
-Dense head (``c`` logit columns: ``V``; ``V/tp`` under FSDP2 loss parallel):
-log-softmax backward ``3·N·c·4`` (its output, its gradient, the logits' gradient) vs the downcast
-``N·c·(4+b)`` [b<4] vs the weight-gradient GEMM ``N·c·b + N·H·b + rows·H·b``.
+Dense head (``V_c`` logit columns: ``V``; ``V/tp`` under FSDP2 loss parallel; not the token budget
+``c``): log-softmax backward ``3·N·V_c·4`` (its output, its gradient, the logits' gradient) vs the
+downcast ``N·V_c·(4+b)`` [b<4] vs the weight-gradient GEMM ``N·V_c·b + N·H·b + rows·H·b``.
 
-Vocab-parallel (Megatron; the same ``n`` tokens on every rank, ``c = V_max`` columns): the saved
-softmax ``n·c·4`` turned into the logits' gradient in place, its downcast ``n·c·b`` [b<4], ``dx``
-(fp32 ``n·H·4`` plus its product / downcast ``n·H·b`` [b<4]), ``dw`` ``c·H·b``. In the composed
+Vocab-parallel (Megatron; the same ``n`` tokens on every rank, ``V_c = V_max`` columns): the saved
+softmax ``n·V_c·4`` turned into the logits' gradient in place, its downcast ``n·V_c·b`` [b<4], ``dx``
+(fp32 ``n·H·4`` plus its product / downcast ``n·H·b`` [b<4]), ``dw`` ``V_c·H·b``. In the composed
 stack the group's tokens are all-gathered first, ``n = N·P``, and the local input ``N·H·b`` stays.
 """
 
@@ -134,15 +134,15 @@ def ring_substeps(N, H, V, P, B_v, b: int, move: str | None = None) -> dict[str,
 
 
 def dense_substeps(N, H, cols, rows, b: int) -> dict[str, list[Item]]:
-    """``cross_entropy(x @ w.T, t)`` over ``cols`` logit columns with a ``rows × H`` weight."""
+    """``cross_entropy(x @ w.T, t)`` over ``cols`` (``V_c``) logit columns with a ``rows × H`` weight."""
     low = int(b < 4)
     own = [Item("head input x_NH", N * H, b, "N·H"), Item("targets t_N", N, 8, "N")]
     return {
-        "log-softmax bwd": own + [Item("log-softmax, its grad, logits grad (fp32)", 3 * N * cols, 4, "3·N·c")],
-        "logits-grad downcast": own + [Item("logits grad (fp32)", low * N * cols, 4, "[b<4]·N·c"),
-                                       Item("logits grad in input dtype", low * N * cols, b, "[b<4]·N·c")],
+        "log-softmax bwd": own + [Item("log-softmax, its grad, logits grad (fp32)", 3 * N * cols, 4, "3·N·V_c")],
+        "logits-grad downcast": own + [Item("logits grad (fp32)", low * N * cols, 4, "[b<4]·N·V_c"),
+                                       Item("logits grad in input dtype", low * N * cols, b, "[b<4]·N·V_c")],
         "weight-grad GEMM": own + [
-            Item("logits grad in input dtype", N * cols, b, "N·c"),
+            Item("logits grad in input dtype", N * cols, b, "N·V_c"),
             Item("input grad dx", N * H, b, "N·H"),
             Item("weight grad dw (before reduce-scatter)", rows * H, b, "rows·H")],
     }
@@ -154,10 +154,10 @@ def vp_substeps(n, H, cols, b: int, local_input=0) -> dict[str, list[Item]]:
     own = [Item("head input x (replicated over the group)", n * H, b, "n·H"),
            Item("targets t", n, 8, "n"),
            Item("per-token scale/index/masks", n, 14, "n (14 B: fp32 scale, int64 column, 2 masks)"),
-           Item("softmax / logits grad (fp32, saved)", n * cols, 4, "n·c")]
+           Item("softmax / logits grad (fp32, saved)", n * cols, 4, "n·V_c")]
     if np.any(np.asarray(local_input) > 0):
         own.append(Item("local head input before the all-gather", local_input, b, "N·H"))
-    g_low = Item("logits grad in input dtype", low * n * cols, b, "[b<4]·n·c")
+    g_low = Item("logits grad in input dtype", low * n * cols, b, "[b<4]·n·V_c")
     gx32 = Item("dx (fp32, all-reduced)", n * H, 4, "n·H")
     gx_low = Item("dx product / downcast in input dtype", low * n * H, b, "[b<4]·n·H")
     gw = Item("dw", cols * H, b, "c·H")

@@ -48,7 +48,7 @@ class ParamTensor:
 
 def param_tensors(m: ModelSpec) -> list[ParamTensor]:
     """The model's parameter tensors by kind (``count`` = how many layers hold one)."""
-    H, V, mtp = m.hidden_size, m.vocab_size, m.mtp_layers
+    H, V, mtp = m.hidden_size, m.vocab_size, (m.mtp_layers if m.mtp_trained else 0)
     L = m.num_layers + mtp  # an MTP module is a full MoE decoder layer plus its own norms and projection
     nh, nkv, d, dv = m.num_heads, m.num_kv_heads, m.head_dim, m.v_dim
     out = [ParamTensor("embedding", V, H, 1, "col"), ParamTensor("norm", H, 1, 1, "rep"),

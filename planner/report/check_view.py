@@ -37,13 +37,30 @@ def _plan_line(rep) -> str:
             f"CPU offload {'on' if b.cpu_offload else 'off'} · routing {p.routing} · {p.dtype}")
 
 
+def _mtp_note(model) -> str:
+    """Θ's other reading when the model has MTP layers (a model card counts the main model only)."""
+    if not model.mtp_layers:
+        return ""
+    other = model.param_counts(mtp=not model.mtp_trained)["total"] / 1e9
+    return (f" (with {model.mtp_layers} trained MTP layer{'s' if model.mtp_layers > 1 else ''}; "
+            f"{other:.1f}B without)" if model.mtp_trained else
+            f" (MTP layers not trained; {other:.1f}B with them)")
+
+
 def render_check(rep, console: Console, explain: bool = False) -> None:
     """Print the verdict: live sets by phase, headroom, binding terms, plan, assumptions."""
     pf = rep.planfile
     W, S = pf.plan.world_size, pf.workload.seq_len
     console.print(f"[bold]{pf.model.name}[/] on {W} × {pf.cluster.topology.gpu_name} "
-                  f"({pf.cluster.name}) · S = {fmt_count(S)} · N = {fmt_count(int(rep.ctx.tokens_per_rank))} "
-                  f"tokens/rank · Θ = {rep.ctx.num_params / 1e9:.1f}B")
+                  f"({pf.cluster.name}) · S = {fmt_count(S)} ({S:,} tokens) · N = {fmt_count(int(rep.ctx.tokens_per_rank))} "
+                  f"tokens/rank · Θ = {rep.ctx.num_params / 1e9:.1f}B" + _mtp_note(pf.model))
+    topo = (rep.cluster_ref or {}).get("topology")
+    if topo:
+        from planner.schema.cluster_ref import TOPOLOGY_FLAGS
+
+        console.print("cluster overrides: " + ", ".join(
+            f"{TOPOLOGY_FLAGS[k]} {v / 2**30:g}" if k.endswith("_bytes") else f"{TOPOLOGY_FLAGS[k]} {v}"
+            for k, v in topo.items()), style="dim", markup=False, highlight=False)
     console.print(_plan_line(rep), style="dim")
     tab = rep.phase_kind_table()
     t = Table(title="per-rank GiB, worst phase of each kind")
@@ -69,7 +86,9 @@ def render_check(rep, console: Console, explain: bool = False) -> None:
                   f"{fmt_gib(rep.capacity_bytes)} (HBM {fmt_gib(rep.hbm_bytes)} − context/NCCL "
                   f"{fmt_gib(rep.outside_allocator_bytes)} − reserve) · headroom {fmt_gib(head)}")
     top = ", ".join(f"{x['name']} ({x['live_set']}, {fmt_gib(x['bytes'])})" for x in rep.binding_terms)
-    console.print(f"binding live set: [bold]{rep.binding_live_set}[/] · top terms: {top}")
+    big = rep.largest_live_set
+    console.print(f"binding live set: [bold]{rep.binding_live_set}[/] (grows most into {rep.binding_phase})"
+                  + (f" · largest there: {big}" if big != rep.binding_live_set else "") + f" · top terms: {top}")
     db = rep.extra.get("dispatch_bounds")
     if db:
         expected = fmt_gib(db["expected"]) if "expected" in db else "not evaluated (E_p too large)"
@@ -80,7 +99,13 @@ def render_check(rep, console: Console, explain: bool = False) -> None:
     console.print(f"host RAM per node ({h.ranks_per_node} ranks): {fmt_gib(h.bytes)} of {fmt_gib(h.capacity_bytes)} "
                   f"usable (baseline {fmt_gib(h.baseline_bytes)}, optimizer {fmt_gib(h.optimizer_bytes)}, "
                   f"SCO {fmt_gib(h.sco_bytes)}) · {'fits' if rep.fits_host else '[red]does not fit[/]'}")
-    released = pf.model.max_position_embeddings
+    j = rep.extra.get("step", {})
+    if j:
+        t_txt = (f"{j['step_s']:.3f} s per optimizer step ({j['tokens_per_s_per_gpu']:,.0f} tokens/s/GPU)"
+                 if j["step_s"] is not None else "step time: not predicted (time-model gap; see --json step_gaps)")
+        console.print(f"step: {t_txt} · {j['tokens_per_step']:,} tokens per step "
+                      f"({j['tokens_per_step_per_rank']:,} per rank)")
+        released = pf.model.max_position_embeddings
     if released and S > released:
         console.print(f"[yellow]note:[/] S = {fmt_count(S)} exceeds the model's released context "
                       f"({released:,} tokens): the memory verdict holds, the model may need context extension")
@@ -124,12 +149,20 @@ def render_frontier(rep, console: Console) -> None:
         what = f"max context {fmt_count(best)} ({best:,} tokens)" if best else "nothing fits"
     else:
         best = j["max_global_batch_tokens"]
-        what = (f"max global batch {best:,} tokens per micro-step ({j['max_seqs_per_microbatch']} sequences "
-                f"per group)" if best else "nothing fits")
+        n = j["max_seqs_per_microbatch"]
+        what = (f"max batch {best:,} tokens per micro-step: {n} sequence{'s' if n != 1 else ''} of "
+                f"S = {fmt_count(rep.planfile.workload.seq_len)} per sequence group"
+                if best else "no batch fits: not even one sequence per sequence group")
     stack = "FSDP2 baseline" if rep.planfile.plan.stack == "fsdp2" else "composed stack"
     console.print(f"[bold]{name}[/] on {rep.planfile.plan.world_size} GPUs ({stack}, the plan's degrees fixed): {what}")
     fail = s.first_fail
-    fail_txt = "none" if fail is None else (fmt_count(fail) if rep.axis == "seq_len" else f"{fail} sequences")
-    console.print(f"scanned {len(s.values)} grid points; {int(s.fits.sum())} fit; first failure at {fail_txt} "
-                  f"(the peak is not monotone in S: fits and failures can interleave); usable HBM "
-                  f"{fmt_gib(s.capacity_bytes)}; `planner check` at a length shows what binds")
+    if rep.axis == "seq_len":
+        fail_txt = "none" if fail is None else fmt_count(fail)
+        console.print(f"scanned {len(s.values)} grid points; {int(s.fits.sum())} fit; first failure at {fail_txt} "
+                      f"(the peak is not monotone in S: fits and failures can interleave); usable HBM "
+                      f"{fmt_gib(s.capacity_bytes)}; `planner check` at a length shows what binds")
+    else:
+        fail_txt = "none" if fail is None else f"{fail} sequence{'s' if fail != 1 else ''} per group"
+        console.print(f"scanned {len(s.values)} batch sizes; {int(s.fits.sum())} fit; first failure at {fail_txt}; "
+                      f"usable HBM {fmt_gib(s.capacity_bytes)}; `planner check --seqs-per-microbatch n` shows "
+                      f"what binds")

@@ -54,7 +54,7 @@ def render_search(rep, console: Console) -> None:
         t.add_column(col, justify="left" if col in ("stack", "configuration", "binds in") else "right")
     rows = [(str(i + 1), c) for i, c in enumerate(r.top)] + ([("base", r.baseline)] if r.baseline else [])
     for tag, c in rows:
-        t.add_row(tag, "composed" if c.plan.stack == "composed" else "FSDP2", _knobs(c.plan), f"{c.step_s:.3f}",
+        t.add_row(tag, "composed" if c.plan.stack == "composed" else "FSDP2", _knobs(c.plan), f"{c.step_s:.4f}",
                   f"{c.tokens_per_s_per_gpu:,.0f}", f"{c.tflops_per_gpu:.0f}", f"{gib(c.peak_bytes):.1f}",
                   c.binding_phase, end_section=tag == str(len(r.top)))
     console.print(t)
@@ -66,11 +66,10 @@ def render_search(rep, console: Console) -> None:
         console.print("[yellow]no FSDP2 configuration fits[/] at this context length")
     else:
         console.print("[red]no composed configuration fits[/]")
-    closest = getattr(rep, "closest", None)
-    if closest is not None and not r.top:
-        plan, peak, cap = closest
-        console.print(f"closest composed plan: {_knobs(plan)} with a peak of {gib(peak):.1f} GiB against "
-                      f"{gib(cap):.1f} GiB usable (`--out` writes it; `planner check --plan` shows what binds)")
+    for st, c in rep.closest.items():
+        name = "composed" if st == "composed" else "FSDP2"
+        console.print(f"closest {name} plan: {_knobs(c.plan)}: {c.why()}", markup=False, highlight=False)
+    console.print(f"--stack {rep.stack}: {describe_choice(rep)}", markup=False, highlight=False)
     console.print(f"composed: {r.tally.text()}")
     console.print(f"FSDP2:    {r.baseline_tally.text()}")
     if r.assumed:
@@ -80,3 +79,37 @@ def render_search(rep, console: Console) -> None:
     if r.gaps:
         console.print(f"[yellow]time-model gaps ({len(r.gaps)}):[/] " + "; ".join(r.gaps[:3]))
     console.print(f"searched in {rep.elapsed_s:.2f} s", style="dim")
+
+
+def describe_choice(rep) -> str:
+    """Which plan ``--out`` writes under ``--stack``, in words."""
+    ch = rep.chosen
+    name = "composed" if rep.chosen_stack == "composed" else "FSDP2"
+    if ch is None:
+        return f"no {name} plan to write"
+    why = ""
+    if rep.stack == "best" and ch[1]:
+        r = rep.result
+        why = (" (the faster of the two stacks that fit)" if r.top and r.baseline
+               else " (the only stack that fits)")
+    elif rep.stack == "best":
+        why = " (neither stack fits: the one whose closest plan overshoots less)"
+    return (f"the fastest {name} plan" if ch[1] else f"the closest {name} plan (none fits)") + why
+
+
+def render_min_gpus(rep, console: Console) -> None:
+    """The smallest W of each stack, and what the memory model found at each W tried."""
+    S = fmt_count(rep.workload.seq_len)
+    for name, w in (("composed stack", rep.composed), ("FSDP2 baseline", rep.baseline)):
+        tried = max(r["world_size"] for r in rep.tried)
+        console.print(f"{name}: " + (f"fits from W = {w} GPUs" if w else f"does not fit up to W = {tried}")
+                      + f" at S = {S}", markup=False, highlight=False)
+    for r in rep.tried:
+        parts = []
+        for st, name in (("composed", "composed"), ("fsdp2", "FSDP2")):
+            if f"{st}_fit" in r:
+                pk = r[f"{st}_lowest_peak_bytes"]
+                parts.append(f"{name} {r[st + '_fit']} fit" + (f" (lowest peak {gib(pk):.1f} GiB)" if pk else ""))
+        console.print(f"  W = {r['world_size']}: " + ", ".join(parts), markup=False, highlight=False)
+    console.print("memory model only (the search's candidate space); `planner search` at that W ranks the plans",
+                  style="dim")

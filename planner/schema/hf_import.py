@@ -337,4 +337,7 @@ def profile_yaml(spec: ModelSpec) -> str:
     """The profile text of a spec: ``ModelSpec.model_dump(mode="json")`` as YAML."""
     import yaml
 
-    return yaml.safe_dump(spec.model_dump(mode="json"), sort_keys=False, default_flow_style=None, width=100)
+    doc = spec.model_dump(mode="json")
+    if not spec.mtp_layers:
+        doc.pop("mtp_trained")  # meaningless without MTP layers
+    return yaml.safe_dump(doc, sort_keys=False, default_flow_style=None, width=100)

@@ -261,8 +261,11 @@ def load_cluster(ref: str) -> ClusterSpec:
 
 
 def load_planfile(path: str | Path) -> PlanFile:
-    """Load a plan file (``search --out`` output)."""
-    return validate(PlanFile, read_structured(path), "planfile")
+    """Load a plan file (``search --out`` output); its cluster may be embedded or named by
+    ``planner.schema.cluster_ref``."""
+    from planner.schema.cluster_ref import read_plan_document  # names its cluster by profile + checksum
+
+    return read_plan_document(str(path))[0]
 
 
 def _unwritable(path: Path, field: str, why: str) -> UnwritableOutput:

@@ -97,6 +97,10 @@ class ModelSpec(Frozen):
     """0-based indices of layers whose FFN is dense instead of MoE."""
     mtp_layers: int = Field(default=0, ge=0, le=MAX_MTP_LAYERS)
     """Multi-token-prediction layers beyond ``num_layers`` (DeepSeek-V3: 1)."""
+    mtp_trained: bool = True
+    """Whether the MTP layers are trained with the model (default: yes, as DeepSeek-V3 was). When
+    ``True`` their parameters count in ``Θ`` and in every parameter-sized term; a model card's total
+    counts the main model only (``param_counts(mtp=False)``)."""
     max_position_embeddings: int | None = Field(default=None, ge=1, le=MAX_TOKENS)
     """Context length the model was released with (informational)."""
 
@@ -267,8 +271,9 @@ class ModelSpec(Frozen):
         """Gated dense FFN of one dense layer: ``3·H·I_d``."""
         return 3 * self.hidden_size * self.dense_ffn
 
-    def param_counts(self) -> dict[str, int]:
-        """Trainable parameters by owner (DESIGN §3.2).
+    def param_counts(self, mtp: bool | None = None) -> dict[str, int]:
+        """Trainable parameters by owner (DESIGN §3.2); ``mtp`` (default ``mtp_trained``) says whether
+        the MTP layers count.
 
         Keys: ``embedding``, ``head`` (0 when tied), ``attention``, ``norms``, ``router``,
         ``shared_experts``, ``dense_ffn``, ``experts`` (routed, MTP layers' included), ``mtp`` (the
@@ -291,8 +296,9 @@ class ModelSpec(Frozen):
         # projection and a final norm. Its routed experts are experts; the rest is dense.
         mtp_dense = (self.attention_params() + 2 * H + self.router_params() + self.shared_expert_params()
                      + 2 * H + 2 * H * H + H)
-        c["mtp"] = self.mtp_layers * mtp_dense
-        c["experts"] += self.mtp_layers * self.num_experts * self.expert_params()
+        n_mtp = self.mtp_layers if (self.mtp_trained if mtp is None else mtp) else 0
+        c["mtp"] = n_mtp * mtp_dense
+        c["experts"] += n_mtp * self.num_experts * self.expert_params()
         c["dense"] = (c["embedding"] + c["attention"] + c["norms"] + c["router"] + c["shared_experts"]
                       + c["dense_ffn"] + c["mtp"])
         c["total"] = c["dense"] + c["head"] + c["experts"]

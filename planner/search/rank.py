@@ -52,21 +52,53 @@ def _plan_of(ev: Evaluated, i: int) -> Plan:
     return ev.plan.model_copy(update={part: getattr(ev.plan, part).model_copy(update=knobs)})
 
 
-def _candidates(evs: list[Evaluated], n: int) -> list[Candidate]:
+def _rows(evs: list[Evaluated]) -> list[tuple]:
+    """``(step_s, peak, host, choices, knobs, ev, i)`` for every timed candidate of ``evs``."""
     rows = []
     for ev in evs:
+        names = sorted(ev.numeric)
+        choices = tuple(str(v) for _, v in sorted(ev.group.choices.items()))
         for i in np.nonzero(np.isfinite(ev.step_s))[0]:
-            rows.append((float(ev.step_s[i]), ev, int(i)))
-    # Equal step times (knobs the time model does not see) rank the plan with more headroom first.
-    rows.sort(key=lambda r: (round(r[0], 3), int(r[1].peak_bytes[r[2]])))
+            i = int(i)
+            knobs = tuple(int(ev.numeric[k][i]) for k in names)
+            rows.append((float(ev.step_s[i]), int(ev.peak_bytes[i]), int(ev.host_bytes[i]), choices, knobs, ev, i))
+    return rows
+
+
+def rank_key(row: tuple) -> tuple:
+    """The ranking: predicted step time, exactly; ties go to the lower per-rank HBM peak, then the
+    lower host bytes, then the lexicographically smaller plan (categorical choices, then the numeric
+    knobs in name order)."""
+    return row[:5]
+
+
+def collapse(rows: list[tuple]) -> list[tuple]:
+    """Keep one representative of each class of equivalent candidates, in rank order.
+
+    Two candidates are equivalent when they make the same categorical choices and have the same
+    predicted step time and the same per-rank HBM peak: the numeric knobs in which they differ
+    (typically the SCO host budget beyond what changes the offloaded count, or ``B_v``/``β`` where
+    they do not change the binding phase) changed neither number, so the model does not tell them
+    apart. The representative is the first in ``rank_key`` order: the one with the least host
+    memory, then the lexicographically smallest knobs."""
+    seen, out = set(), []
+    for r in sorted(rows, key=rank_key):
+        cls = (r[3], r[0], r[1])
+        if cls not in seen:
+            seen.add(cls)
+            out.append(r)
+    return out
+
+
+def _candidates(evs: list[Evaluated], n: int) -> list[Candidate]:
     out = []
-    for step, ev, i in rows[:n]:
+    for step, peak, host, _, _, ev, i in collapse(_rows(evs))[:n]:
         st = ev.timing
         tok = float(np.broadcast_to(st.tokens_per_step, ev.step_s.shape)[i])
         fl = float(np.broadcast_to(st.model_flops, ev.step_s.shape)[i])
         out.append(Candidate(
             plan=_plan_of(ev, i), step_s=step, tokens_per_s_per_gpu=tok / step, tflops_per_gpu=fl / step / 1e12,
-            peak_bytes=int(ev.peak_bytes[i]), host_bytes=int(ev.host_bytes[i]), binding_phase=ev.binding[i],
+            peak_bytes=peak, host_bytes=host, binding_phase=ev.binding[i],
             breakdown={k: float(np.broadcast_to(v, ev.step_s.shape)[i]) for k, v in st.breakdown.items()}))
     return out
 
@@ -95,10 +127,12 @@ def search(model: ModelSpec, cluster: ClusterSpec, workload: Workload, *, world_
 
 
 def lowest_peak(model: ModelSpec, cluster: ClusterSpec, workload: Workload, *, world_size: int, stack: str,
-                routing: str = "balanced", dispatch_bound: str = "guarantee", dtype: str = "bf16") -> tuple[Plan, int, int]:
+                routing: str = "balanced", dispatch_bound: str = "guarantee", dtype: str = "bf16",
+                host_fallback: bool = False) -> tuple[Plan, int, int]:
     """Memory only: the legal candidate of ``stack`` with the lowest per-rank peak among those that fit
     the host (``(plan, peak_bytes, fitting_count)``); no time model. Answers "does anything fit, and
-    how close is the best?" where the time model has gaps."""
+    how close is the best?" where the time model has gaps. With ``host_fallback``, when no candidate
+    fits the host, the one with the least host bytes stands in (instead of an ``AssertionError``)."""
     from planner.budget.build import make_context
     from planner.budget.host import host_budget
     from planner.budget.peak import capacity_bytes, evaluate
@@ -106,6 +140,7 @@ def lowest_peak(model: ModelSpec, cluster: ClusterSpec, workload: Workload, *, w
     groups = composed_groups(model, workload, world_size) if stack == "composed" else \
         baseline_groups(model, workload, world_size)
     best: tuple | None = None
+    least_host: tuple | None = None
     fitting = 0
     for g in groups:
         plan = group_plan(g, world_size, routing, dispatch_bound, dtype)
@@ -118,6 +153,12 @@ def lowest_peak(model: ModelSpec, cluster: ClusterSpec, workload: Workload, *, w
         i = int(np.argmin(cand))
         if ok_host[i] and (best is None or cand[i] < best[0]):
             best = (int(cand[i]), g, plan, i)
+        hb = np.broadcast_to(host.bytes, (g.size,))
+        j = int(np.lexsort((peak, hb))[0])
+        if least_host is None or (int(hb[j]), int(peak[j])) < least_host[0]:
+            least_host = ((int(hb[j]), int(peak[j])), g, plan, j)
+    if best is None and host_fallback and least_host is not None:
+        best = (least_host[0][1], *least_host[1:])
     assert best is not None, "no candidate fits the host"
     peak, g, plan, i = best
     knobs = {k: int(np.asarray(v)[i]) for k, v in g.numeric.items()}
