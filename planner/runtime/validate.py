@@ -33,6 +33,9 @@ from planner.units import GiB
 DEFAULT_STEPS = 3
 """Steps run; the last is compared (the first creates optimizer state and workspaces)."""
 SEED = 0
+COMPARED_BOUND = "expected"
+"""A step measures the dispatch buffers of the routing it draws: compare them with the plan evaluated
+on the routing profile (``dispatch_bound = expected``); the guarantee bounds them from above."""
 
 
 @dataclass
@@ -125,11 +128,12 @@ def _world(world_size: int, rank: int, torch):
 
 
 def synthetic_batch(ctx, device, torch):
-    """Random token ids and targets for one rank: ``N`` tokens (seeded)."""
-    g = torch.Generator(device="cpu").manual_seed(SEED + 1)
-    n = int(ctx.tokens_per_rank)
-    tokens = torch.randint(ctx.vocab_size, (n,), generator=g).to(device)
-    targets = torch.randint(ctx.vocab_size, (n,), generator=g).to(device)
+    """Random token ids and targets of one rank, ``[B, T]`` = sequences per micro-batch × this
+    rank's ``S/D`` tokens of each (``N = B·T``), seeded."""
+    B = int(ctx.seqs_per_microbatch)
+    T = int(ctx.tokens_per_rank) // B
+    tokens = torch.randint(ctx.vocab_size, (B, T), device=device)
+    targets = torch.randint(ctx.vocab_size, (B, T), device=device)
     return tokens, targets
 
 
@@ -218,8 +222,11 @@ def validate(plan: str, *, layers: int | None = None, steps: int = DEFAULT_STEPS
         raise InvalidPlan("plan.stack", pf.plan.stack, "is not validated yet (the composed stack is)",
                           "give a composed plan file (planner search --out)")
     tr = truncate(pf, layers)
-    pred = predict(tr.planfile, grad_lifetime)
+    pred = predict(tr.planfile, grad_lifetime, dispatch_bound=COMPARED_BOUND)
     ctx = pred.ctx
+    if ctx.model.is_moe and pf.plan.dispatch_bound != COMPARED_BOUND:
+        tr.changes.append(f"dispatch compared at its {COMPARED_BOUND} size on routing {ctx.routing_text} "
+                          f"(the plan's verdict uses the {pf.plan.dispatch_bound}, an upper bound)")
     if rank is None:
         rank, why = binding_rank(ctx)
     else:

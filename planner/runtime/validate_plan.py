@@ -106,12 +106,15 @@ class Prediction:
         return self.labels[int(self.evaluation.binding_index)]
 
 
-def predict(pf: PlanFile, grad_lifetime: str = "accumulate", *, timing: bool = True) -> Prediction:
-    """Evaluate ``pf`` at every phase under ``grad_lifetime``."""
+def predict(pf: PlanFile, grad_lifetime: str = "accumulate", *, timing: bool = True,
+            dispatch_bound: str | None = None) -> Prediction:
+    """Evaluate ``pf`` at every phase under ``grad_lifetime`` (and ``dispatch_bound``, default the
+    plan's own)."""
     if grad_lifetime not in GRAD_LIFETIMES:
         raise InvalidPlan("--grad-lifetime", grad_lifetime, f"must be one of {', '.join(GRAD_LIFETIMES)}",
                           "use --grad-lifetime freed or accumulate")
-    ctx = make_context(pf.model, pf.cluster, pf.workload, pf.plan)
+    plan = pf.plan if dispatch_bound is None else pf.plan.model_copy(update={"dispatch_bound": dispatch_bound})
+    ctx = make_context(pf.model, pf.cluster, pf.workload, plan)
     ctx = dataclasses.replace(ctx, grad_lifetime=grad_lifetime)
     step_s = None
     if timing:
