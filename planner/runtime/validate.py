@@ -137,14 +137,14 @@ def synthetic_batch(ctx, device, torch):
     return tokens, targets
 
 
-def run_steps(composed, recorder, tokens, targets, *, steps: int, grad_lifetime: str, timer=None):
-    """Run ``steps`` steps through the phase recorder; returns (samples, step-start bytes, times, losses)."""
+def run_steps(composed, recorder, tokens, targets, *, steps: int, timer=None):
+    """Run ``steps`` steps through the phase recorder; returns (samples of the last step, its
+    step-start bytes, step times, losses). The step frees or keeps the gradients itself
+    (``build_composed_step(set_to_none=...)``)."""
     times, losses = [], []
     samples, start = {}, 0
     composed.on_phase = recorder
-    for k in range(steps):
-        if grad_lifetime == "freed":
-            composed.optimizer.zero_grad(set_to_none=True)
+    for _ in range(steps):
         recorder.start()
         start = recorder._start
         t = timer() if timer is not None else None
@@ -152,7 +152,7 @@ def run_steps(composed, recorder, tokens, targets, *, steps: int, grad_lifetime:
         if t is not None:
             times.append(t())
         samples = recorder.finish()
-        losses.append(float(loss.detach().float().cpu()) if hasattr(loss, "detach") and not _is_fake(loss) else 0.0)
+        losses.append(0.0 if _is_fake(loss) else float(loss.detach().float().cpu()))
     return samples, start, times, losses
 
 
@@ -175,11 +175,12 @@ def _cuda_timer(torch):
     return start
 
 
-def build_step(planfile, *, device, rank: int):
-    """The composed step of ``planfile`` for ``rank`` (``planner.runtime.mop``)."""
+def build_step(planfile, *, device, grad_lifetime: str):
+    """The composed step of ``planfile`` on this rank (``planner.runtime.mop``); ``freed``: the step
+    ends with ``zero_grad(set_to_none=True)``, ``accumulate``: gradients are kept."""
     from planner.runtime.mop import build_composed_step
 
-    return build_composed_step(planfile, device=device)
+    return build_composed_step(planfile, device=device, set_to_none=grad_lifetime == "freed")
 
 
 def measure(planfile, ctx, *, rank: int, steps: int, grad_lifetime: str) -> Measurement:
@@ -193,11 +194,13 @@ def measure(planfile, ctx, *, rank: int, steps: int, grad_lifetime: str) -> Meas
     try:
         device = torch.device("cuda", torch.cuda.current_device())
         torch.manual_seed(SEED)
-        composed = build_step(planfile, device=device, rank=rank)
+        composed = build_step(planfile, device=device, grad_lifetime=grad_lifetime)
         tokens, targets = synthetic_batch(ctx, device, torch)
         rec = PhaseRecorder(CudaSource(device))
         samples, start, times, losses = run_steps(composed, rec, tokens, targets, steps=steps,
-                                                  grad_lifetime=grad_lifetime, timer=_cuda_timer(torch))
+                                                  timer=_cuda_timer(torch))
+        if hasattr(composed, "close"):
+            composed.close()
         step_s = statistics.median(times[1:]) if len(times) > 1 else (times[0] if times else None)
         name = torch.cuda.get_device_name(device)
     finally:

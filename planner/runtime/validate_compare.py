@@ -61,11 +61,13 @@ def time_ok(predicted: float | None, measured: float | None) -> bool:
 
 
 def compare(pred: Prediction, samples: dict, step_start_bytes: int, *, step_s: float | None = None,
-            judge_time: bool = False, under: float = MEMORY_UNDER, over: float = MEMORY_OVER) -> list[Row]:
-    """All rows for one recorded step (``samples``: label → ``PhaseSample``)."""
+            judge_time: bool = False, under: float = MEMORY_UNDER, over: float = MEMORY_OVER,
+            exclude: tuple[str, ...] = ()) -> list[Row]:
+    """All rows for one recorded step (``samples``: label → ``PhaseSample``); ``exclude``: live sets
+    the measurement cannot see (a fake-tensor trace: ``workspace``)."""
     rows: list[Row] = []
     for label in pred.labels:
-        p = pred.phase_bytes(label)
+        p = pred.phase_bytes(label, exclude)
         s = samples.get(label)
         if s is None:
             rows.append(Row(label, "phase total (not recorded)", p, 0, True, False))

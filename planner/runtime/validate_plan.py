@@ -81,8 +81,10 @@ class Prediction:
     def labels(self) -> list[str]:
         return [p.label for p in self.evaluation.phases]
 
-    def phase_bytes(self, label: str) -> int:
-        return int(self.evaluation.by_phase[self.labels.index(label)])
+    def phase_bytes(self, label: str, exclude: tuple[str, ...] = ()) -> int:
+        """The phase total, less the live sets in ``exclude`` (a trace cannot see ``workspace``)."""
+        return (int(self.evaluation.by_phase[self.labels.index(label)])
+                - sum(self.live_set_bytes(label, ls) for ls in exclude))
 
     def live_set_bytes(self, label: str, live_set: str) -> int:
         return int(self.evaluation.live_set_bytes(live_set)[self.labels.index(label)])
