@@ -114,3 +114,80 @@ def trace_step(planfile, *, rank: int = 0, grad_lifetime: str = "freed", steps: 
         dist.destroy_process_group()
     rows = compare(pred, samples, start, under=tolerance, over=tolerance, exclude=TRACE_EXCLUDES)
     return StepTrace(pred, samples, start, rows, host)
+
+
+# ---- one checkpointed region ---------------------------------------------------------------------
+@dataclass
+class RegionTrace:
+    """Traced bytes of one checkpointed region above its input (and the region's weights)."""
+
+    kind: str
+    forward_bytes: int
+    """Peak of the non-saving forward (inside the region checkpoint), above the region input."""
+    backward_bytes: int
+    """Peak of recompute + backward above the region input and the incoming gradient, the
+    region's weight gradients included."""
+    weight_grad_bytes: int
+
+
+def trace_region(planfile, r: int, *, rank: int = 0) -> RegionTrace:
+    """Trace region ``r`` (1-based; ``attention`` or ``dense_mlp``) of ``planfile``'s decoder as the
+    composed stack runs it: Ulysses over the plan's ``D``, non-reentrant region checkpoint, whole
+    (gathered) weights, bf16. The MoE region's dispatch is traced by ``planner.runtime.dispatch_trace``.
+    """
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.distributed._tools.mem_tracker import MemTracker
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    from planner.budget.build import make_context
+    from planner.runtime.attention import UlyssesCore, make_attention
+    from planner.runtime.model_layers import GatedMLP, RMSNorm
+    from planner.runtime.sco import checkpoint_region
+    from planner.runtime.trace_sdpa import cuda_like_sdpa
+
+    pf = planfile
+    ctx = make_context(pf.model, pf.cluster, pf.workload, pf.plan)
+    kind = ctx.regions[r - 1]
+    if kind == "moe":
+        raise ValueError("trace_region traces attention and dense_mlp regions")
+    layer = (r - 1) // 2
+    W, D = ctx.world_size, int(ctx.seq_parallel)
+    B = int(ctx.seqs_per_microbatch)
+    T, H, dt = int(ctx.tokens_per_rank) // B, ctx.hidden_size, torch.bfloat16
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=W)
+    try:
+        group = dist.new_group(list(range(D))) if D < W else dist.group.WORLD
+        with FakeTensorMode(), shim.tracing(), cuda_like_sdpa():
+            kw = dict(device=DEVICE, dtype=dt)
+            norm = RMSNorm(H, **kw)
+            if kind == "attention":
+                body = make_attention(ctx.model, layer, UlyssesCore(group), **kw)
+            else:
+                body = GatedMLP(H, ctx.dense_ffn, **kw)
+            mods = torch.nn.ModuleList([norm, body])
+            pos = torch.arange(rank % D * T, rank % D * T + T, device=DEVICE)
+
+            def region(h):
+                x = norm(h)
+                return h + (body(x, pos) if kind == "attention" else body(x))
+
+            h = torch.empty(B, T, H, dtype=dt, device=DEVICE, requires_grad=True)
+            mt = MemTracker()
+            mt.track_external(mods, h, pos)
+            src = TrackerSource(mt, DEVICE.type)
+            with mt:
+                base = src.current()
+                src.reset()
+                out = checkpoint_region(region, h)
+                fwd = src.peak()[0] - base
+                g = torch.empty_like(out)
+                base_b = src.current()
+                src.reset()
+                out.backward(g)
+                bwd = src.peak()[0] - (base_b - out.untyped_storage().nbytes())
+            wg = sum(p.numel() * p.element_size() for p in mods.parameters())
+    finally:
+        dist.destroy_process_group()
+    return RegionTrace(kind, fwd, bwd, wg)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import pytest
 
-pytest.importorskip("planner.runtime.mop", reason="the composed step (planner/runtime/mop.py)")
+
 
 from planner.runtime.step_trace import trace_planfile, trace_step  # noqa: E402
 
@@ -30,9 +30,14 @@ def _table(res) -> str:
                      f"ratio {r.ratio if r.ratio is None else round(r.ratio, 4)}" for r in res.rows)
 
 
+def _needs_composed_step():
+    pytest.importorskip("planner.runtime.mop", reason="the composed step (planner/runtime/mop.py)")
+
+
 @pytest.mark.parametrize("W", WORLDS)
 @pytest.mark.parametrize("model", MODELS)
 def test_step_formula_vs_trace(model, W):
+    _needs_composed_step()
     res = trace_step(trace_planfile(model, world_size=W, seq_len=SEQ_LEN), grad_lifetime="freed",
                      tolerance=FORMULA_VS_TRACE)
     assert all(s.peak_bytes > 0 for s in res.samples.values())
@@ -41,6 +46,28 @@ def test_step_formula_vs_trace(model, W):
 
 @pytest.mark.parametrize("model", ("qwen3-30b-a3b",))
 def test_step_formula_vs_trace_gradients_kept(model):
+    _needs_composed_step()
     res = trace_step(trace_planfile(model, world_size=8, seq_len=SEQ_LEN), grad_lifetime="accumulate",
                      tolerance=FORMULA_VS_TRACE)
     assert res.ok, _table(res)
+
+
+REGIONS = [("qwen3-30b-a3b", 1), ("gpt-oss-20b", 3), ("deepseek-v2-lite", 2)]
+"""(model, region): Qwen3's attention (QK-norm, global), gpt-oss's global attention layer (sinks),
+DeepSeek-V2-Lite's dense FFN region (layer 0)."""
+
+
+@pytest.mark.parametrize("W", WORLDS)
+@pytest.mark.parametrize("model,r", REGIONS)
+def test_region_forward_formula_vs_trace(model, r, W):
+    """One checkpointed region's non-saving forward above its input: the ``attention`` and ``ffn``
+    live sets of ``forward[r]``."""
+    from planner.runtime.step_trace import trace_region
+    from planner.runtime.validate_plan import predict
+
+    pf = trace_planfile(model, world_size=W, seq_len=SEQ_LEN)
+    got = trace_region(pf, r)
+    pred = predict(pf, "freed", timing=False, dispatch_bound="expected")
+    want = sum(pred.live_set_bytes(f"forward[{r}]", ls) for ls in ("attention", "ffn"))
+    assert got.forward_bytes > 0
+    assert abs(want - got.forward_bytes) <= FORMULA_VS_TRACE * got.forward_bytes, (want, got.forward_bytes)
