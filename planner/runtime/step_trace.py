@@ -1,11 +1,14 @@
 """Whole-step trace (DESIGN §8) of one rank of the composed step, phase by phase.
 
-Setup (as ``planner.runtime.trace``): PyTorch's fake process group of ``W`` ranks as rank ``r``,
-the device mesh built **before** fake mode (a mesh's rank map is read with ``tolist``), then
-``FakeTensorMode`` with the shim's trace mode, the composed step built inside it
-(``planner.runtime.mop.build_composed_step``: device tensors fake ``cpu``, host buffers fake
-``meta``), and ``MemTracker`` entered inside fake mode with the model, the optimizer state and the
-batch registered through ``track_external``.
+Setup (as ``planner.runtime.trace``): PyTorch's fake process group of ``W`` ranks as rank ``r``;
+the groups and the device mesh, then the composed step itself
+(``planner.runtime.mop.build_composed_step``), built **before** fake mode on the CPU (a mesh reads
+its rank map with ``tolist``, and FSDP2's ``to_empty`` cannot swap meta parameters for fake ones):
+the weights and the optimizer's host state are real, one rank's share. Then ``FakeTensorMode``
+(real inputs allowed: the weights) with the shim's trace mode and CUDA-like SDPA allocations
+(``trace_sdpa``), and ``MemTracker`` inside it with the model, the optimizer and the batch
+registered through ``track_external``. Every MoE layer's dispatcher gets the integer plan of the
+plan's routing profile and the Ring-DTP head its ``N_max`` (trace mode cannot read real counts).
 
 Per phase: the step's ``on_phase`` hook drives a ``PhaseRecorder`` over ``MemTracker``'s current
 and peak bytes of the fake ``cpu`` device (``TrackerSource``), the same recorder ``planner
@@ -68,6 +71,35 @@ def _host_bytes(mt) -> int:
                if torch.device(d).type == "meta")
 
 
+def _plan_dispatch(model, ctx) -> None:
+    """Give every MoE layer's dispatcher the integer plan of the routing profile (computed here,
+    outside fake mode, as ``dispatch_trace`` does): the trace routes as the budget's ``expected``
+    bound assumes."""
+    import functools
+
+    from planner.budget.dispatch import profile_of
+    from planner.plans import routing
+
+    counts = routing.profile_counts(profile_of(ctx), int(ctx.tokens_per_rank), ctx.num_experts, ctx.top_k,
+                                    int(ctx.expert_parallel))
+    for blk in model.layers:
+        if blk.is_moe:
+            disp = blk.ffn.experts
+            disp.forward = functools.partial(type(disp).forward, disp, plan=disp.plan_from_counts(counts))
+    head = model.head
+    if head is not None and "n_max" in type(head).forward.__code__.co_varnames:  # every rank holds N
+        head.forward = functools.partial(type(head).forward, head, n_max=int(ctx.tokens_per_rank))
+
+
+def _attach_without_pointer_check(dense) -> None:
+    """The optimizer's proxies take the FSDP2 shards' gradients; the storage check of
+    ``DenseShards.attach_grads`` reads ``data_ptr``, which fake tensors do not have."""
+    def attach():
+        for p, t in dense.pairs:
+            t.grad = None if p.grad is None else p.grad.to_local()
+    dense.attach_grads = attach
+
+
 TRACE_EXCLUDES = ("workspace",)
 """Live sets a fake-tensor trace cannot see: library and kernel workspaces (measured constants)."""
 
@@ -100,8 +132,11 @@ def trace_step(planfile, *, rank: int = 0, grad_lifetime: str = "freed", steps: 
         lay = resolve_layout(planfile)
         groups = make_groups(lay.W, lay.D, lay.Ep, lay.P, DEVICE.type)
         mop_groups.make_groups = lambda *a, **k: groups
-        with FakeTensorMode(allow_non_fake_inputs=False), shim.tracing(), cuda_like_sdpa():
+        with shim.tracing():
             composed = build_composed_step(planfile, device=DEVICE, set_to_none=grad_lifetime == "freed")
+        _plan_dispatch(composed.model, pred.ctx)
+        _attach_without_pointer_check(composed.dense)
+        with FakeTensorMode(allow_non_fake_inputs=True), shim.tracing(), cuda_like_sdpa():
             tokens, targets = synthetic_batch(pred.ctx, DEVICE, torch)
             mt = MemTracker()
             mt.track_external(composed.model, composed.optimizer, tokens, targets)
