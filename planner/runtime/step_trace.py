@@ -30,7 +30,7 @@ import torch.distributed as dist
 from planner.runtime import shim
 from planner.runtime.phase_recorder import PhaseRecorder, TrackerSource
 from planner.runtime.trace import DEVICE
-from planner.runtime.validate import run_steps, synthetic_batch
+from planner.runtime.validate import plan_dispatch, run_steps, synthetic_batch
 from planner.runtime.validate_compare import Row, compare, verdict
 from planner.runtime.validate_plan import Prediction, predict, truncate
 
@@ -69,26 +69,6 @@ def trace_planfile(model: str, *, world_size: int, seq_len: int, layers: int = 2
 def _host_bytes(mt) -> int:
     return sum(int(c.get("Total", 0)) for d, c in mt.get_tracker_snapshot("peak").items()
                if torch.device(d).type == "meta")
-
-
-def _plan_dispatch(model, ctx) -> None:
-    """Give every MoE layer's dispatcher the integer plan of the routing profile (computed here,
-    outside fake mode, as ``dispatch_trace`` does): the trace routes as the budget's ``expected``
-    bound assumes."""
-    import functools
-
-    from planner.budget.dispatch import profile_of
-    from planner.plans import routing
-
-    counts = routing.profile_counts(profile_of(ctx), int(ctx.tokens_per_rank), ctx.num_experts, ctx.top_k,
-                                    int(ctx.expert_parallel))
-    for blk in model.layers:
-        if blk.is_moe:
-            disp = blk.ffn.experts
-            disp.forward = functools.partial(type(disp).forward, disp, plan=disp.plan_from_counts(counts))
-    head = model.head
-    if head is not None and "n_max" in type(head).forward.__code__.co_varnames:  # every rank holds N
-        head.forward = functools.partial(type(head).forward, head, n_max=int(ctx.tokens_per_rank))
 
 
 def _attach_without_pointer_check(dense) -> None:
@@ -134,7 +114,7 @@ def trace_step(planfile, *, rank: int = 0, grad_lifetime: str = "freed", steps: 
         mop_groups.make_groups = lambda *a, **k: groups
         with shim.tracing():
             composed = build_composed_step(planfile, device=DEVICE, set_to_none=grad_lifetime == "freed")
-        _plan_dispatch(composed.model, pred.ctx)
+        plan_dispatch(composed.model, pred.ctx)
         _attach_without_pointer_check(composed.dense)
         with FakeTensorMode(allow_non_fake_inputs=True), shim.tracing(), cuda_like_sdpa():
             tokens, targets = synthetic_batch(pred.ctx, DEVICE, torch)
