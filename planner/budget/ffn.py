@@ -11,8 +11,8 @@ inside a non-reentrant region checkpoint:
                  4·N·I                                                             (b)
 
 (the region's input, output and boundary gradients are ``boundaries``; its weights and their
-unreduced gradients ``gathered``). Dense regions: ``I = I_d``, confirmed by the region trace
-(``tests/trace/test_step_trace.py``). Shared experts (``I = I_s``) run after the routed experts,
+unreduced gradients ``gathered``). Dense regions: ``I = I_d``; the forward is confirmed by the
+region trace (``tests/trace/test_step_trace.py``), the backward read off the inventory (provisional). Shared experts (``I = I_s``) run after the routed experts,
 beside the routed output ``N·H``; counted on top of ``dispatch`` (conservative) and provisional
 until a MoE region with shared experts is traced.
 
@@ -40,7 +40,8 @@ def terms(ctx: Ctx) -> list[Term]:
             Term("dense FFN forward: normed input, gate, silu, up", "ffn", N * (H + 3 * I_d), b,
                  "N·(H + 3·I_d)", ("forward",), regions=("dense_mlp",), source=SOURCE),
             Term("dense FFN backward: recomputed input, gate, up, silu·up, its gradient", "ffn",
-                 N * (H + 4 * I_d), b, "N·(H + 4·I_d)", ("backward",), regions=("dense_mlp",), source=SOURCE),
+                 N * (H + 4 * I_d), b, "N·(H + 4·I_d)", ("backward",), regions=("dense_mlp",), provisional=True,
+                 source=SOURCE),
         ]
     I_s = m.shared_expert_ffn
     if I_s and "moe" in set(ctx.regions):
