@@ -216,13 +216,15 @@ def measure(planfile, ctx, *, rank: int, steps: int, grad_lifetime: str) -> Meas
         device = torch.device("cuda", torch.cuda.current_device())
         torch.manual_seed(SEED)
         composed = build_step(planfile, device=device, grad_lifetime=grad_lifetime)
-        plan_dispatch(composed.model, ctx)
-        tokens, targets = synthetic_batch(ctx, device, torch)
-        rec = PhaseRecorder(CudaSource(device))
-        samples, start, times, losses = run_steps(composed, rec, tokens, targets, steps=steps,
-                                                  timer=_cuda_timer(torch))
-        if hasattr(composed, "close"):
-            composed.close()
+        try:
+            plan_dispatch(composed.model, ctx)
+            tokens, targets = synthetic_batch(ctx, device, torch)
+            rec = PhaseRecorder(CudaSource(device))
+            samples, start, times, losses = run_steps(composed, rec, tokens, targets, steps=steps,
+                                                      timer=_cuda_timer(torch))
+        finally:
+            if hasattr(composed, "close"):
+                composed.close()  # pinned host memory (SCO pool, offloaded optimizer state)
         step_s = statistics.median(times[1:]) if len(times) > 1 else (times[0] if times else None)
         name = torch.cuda.get_device_name(device)
     finally:
