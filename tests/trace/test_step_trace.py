@@ -36,12 +36,13 @@ STEP_TRACES = os.environ.get("PLANNER_FAST_TRACES", "") != "1"
 """The six whole-step traces take 15-45 s each on a CPU (the weights are real: FSDP2 cannot build
 under fake tensors); PLANNER_FAST_TRACES=1 skips them locally. The region traces below are fast."""
 KNOWN_MISSES = (
-    "formula vs trace per phase is not yet within 1%: the persistent bytes are (≤ 0.1%), and the "
-    "GQA attention forward and dense FFN forward of a region (region tests below); still missing: "
-    "sliding-window attention's block copies (gpt-oss layer 0: forward[1] 0.73 of the trace), the "
-    "MoE region's forward beside dispatch (Qwen3 W=8 forward[2] 0.88), the MLA region (DeepSeek "
-    "forward[3] 1.15 / 1.30), the head phase (0.94-0.96: the final norm's fp32 temporaries), backward "
-    "regions (0.83-1.29), the optimizer phase (0.90-0.98)")
+    "formula vs trace per phase is not yet within 1%: the persistent bytes are (<= 0.1%), the head "
+    "phase (Qwen3 W=8: 0.9999, with the final norm's saved tensors) and one region's GQA attention and "
+    "dense FFN forward (region tests below); still missing: sliding-window attention's block copies "
+    "(gpt-oss layer 0: forward[1] 0.73 of the trace), a copy of the rank's whole local expert stack "
+    "held through the MoE region's forward in the composed step (Qwen3 W=8 forward[2] 0.88: 96 + 48 "
+    "MiB), the MLA region (DeepSeek forward[3] 1.15 / 1.30), backward regions (0.83-1.29), the "
+    "optimizer phase (0.90-0.98)")
 _CACHE: dict = {}
 
 
