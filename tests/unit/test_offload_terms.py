@@ -75,7 +75,8 @@ def test_sco_boundaries_by_phase(h200):
     L_b = ctx.num_boundaries
     assert ctx.num_offloaded == 3
     got = _by_phase(ctx, boundaries)
-    assert got["head"] == (L_b - 3) * nh
+    final_norm = N * ctx.hidden_size * 4 + N * 4 + nh  # saved fp32 input + rsqrt, normed input
+    assert got["head"] == (L_b - 3) * nh + final_norm
     assert got["forward[1]"] == 2 * nh and got[f"forward[{L_b}]"] == (L_b - 1 - 3 + 2) * nh
     assert got["backward[1]"] == 3 * nh  # input + grad in/out, nothing to prefetch
     assert got["backward[2]"] == got["backward[4]"] == 4 * nh  # input + prefetch + grads
