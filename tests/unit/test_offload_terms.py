@@ -60,11 +60,11 @@ def test_stream_offload_terms(h200):
     ctx = _ctx(h200, optimizer="stream_offload", bucket_params=1 << 20, staging_slots=3)
     n = optimizer.rank_params(ctx)
     G = -(-n // (1 << 20))
-    assert sum(int(t.bytes) for t in optimizer.terms(ctx)) == min(3, G) * min(1 << 20, n) * 16
+    assert sum(int(t.bytes) for t in optimizer.terms(ctx) if t.name.startswith("staging")) == min(3, G) * min(1 << 20, n) * 16
     assert [int(t.bytes) for t in optimizer.host_terms(ctx)] == [-(-12 * n // 4096) * 4096]
     assert optimizer.host_terms(_ctx(h200, optimizer="gpu")) == []  # no offload: no host optimizer bytes
     cpu = _ctx(h200, optimizer="cpu_offload")
-    assert sum(int(t.bytes) for t in optimizer.terms(cpu)) == 0
+    assert sum(int(t.bytes) for t in optimizer.terms(cpu) if t.name.startswith("grad copy")) == 0
     assert sum(int(t.bytes) for t in optimizer.host_terms(cpu)) >= 18 * n
 
 
@@ -75,7 +75,8 @@ def test_sco_boundaries_by_phase(h200):
     L_b = ctx.num_boundaries
     assert ctx.num_offloaded == 3
     got = _by_phase(ctx, boundaries)
-    assert got["head"] == (L_b - 3) * nh
+    final_norm = N * ctx.hidden_size * 4 + N * 4 + nh  # saved fp32 input + rsqrt, normed input
+    assert got["head"] == (L_b - 3) * nh + final_norm
     assert got["forward[1]"] == 2 * nh and got[f"forward[{L_b}]"] == (L_b - 1 - 3 + 2) * nh
     assert got["backward[1]"] == 3 * nh  # input + grad in/out, nothing to prefetch
     assert got["backward[2]"] == got["backward[4]"] == 4 * nh  # input + prefetch + grads
