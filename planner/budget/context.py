@@ -85,6 +85,11 @@ class Ctx:
     ep: Int = 1
     ac: str = "full"
     cpu_offload: bool = False
+    dp_replicate: Int = 1          # HSDP replicas (W = dp_replicate·dp_shard·cp·tp)
+    cp_rotate: str = "allgather"   # context_parallel rotate method
+    head: str = "dense"            # "dense" (loss parallel under tp) | "chunked"
+    head_chunk_tokens: Int = 4096
+    grad_lifetime: str = "freed"   # "freed" (set_to_none each step) | "kept" (accumulation)
     # -- bookkeeping ---------------------------------------------------------------------------
     notes: dict = field(default_factory=dict)
 
