@@ -266,3 +266,241 @@ class _BackwardMark(torch.autograd.Function):
     def backward(ctx, g):
         ctx.cb()
         return g, None
+
+
+# ---- tensor parallelism ---------------------------------------------------------------------
+
+ATTN_COL = ("wq", "wk", "wv", "wq_a", "wq_b", "wkv_a", "wkv_b")
+ATTN_ROW = ("wo",)
+FFN_COL = ("w1", "w3")
+FFN_ROW = ("w2",)
+
+
+def _linear_plan(module: nn.Module, col: tuple, row: tuple, *, sp_output: bool = True) -> dict:
+    from torch.distributed.tensor import Shard
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+
+    plan = {}
+    for name, sub in module.named_children():
+        if not isinstance(sub, nn.Linear):
+            continue
+        if name in col:
+            plan[name] = ColwiseParallel()
+        elif name in row:
+            plan[name] = RowwiseParallel(output_layouts=Shard(1)) if sp_output else RowwiseParallel()
+    return plan
+
+
+def is_moe(ffn: nn.Module) -> bool:
+    """A MoE block exposes its routed experts as ``ffn.experts`` (an ``ExpertShard``)."""
+    return hasattr(ffn, "experts") and hasattr(ffn, "router")
+
+
+def apply_tp(model: nn.Module, tp_mesh, *, loss_parallel_head: bool) -> None:
+    """Megatron-style TP with sequence parallelism over ``tp_mesh`` (module docstring, step 1).
+
+    Raises:
+        InvalidPlan: a block's attention has no q/k/v/o projections to shard.
+    """
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput,
+                                                   PrepareModuleInputOutput, RowwiseParallel,
+                                                   SequenceParallel, parallelize_module)
+
+    from planner.errors import InvalidPlan
+
+    top = {"embed": RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1)),
+           "norm": SequenceParallel()}
+    if model.head is not None:
+        top["head"] = ColwiseParallel(input_layouts=Shard(1), output_layouts=Shard(-1) if loss_parallel_head
+                                      else Replicate(), use_local_output=not loss_parallel_head)
+    parallelize_module(model, tp_mesh, top)
+    for block in model.layers:
+        attn = block.attention
+        plan = {"attention_norm": SequenceParallel(), "ffn_norm": SequenceParallel(),
+                "attention": PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),))}
+        lin = _linear_plan(attn, ATTN_COL, ATTN_ROW)
+        if not any(isinstance(v, RowwiseParallel) for v in lin.values()):
+            raise InvalidPlan("plan.baseline.tp", tp_mesh.size(), "needs attention projections wq/wk/wv/wo "
+                              "to shard", "use --tp 1 for this model")
+        plan.update({f"attention.{k}": v for k, v in lin.items()})
+        if is_moe(block.ffn):
+            # tokens stay on their sequence-parallel rank; MoE parameters replicated over tp
+            plan["ffn"] = PrepareModuleInputOutput(
+                input_layouts=(Shard(1),), desired_input_layouts=(Shard(1),), use_local_input=True,
+                output_layouts=(Shard(1),), desired_output_layouts=(Shard(1),), use_local_output=False)
+        else:
+            plan["ffn"] = PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),))
+            plan.update({f"ffn.{k}": v for k, v in _linear_plan(block.ffn, FFN_COL, FFN_ROW).items()})
+        parallelize_module(block, tp_mesh, plan)
+
+
+# ---- FSDP2 ------------------------------------------------------------------------------------
+
+def apply_fsdp(model: nn.Module, root: nn.Module, meshes: Meshes, opts: FSDPOptions) -> None:
+    """``fully_shard`` per unit, in torchtitan's order (module docstring, step 3).
+
+    ``model`` is the decoder (its blocks possibly checkpoint-wrapped); ``root`` the module whose
+    forward runs the step (FSDP's root)."""
+    from torch.distributed.fsdp import fully_shard
+
+    dense = opts.config(meshes.dp)
+    if model.embed is not None:
+        fully_shard(model.embed, **dense, reshard_after_forward=True)
+    for block in model.layers:
+        inner = getattr(block, "_checkpoint_wrapped_module", block)
+        if is_moe(inner.ffn):
+            fully_shard(inner.ffn.experts, **opts.config(meshes.expert_dp), reshard_after_forward=True)
+            if meshes.layout.tp > 1:   # router / shared experts replicated over tp: reduce over tp too
+                fully_shard(inner.ffn, **opts.config(meshes.moe_dp), reshard_after_forward=True)
+        fully_shard(block, **dense, reshard_after_forward=True)
+    last = [m for m in (model.norm, model.head) if m is not None]
+    fully_shard(last, **dense, reshard_after_forward=False)
+    fully_shard(root, **dense)
+    for m in root.modules():
+        if hasattr(m, "set_gradient_divide_factor"):
+            m.set_gradient_divide_factor(1.0)   # the loss is divided by the global token count
+
+
+# ---- the step -------------------------------------------------------------------------------
+
+def _install_chunked_head(head: nn.Linear, chunk_tokens: int) -> None:
+    """Make ``head(x, targets, divisor)`` return the chunked linear cross-entropy, so the loss runs
+    inside the head's own forward (FSDP's hooks unshard and reduce its weight as usual)."""
+    import types
+
+    from planner.runtime.chunked_ce import chunked_linear_cross_entropy
+
+    def forward(self, x, targets, divisor):
+        return chunked_linear_cross_entropy(x.flatten(0, 1), targets.flatten(), self.weight,
+                                            chunk_tokens=chunk_tokens, reduction="sum", divisor=divisor)
+
+    head.forward = types.MethodType(forward, head)
+
+
+class BaselineLM(nn.Module):
+    """FSDP's root: embedding, blocks, final norm and the loss of the chosen head, summed over
+    the local tokens and divided by ``divisor`` (the global token count)."""
+
+    def __init__(self, decoder: nn.Module, head_kind: str, tp: int) -> None:
+        super().__init__()
+        self.decoder, self.head_kind, self.tp = decoder, head_kind, tp
+
+    def forward(self, tokens, targets, divisor):
+        import torch.nn.functional as F
+
+        d = self.decoder
+        x = d.embed(tokens)
+        for block in d.layers:
+            x = block(x)
+        x = d.norm(x)
+        if self.head_kind == "chunked":
+            return d.head(x, targets, divisor)
+        w_head = d.head if d.head is not None else None
+        logits = w_head(x) if w_head is not None else x @ d.embed.weight.t()
+        if self.tp > 1:
+            from torch.distributed.tensor.parallel import loss_parallel
+
+            with loss_parallel():
+                return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), reduction="sum") / divisor
+        return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), reduction="sum") / divisor
+
+
+@dataclass
+class BaselineStep:
+    """The FSDP2 baseline's training step on one rank: ``.model``, ``.optimizer``, ``.step``."""
+
+    model: nn.Module
+    optimizer: torch.optim.Optimizer
+    layout: Layout
+    meshes: Meshes
+    cp_rotate: str = "allgather"
+    grad_lifetime: str = "freed"
+    hook: PhaseHook = field(default_factory=PhaseHook)
+
+    def step(self, tokens, targets):
+        """One micro-step and the optimizer: ``tokens``/``targets`` ``[B, S]`` are this rank's
+        data-parallel batch (whole sequences; context parallelism shards them here). Returns the
+        rank's share of the global mean loss (sum over the dp/cp ranks of one tp coordinate)."""
+        L = self.layout
+        divisor = tokens.numel() * L.data_parallel
+        if L.cp > 1:
+            from torch.distributed.tensor.experimental import context_parallel
+            from torch.distributed.tensor.experimental._attention import set_rotate_method
+
+            set_rotate_method(self.cp_rotate)
+            tokens, targets = tokens.clone(), targets.clone()
+            with context_parallel(self.meshes.cp, buffers=[tokens, targets], buffer_seq_dims=[1, 1],
+                                  no_restore_buffers={tokens, targets}):
+                loss = self.model(tokens, targets, divisor)
+                loss.backward()
+        else:
+            loss = self.model(tokens, targets, divisor)
+            loss.backward()
+        self.hook("optimizer", None)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=self.grad_lifetime == "freed")
+        loss = loss.detach()
+        return loss.full_tensor() if hasattr(loss, "full_tensor") else loss
+
+
+def _install_phase_hooks(decoder: nn.Module, hook: PhaseHook) -> None:
+    for i, block in enumerate(decoder.layers, start=1):
+        block.register_forward_pre_hook(lambda m, a, r=i: hook("forward", r))
+        block.register_forward_hook(
+            lambda m, a, out, r=i: _BackwardMark.apply(out, lambda: hook("backward", r)))
+    decoder.norm.register_forward_pre_hook(lambda m, a: hook("head", None))
+
+
+def set_ep_group(decoder: nn.Module, group) -> None:
+    """Point every MoE block's all-to-all operator at the expert group."""
+    for block in decoder.layers:
+        if is_moe(block.ffn):
+            block.ffn.dispatch.group = group
+
+
+def build_baseline_step(decoder: nn.Module, layout: Layout, *, ac: str = "full", head: str = "dense",
+                        head_chunk_tokens: int = 4096, cpu_offload: bool = False,
+                        cp_rotate: str = "allgather", grad_lifetime: str = "freed",
+                        param_dtype: torch.dtype = torch.bfloat16, lr: float = 1e-3,
+                        on_phase: Callable | None = None, meshes: Meshes | None = None) -> BaselineStep:
+    """Apply the baseline layout to ``decoder`` (built with the *whole* model on every rank, its
+    MoE blocks holding this rank's ``E/ep`` experts) and return its step.
+
+    Raises:
+        InvalidPlan: a knob torch's APIs would reject (checked before anything is built).
+    """
+    from planner.errors import InvalidPlan
+
+    if head not in ("dense", "chunked"):
+        raise InvalidPlan("plan.baseline.head", head, "must be dense or chunked", "use --head dense")
+    if head == "chunked" and (layout.tp > 1 or decoder.head is None):
+        raise InvalidPlan("plan.baseline.head", head, "needs tp = 1 and an untied head", "use --head dense")
+    if cp_rotate not in ("allgather", "alltoall"):
+        raise InvalidPlan("plan.baseline.cp_rotate", cp_rotate, "must be allgather or alltoall",
+                          "use --cp-rotate allgather")
+    if grad_lifetime not in ("freed", "kept"):
+        raise InvalidPlan("plan.baseline.grad_lifetime", grad_lifetime, "must be freed or kept",
+                          "use --grad-lifetime freed")
+    device = next(decoder.parameters()).device
+    meshes = meshes or build_meshes(layout, device.type)
+    set_ep_group(decoder, meshes.ep_group)
+    if layout.tp > 1:
+        apply_tp(decoder, meshes.tp, loss_parallel_head=True)
+    if head == "chunked":
+        _install_chunked_head(decoder.head, head_chunk_tokens)
+    router_shapes = set()
+    for i, block in enumerate(decoder.layers):
+        extra = [block.ffn.dispatch.plan_reuse] if is_moe(block.ffn) else []
+        if is_moe(block.ffn):
+            w = block.ffn.router.weight
+            router_shapes.add((w.shape[1], w.shape[0]))
+        decoder.layers[i] = apply_ac(block, ac, router_shapes=router_shapes, extra_context=extra)
+    root = BaselineLM(decoder, head, layout.tp)
+    apply_fsdp(decoder, root, meshes, FSDPOptions(param_dtype=param_dtype, cpu_offload=cpu_offload))
+    hook = PhaseHook(on_phase)
+    _install_phase_hooks(decoder, hook)
+    params = [p for p in root.parameters() if p.requires_grad]
+    on_cuda = params[0].device.type == "cuda" or cpu_offload
+    opt = torch.optim.AdamW(params, lr=lr, fused=True) if on_cuda else torch.optim.AdamW(params, lr=lr, foreach=True)
+    return BaselineStep(root, opt, layout, meshes, cp_rotate=cp_rotate, grad_lifetime=grad_lifetime, hook=hook)
