@@ -131,12 +131,7 @@ class BaselineLM(nn.Module):
         x = d.norm(h)
         if self.head_kind == "chunked":
             return d.head(x, targets_BT, divisor)
-        logits = d.head(x).flatten(0, 1).float()
-        if self.tp > 1:
-            from torch.distributed.tensor.parallel import loss_parallel
-
-            with loss_parallel():
-                return F.cross_entropy(logits, targets_BT.flatten(), reduction="sum") / divisor
+        logits = d.head(x).flatten(0, 1).float()   # vocabulary-sharded DTensor under tp (loss_parallel)
         return F.cross_entropy(logits, targets_BT.flatten(), reduction="sum") / divisor
 
 
@@ -167,6 +162,15 @@ class BaselineStep:
         L = self.layout
         divisor = tokens_BT.numel() * L.data_parallel
         positions_1T = torch.arange(tokens_BT.shape[1], device=tokens_BT.device)[None]
+        if L.tp > 1:   # the loss and its backward both inside loss_parallel
+            from torch.distributed.tensor.parallel import loss_parallel
+
+            with loss_parallel():
+                return self._forward_backward(tokens_BT, targets_BT, positions_1T, divisor)
+        return self._forward_backward(tokens_BT, targets_BT, positions_1T, divisor)
+
+    def _forward_backward(self, tokens_BT, targets_BT, positions_1T, divisor):
+        L = self.layout
         if L.cp == 1:
             loss = self.model(tokens_BT, targets_BT, positions_1T, divisor)
             loss.backward()

@@ -269,7 +269,7 @@ def apply_tp(decoder: nn.Module, tp_mesh, tp_rank: int) -> None:
         if is_moe(block.ffn):
             plan["ffn"] = PrepareModuleInputOutput(
                 input_layouts=(Shard(1),), desired_input_layouts=(Shard(1),), use_local_input=True,
-                output_layouts=(Shard(1),), desired_output_layouts=(Shard(1),), use_local_output=False)
+                output_layouts=(Shard(1),), desired_output_layouts=(Shard(1),), use_local_output=True)
         else:
             plan.update({"ffn": PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),
                          "ffn.w_gate": ColwiseParallel(), "ffn.w_up": ColwiseParallel(),
