@@ -339,6 +339,32 @@ def calibrate(
               f"profile of the same GPU: python3 -m calibration.merge PROFILE {path}")
 
 
+class GradLifetimeC(str, Enum):
+    freed = "freed"
+    accumulate = "accumulate"
+
+
+@app.command()
+def validate(
+    plan: Annotated[str, typer.Argument(help="Plan file (planner search --out).")],
+    layers: Annotated[Optional[int], typer.Option(help="Truncate to N decoder layers (widths, N and degrees kept).")] = None,
+    steps: Annotated[int, typer.Option(help="Steps to run; the last one is compared.")] = 3,
+    rank: Annotated[Optional[int], typer.Option(help="Rank to run [default: the rank class that binds].")] = None,
+    grad_lifetime: Annotated[GradLifetimeC, typer.Option(help="freed: zero_grad(set_to_none=True) between steps; accumulate: gradients kept.")] = GradLifetimeC.freed,
+    json_out: Json = False,
+) -> None:
+    """Run the plan's own step on this GPU and print predicted beside measured memory per phase (needs torch and a GPU)."""
+    import importlib
+    import importlib.util
+
+    if importlib.util.find_spec("torch") is None:
+        raise InvalidPlan("planner validate", "torch", "is not installed (it needs the runtime extra)",
+                          "pip install 'moe-planner[runtime]' on a machine with a GPU")
+    runner = importlib.import_module("planner.runtime.validate")  # torch-side; loaded only here
+    raise typer.Exit(runner.main(plan, layers=layers, steps=steps, rank=rank, grad_lifetime=_v(grad_lifetime),
+                                 json_out=json_out, console=out))
+
+
 @app.command()
 def models(json_out: Json = False) -> None:
     """List the shipped model profiles."""

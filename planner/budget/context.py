@@ -57,6 +57,7 @@ class Ctx:
     routing_hot_experts: int       # h of R/H
     routing_text: str
     dispatch_bound: str            # "guarantee" | "expected"
+    grad_lifetime: str = "accumulate"  # "accumulate" (kept across micro-steps) | "freed" (set_to_none)
     # -- plan: composed ------------------------------------------------------------------------
     dispatch: str = "pipelined_llep"
     vocab: str = "ring_dtp"

@@ -11,6 +11,13 @@ Composed stack (DESIGN §2–§3.2), counted by owner:
 
 At ``b = 2`` and ``E_p = P = W`` this is ``16Θ/W`` (``4Θ/W`` with offload).
 
+Gradient lifetime (``Ctx.grad_lifetime``): ``accumulate`` (gradients kept across micro-steps, the
+default and the conservative one) keeps every gradient resident in every phase. ``freed``
+(``zero_grad(set_to_none=True)`` between steps) means a gradient first exists when its owner's
+backward produces it: the head's and the final norm's in ``head``, region ``j``'s in
+``backward[j]`` (so ``backward[r]`` holds the regions ``j ≥ r``), the embedding's in
+``backward[1]``; none in ``forward[r]``.
+
 FSDP2 baseline (DESIGN §2): sharded fp32 parameters and fp32 gradients (4 + 4 B) plus AdamW m, v
 (8 B), all over W; everything on the host with ``CPUOffloadPolicy``.
 """
@@ -19,11 +26,43 @@ from __future__ import annotations
 
 import numpy as np
 
+from planner.budget import regions as reg
 from planner.budget.context import Ctx
-from planner.budget.terms import ALWAYS, Term
+from planner.budget.terms import ALWAYS, Phase, Term
 from planner.units import ceil_div
 
 SOURCE = "DESIGN §3.2 Persistent"
+GRAD_PHASES = ("head", "backward", "optimizer")
+"""Where gradients exist when they are freed between steps."""
+
+
+def _region_grads(ctx: Ctx) -> tuple[list[int], list[int]]:
+    """Dense and expert parameters of each checkpointed region (forward order)."""
+    m = ctx.model
+    dense, experts = [], []
+    for kind in ctx.regions:
+        if kind == "attention":
+            dense.append(reg.attention_region_params(m)); experts.append(0)
+        elif kind == "moe":
+            dense.append(reg.moe_region_dense_params(m)); experts.append(m.num_experts * m.expert_params())
+        else:
+            dense.append(reg.dense_region_params(m)); experts.append(0)
+    return dense, experts
+
+
+def _grad_at(full, per_region: list[int], before_regions, div):
+    """``phase -> count`` of a gradient that grows through the backward (``freed`` lifetime):
+    ``before_regions`` (head, final norm) from ``head`` on, plus regions ``j ≥ r`` in
+    ``backward[r]``, everything in ``optimizer``; ``div`` shards it."""
+    tail = np.cumsum(per_region[::-1])[::-1].tolist() + [0]  # tail[r-1] = Σ_{j≥r}
+
+    def at(ph: Phase):
+        if ph.kind == "optimizer" or (ph.kind == "backward" and ph.region == 1):
+            return full
+        if ph.kind == "head":
+            return ceil_div(before_regions, div)
+        return np.minimum(full, ceil_div(before_regions + tail[ph.region - 1], div))
+    return at
 
 
 def terms(ctx: Ctx) -> list[Term]:
@@ -47,25 +86,34 @@ def terms(ctx: Ctx) -> list[Term]:
     head_whole = np.where(P > 1, ceil_div(ctx.vocab_size, P) * ctx.hidden_size, 0) if sharded_head else 0
     dense = ceil_div(p["dense"] + head_in_dense, W)
     experts = ceil_div(p["experts"], ctx.expert_parallel) if p["experts"] else 0
+    freed = ctx.grad_lifetime == "freed"
+    gph = GRAD_PHASES if freed else ALWAYS
+    grad_at = dict(dense=None, experts=None)
+    grad_txt = ""
+    if freed:
+        d_reg, e_reg = _region_grads(ctx)
+        grad_at["dense"] = _grad_at(dense, d_reg, head_in_dense + ctx.hidden_size + p["mtp"], W)
+        grad_at["experts"] = _grad_at(experts, e_reg, 0, ctx.expert_parallel)
+        grad_txt = "; freed: head + final norm from head, regions j ≥ r in backward[r], all at backward[1]"
     out = [
         Term("dense weights (ZeRO-3 shard)", "persistent", dense, b, "(Θ_dense [+ Θ_head if P=1])/W",
              ALWAYS, source=SOURCE),
-        Term("dense grads (ZeRO-3 shard)", "persistent", dense, b, "(Θ_dense [+ Θ_head if P=1])/W",
-             ALWAYS, source=SOURCE),
+        Term("dense grads (ZeRO-3 shard)", "persistent", dense, b, "(Θ_dense [+ Θ_head if P=1])/W" + grad_txt,
+             gph, at=grad_at["dense"], source=SOURCE),
     ]
     if p["experts"]:
         out += [
             Term("expert weights (whole per shard)", "persistent", experts, b, "Θ_exp/E_p", ALWAYS,
                  source=SOURCE),
-            Term("expert grads (whole per shard)", "persistent", experts, b, "Θ_exp/E_p", ALWAYS,
-                 source=SOURCE),
+            Term("expert grads (whole per shard)", "persistent", experts, b, "Θ_exp/E_p" + grad_txt,
+                 gph, at=grad_at["experts"], source=SOURCE),
         ]
     if sharded_head:
         out += [
             Term("head weight (vocab shard)", "persistent", head_whole, b, "ceil(V/P)·H if P>1", ALWAYS,
                  source=SOURCE),
-            Term("head grad (vocab shard)", "persistent", head_whole, b, "ceil(V/P)·H if P>1", ALWAYS,
-                 source=SOURCE),
+            Term("head grad (vocab shard)", "persistent", head_whole, b, "ceil(V/P)·H if P>1"
+                 + ("; freed: from head on" if freed else ""), gph, source=SOURCE),
         ]
     if ctx.optimizer == "gpu":
         state = ceil_div(p["dense"] + head, W) + ceil_div(p["experts"], W)

@@ -1,0 +1,146 @@
+"""``planner validate`` on one H200: gpt-oss-20b, Qwen3-30B-A3B and DeepSeek-V2-Lite, truncated in
+depth, at W = 1 for real and W = 8 and 64 emulated (one rank under the fake process group), each at
+several N up to the largest the planner says fits, under both gradient lifetimes (issue 11).
+
+    python3 bench/validate.py --out "$OUT"             # on the GPU (< 8 min: a wall-clock budget)
+    python3 bench/validate.py --dry-run --out /tmp/v   # anywhere: the matrix and the predictions
+
+Every case runs in this one process (``planner.runtime.validate.validate``, the code path of the
+command): first the largest N of every (model, W), then the next N. A case that would start after
+``--budget-s`` is recorded as skipped, so the script always ends in time; a CUDA out-of-memory is
+recorded as such (the planner predicted a fit, so it is a miss). Writes ``validate.json`` (every
+case: the command, the rows, the phases) and ``validate.md`` (one line per case) under ``--out``,
+plus the plan file of each case under ``--out/plans``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from planner.api import build_planfile  # noqa: E402
+from planner.runtime.validate_plan import predict, truncate  # noqa: E402
+from planner.schema.io import write_text_atomic  # noqa: E402
+from planner.units import GiB  # noqa: E402
+
+MODELS = {"gpt-oss-20b": 2, "qwen3-30b-a3b": 2, "deepseek-v2-lite": 2}
+"""Model → layers kept (DeepSeek-V2-Lite's layer 0 is dense, layer 1 MoE)."""
+WORLDS = (1, 8, 64)
+LIFETIMES = ("freed", "accumulate")
+SEQ_LENS = (4096, 8192, 16384, 32768, 65536, 131072)
+"""Context lengths tried; per (model, W) the largest ``N_PER_CASE`` that the planner says fit."""
+N_PER_CASE = 3
+FILL = 0.85
+"""Cases whose predicted peak exceeds this share of the usable capacity are left out (headroom for
+the measurement to exceed the prediction without an out-of-memory)."""
+BUDGET_S = 420.0
+"""Wall-clock budget: no case starts after it (the lead's limit is 8 minutes)."""
+STEPS = 3
+
+
+def cases(fill: float = FILL):
+    """``(model, W, S, layers, lifetime, planfile, prediction)`` in run order: the largest N of
+    every (model, W) under both lifetimes, then the next N, and so on."""
+    passes: list[list] = [[] for _ in range(N_PER_CASE)]
+    for model, layers in MODELS.items():
+        for W in WORLDS:
+            fits = []
+            for S in SEQ_LENS:
+                pf = truncate(build_planfile(model=model, gpus=W, seq_len=S), layers).planfile
+                pred = predict(pf, "accumulate", timing=False)
+                if pred.peak_bytes <= fill * pred.capacity_bytes:
+                    fits.append((S, pf))
+            for i, (S, pf) in enumerate(reversed(fits[-N_PER_CASE:])):
+                for lt in LIFETIMES:
+                    passes[i].append((model, W, S, layers, lt, pf, predict(pf, lt, timing=(W == 1))))
+    # every (model, W) at its largest N first, then the next N: a budget cut drops the small ones
+    return [c for p in passes for c in p]
+
+
+def summary_line(c: dict) -> str:
+    if c["status"] != "ran":
+        return f"| {c['model']} | {c['W']} | {c['S']} | {c['N']} | {c['lifetime']} | {c['status']} | | | |"
+    o = c["result"]
+    worst = max((r for r in o["rows"] if r["judged"] and r["unit"] == "bytes" and r["ratio"]),
+                key=lambda r: abs(r["ratio"] - 1))
+    t = o["step_s"]
+    tp = o["predicted_step_s"]
+    time_txt = f"{t:.3f} s (pred {tp:.3f})" if t is not None and tp is not None else (f"{t:.3f} s" if t else "")
+    return (f"| {c['model']} | {c['W']} | {c['S']} | {c['N']} | {c['lifetime']} | "
+            f"{'ok' if o['ok'] else 'MISS'} | {o['predicted_peak_bytes'] / GiB:.2f} / "
+            f"{o['measured_peak_bytes'] / GiB:.2f} | {worst['phase']} {worst['what']}: {worst['ratio']:.4f} | {time_txt} |")
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--out", default=os.environ.get("OUT", "bench/results/validate"))
+    ap.add_argument("--dry-run", action="store_true", help="List the cases and predictions; run nothing.")
+    ap.add_argument("--budget-s", type=float, default=BUDGET_S)
+    ap.add_argument("--steps", type=int, default=STEPS)
+    args = ap.parse_args(argv)
+    out = Path(args.out)
+    (out / "plans").mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    results = []
+    todo = cases()
+    run = None
+    if not args.dry_run:
+        from planner.runtime import validate as run
+    for model, W, S, layers, lt, pf, pred in todo:
+        name = f"{model}-W{W}-S{S}-L{layers}"
+        plan_path = out / "plans" / f"{name}.yaml"
+        import yaml
+
+        write_text_atomic(plan_path, yaml.safe_dump(pf.model_dump(mode="json"), sort_keys=False))
+        cmd = f"planner validate {plan_path} --steps {args.steps} --grad-lifetime {lt} --json"
+        c = {"model": model, "W": W, "S": S, "N": int(pred.ctx.tokens_per_rank), "layers": layers, "lifetime": lt,
+             "command": cmd, "predicted_peak_bytes": pred.peak_bytes, "predicted_binding_phase": pred.binding_phase,
+             "capacity_bytes": pred.capacity_bytes, "predicted_step_s": pred.step_s}
+        if args.dry_run:
+            c["status"] = "dry run"
+        elif time.perf_counter() - t0 > args.budget_s:
+            c["status"] = "skipped (time budget)"
+        else:
+            t1 = time.perf_counter()
+            try:
+                o = run.validate(pf, steps=args.steps, grad_lifetime=lt)
+                c.update(status="ran", result=o.to_json())
+            except Exception as e:  # noqa: BLE001 - record and go on (OOM is a miss)
+                c.update(status=f"error: {type(e).__name__}: {' '.join(str(e).split())[:300]}")
+            c["wall_s"] = time.perf_counter() - t1
+            import torch
+
+            gc.collect()
+            torch.cuda.empty_cache()
+        results.append(c)
+        print(f"{name} {lt}: {c['status']}" + (f" ({c['wall_s']:.1f} s)" if "wall_s" in c else "")
+              + f"  predicted peak {pred.peak_bytes / GiB:.2f} GiB at {pred.binding_phase}", flush=True)
+    prov = {}
+    if not args.dry_run:
+        from planner.runtime.measure import provenance
+
+        prov = provenance()
+    doc = {"provenance": prov, "wall_s": time.perf_counter() - t0, "dry_run": args.dry_run, "cases": results}
+    write_text_atomic(out / "validate.json", json.dumps(doc, indent=1) + "\n")
+    md = ["# planner validate on one GPU", "",
+          f"Command: `python3 bench/validate.py --out $OUT` ({doc['wall_s']:.0f} s). W = 1 runs for real; "
+          "W = 8 and 64 run one rank under the fake process group (real memory, no-op communication).", "",
+          "| model | W | S | N | gradients | verdict | peak GiB pred / meas | worst row (pred/meas) | step time |",
+          "|---|---|---|---|---|---|---|---|---|"]
+    md += [summary_line(c) for c in results]
+    write_text_atomic(out / "validate.md", "\n".join(md) + "\n")
+    ran = [c for c in results if c["status"] == "ran"]
+    print(f"{len(ran)} of {len(results)} cases ran, {sum(c['result']['ok'] for c in ran)} within tolerance; "
+          f"wrote {out / 'validate.json'} and {out / 'validate.md'}")
+    return 0 if args.dry_run or (ran and all(c["result"]["ok"] for c in ran)) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

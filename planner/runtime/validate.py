@@ -1,0 +1,295 @@
+"""``planner validate``: run a plan's own composed step on this machine and hold every phase of
+the budget against the allocator (DESIGN §8, issue 11).
+
+- The plan file is truncated once (``validate_plan.truncate``); the step and the prediction both
+  use the truncated plan file.
+- ``W = 1`` (or ``torchrun`` with ``WORLD_SIZE = W``): the step runs for real, so the step time is
+  judged too. ``W`` above that: **one rank** runs under PyTorch's fake process group
+  (``FakeStore``, ``init_process_group("fake")``): real CUDA memory, collectives that move nothing,
+  so the time is reported but not judged.
+- Each phase (``forward[r]``, ``head``, ``backward[r]``, ``optimizer``) is recorded through the
+  step's ``on_phase`` hook (``phase_recorder``): peak allocated and reserved bytes from the
+  allocator's counters, reset at each boundary. The last of ``K`` steps is compared (the first
+  builds the optimizer state and the library workspaces); the time is the median over steps 2..K
+  (CUDA events).
+
+Exit codes: 0 every judged row within tolerance, 1 one is not, 2 invalid input or no GPU.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import sys
+from dataclasses import dataclass, field
+
+from planner.errors import InvalidPlan
+from planner.runtime.validate_compare import (MEMORY_OVER, MEMORY_UNDER, TIME_TOLERANCE, Row, compare,
+                                              verdict)
+from planner.runtime.validate_plan import GRAD_LIFETIMES, Prediction, binding_rank, predict, symbols, truncate
+from planner.units import GiB
+
+DEFAULT_STEPS = 3
+"""Steps run; the last is compared (the first creates optimizer state and workspaces)."""
+SEED = 0
+COMPARED_BOUND = "expected"
+"""A step measures the dispatch buffers of the routing it draws: compare them with the plan evaluated
+on the routing profile (``dispatch_bound = expected``); the guarantee bounds them from above."""
+
+
+@dataclass
+class Measurement:
+    """What one rank's run recorded."""
+
+    samples: dict
+    """Phase label → ``PhaseSample`` of the last step."""
+    step_start_bytes: int
+    step_s: float | None
+    mode: str
+    """``real`` (every rank runs, communication real) or ``emulated`` (one rank, fake process group)."""
+    device: str
+    losses: list[float] = field(default_factory=list)
+
+
+@dataclass
+class Outcome:
+    """A validation: the plan, both sides and the rows."""
+
+    changes: list[str]
+    prediction: Prediction
+    measurement: Measurement
+    rank: int
+    rank_reason: str
+    rows: list[Row]
+
+    @property
+    def ok(self) -> bool:
+        return verdict(self.rows)
+
+    def to_json(self) -> dict:
+        pred, meas = self.prediction, self.measurement
+        phases = {}
+        for label in pred.labels:
+            s = meas.samples.get(label)
+            phases[label] = {"predicted_bytes": pred.phase_bytes(label),
+                             "predicted_live_sets": pred.by_live_set(label),
+                             "measured": s.asdict() if s is not None else None}
+        return {
+            "ok": self.ok, "mode": meas.mode, "device": meas.device, "rank": self.rank,
+            "rank_reason": self.rank_reason, "world_size": pred.ctx.world_size,
+            "grad_lifetime": pred.ctx.grad_lifetime, "truncation": self.changes,
+            "symbols": symbols(pred.ctx), "predicted_peak_bytes": pred.peak_bytes,
+            "predicted_binding_phase": pred.binding_phase, "capacity_bytes": pred.capacity_bytes,
+            "measured_peak_bytes": max((s.peak_bytes for s in meas.samples.values()), default=0),
+            "measured_peak_reserved_bytes": max((s.peak_reserved_bytes or 0 for s in meas.samples.values()),
+                                                default=0),
+            "step_s": meas.step_s, "predicted_step_s": pred.step_s, "losses": meas.losses,
+            "tolerances": {"memory_under": MEMORY_UNDER, "memory_over": MEMORY_OVER,
+                           "time": TIME_TOLERANCE, "time_judged": meas.mode == "real"},
+            "rows": [r.asdict() for r in self.rows], "phases": phases,
+        }
+
+
+# ---- the run ---------------------------------------------------------------------------------------
+def _require_gpu():
+    try:
+        import torch
+    except ImportError:
+        raise InvalidPlan("planner validate", "torch", "is not installed (it needs the runtime extra)",
+                          "pip install 'moe-planner[runtime]' on a machine with a GPU") from None
+    if not torch.cuda.is_available():
+        raise InvalidPlan("planner validate", "no CUDA device", "needs a CUDA GPU to measure the step",
+                          "run it on a machine with a GPU (tests/trace/test_step_trace.py traces the "
+                          "same step on a CPU)")
+    return torch
+
+
+def _world(world_size: int, rank: int, torch):
+    """Start the process group: ``(mode, rank)``."""
+    import torch.distributed as dist
+
+    env_world = int(os.environ.get("WORLD_SIZE", "1"))
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    if world_size == 1:
+        dist.init_process_group("nccl", store=dist.HashStore(), rank=0, world_size=1,
+                                device_id=torch.device("cuda", torch.cuda.current_device()))
+        return "real", 0
+    if env_world == world_size:  # torchrun with the plan's W: every rank runs for real
+        local = int(os.environ.get("LOCAL_RANK", "0"))
+        torch.cuda.set_device(local)
+        dist.init_process_group("nccl", device_id=torch.device("cuda", local))
+        return "real", dist.get_rank()
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world_size)
+    return "emulated", rank
+
+
+def synthetic_batch(ctx, device, torch):
+    """Random token ids and targets of one rank, ``[B, T]`` = sequences per micro-batch × this
+    rank's ``S/D`` tokens of each (``N = B·T``), seeded."""
+    B = int(ctx.seqs_per_microbatch)
+    T = int(ctx.tokens_per_rank) // B
+    tokens = torch.randint(ctx.vocab_size, (B, T), device=device)
+    targets = torch.randint(ctx.vocab_size, (B, T), device=device)
+    return tokens, targets
+
+
+def run_steps(composed, recorder, tokens, targets, *, steps: int, timer=None):
+    """Run ``steps`` steps through the phase recorder; returns (samples of the last step, its
+    step-start bytes, step times, losses). The step frees or keeps the gradients itself
+    (``build_composed_step(set_to_none=...)``)."""
+    times, losses = [], []
+    samples, start = {}, 0
+    composed.on_phase = recorder
+    for _ in range(steps):
+        recorder.start()
+        start = recorder._start
+        t = timer() if timer is not None else None
+        loss = composed.step(tokens, targets)
+        if t is not None:
+            times.append(t())
+        samples = recorder.finish()
+        losses.append(0.0 if _is_fake(loss) else float(loss.detach().float().cpu()))
+    return samples, start, times, losses
+
+
+def _is_fake(t) -> bool:
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    return isinstance(t, FakeTensor)
+
+
+def _cuda_timer(torch):
+    def start():
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+
+        def stop():
+            b.record()
+            torch.cuda.synchronize()
+            return a.elapsed_time(b) / 1e3
+        return stop
+    return start
+
+
+def build_step(planfile, *, device, grad_lifetime: str):
+    """The composed step of ``planfile`` on this rank (``planner.runtime.mop``); ``freed``: the step
+    ends with ``zero_grad(set_to_none=True)``, ``accumulate``: gradients are kept."""
+    from planner.runtime.mop import build_composed_step
+
+    return build_composed_step(planfile, device=device, set_to_none=grad_lifetime == "freed")
+
+
+def measure(planfile, ctx, *, rank: int, steps: int, grad_lifetime: str) -> Measurement:
+    """Run ``steps`` steps of the composed step of ``planfile`` on this GPU as ``rank``."""
+    torch = _require_gpu()
+    import torch.distributed as dist
+
+    from planner.runtime.phase_recorder import CudaSource, PhaseRecorder
+
+    mode, rank = _world(ctx.world_size, rank, torch)
+    try:
+        device = torch.device("cuda", torch.cuda.current_device())
+        torch.manual_seed(SEED)
+        composed = build_step(planfile, device=device, grad_lifetime=grad_lifetime)
+        tokens, targets = synthetic_batch(ctx, device, torch)
+        rec = PhaseRecorder(CudaSource(device))
+        samples, start, times, losses = run_steps(composed, rec, tokens, targets, steps=steps,
+                                                  timer=_cuda_timer(torch))
+        if hasattr(composed, "close"):
+            composed.close()
+        step_s = statistics.median(times[1:]) if len(times) > 1 else (times[0] if times else None)
+        name = torch.cuda.get_device_name(device)
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    return Measurement(samples, start, step_s, mode, name, losses)
+
+
+def validate(plan: str, *, layers: int | None = None, steps: int = DEFAULT_STEPS, rank: int | None = None,
+             grad_lifetime: str = "freed", measure_fn=None) -> Outcome:
+    """Truncate, predict, measure, compare (``measure_fn`` replaces the GPU run, e.g. by a trace).
+
+    Raises:
+        InvalidPlan: bad arguments, a plan that is not the composed stack, or no GPU.
+    """
+    from planner.schema.io import load_planfile
+
+    if steps < 1:
+        raise InvalidPlan("--steps", steps, "must be >= 1", "give --steps 3 (the last step is compared)")
+    pf = load_planfile(plan) if isinstance(plan, (str, os.PathLike)) else plan
+    if pf.plan.stack != "composed":
+        raise InvalidPlan("plan.stack", pf.plan.stack, "is not validated yet (the composed stack is)",
+                          "give a composed plan file (planner search --out)")
+    tr = truncate(pf, layers)
+    pred = predict(tr.planfile, grad_lifetime, dispatch_bound=COMPARED_BOUND)
+    ctx = pred.ctx
+    if ctx.model.is_moe and pf.plan.dispatch_bound != COMPARED_BOUND:
+        tr.changes.append(f"dispatch compared at its {COMPARED_BOUND} size on routing {ctx.routing_text} "
+                          f"(the plan's verdict uses the {pf.plan.dispatch_bound}, an upper bound)")
+    if rank is None:
+        rank, why = binding_rank(ctx)
+    else:
+        if not 0 <= rank < ctx.world_size:
+            raise InvalidPlan("--rank", rank, f"must be in [0, {ctx.world_size}) (plan.world_size)",
+                              "give a rank of the plan")
+        why = "chosen with --rank"
+    meas = (measure_fn or measure)(tr.planfile, ctx, rank=rank, steps=steps, grad_lifetime=grad_lifetime)
+    rows = compare(pred, meas.samples, meas.step_start_bytes, step_s=meas.step_s,
+                   judge_time=meas.mode == "real")
+    return Outcome(tr.changes, pred, meas, rank, why, rows)
+
+
+# ---- output ---------------------------------------------------------------------------------------
+def _gib(x: float) -> str:
+    return f"{x / GiB:.3f}"
+
+
+def render(o: Outcome, console) -> None:
+    """The validation as rich tables."""
+    from rich.table import Table
+
+    pred, meas = o.prediction, o.measurement
+    W = pred.ctx.world_size
+    how = ("real: every rank runs, communication is real" if meas.mode == "real" else
+           f"emulated: one rank of W = {W} under the fake process group (real memory, no-op communication; "
+           "time not judged)")
+    console.print(f"[bold]planner validate[/] on {meas.device}: {how}")
+    console.print(f"rank {o.rank} ({o.rank_reason}); gradients {pred.ctx.grad_lifetime}")
+    for c in o.changes:
+        console.print(f"  truncated: {c}")
+    t = Table(title="predicted vs measured (GiB; allocated, reserved shown beside)")
+    for col in ("phase", "what", "predicted", "measured", "reserved", "ratio", "ok"):
+        t.add_column(col, justify="right" if col in ("predicted", "measured", "reserved", "ratio") else "left")
+    for r in o.rows:
+        s = meas.samples.get(r.phase)
+        res = _gib(s.peak_reserved_bytes) if (s is not None and s.peak_reserved_bytes and r.what == "phase total") else ""
+        fmt = (lambda v: f"{v:.3f}") if r.unit == "s" else _gib
+        ratio = f"{r.ratio:.4f}" if r.ratio is not None else "-"
+        ok = "[green]ok[/]" if r.ok else "[red]MISS[/]"
+        if not r.judged:
+            ok = "not judged"
+        t.add_row(r.phase, r.what, fmt(r.predicted), fmt(r.measured), res, ratio, ok)
+    console.print(t)
+    console.print(f"tolerance: formula within −{MEMORY_UNDER:.0%} / +{MEMORY_OVER:.0%} of the measurement"
+                  f" per phase; time ±{TIME_TOLERANCE:.0%} where communication is real")
+    console.print("[green]every phase within tolerance[/]" if o.ok else "[red]a phase is outside the tolerance[/]")
+
+
+def main(plan: str, *, layers: int | None = None, steps: int = DEFAULT_STEPS, rank: int | None = None,
+         grad_lifetime: str = "freed", json_out: bool = False, console=None) -> int:
+    """``planner validate``: returns the exit code (0 within tolerance, 1 not)."""
+    if grad_lifetime not in GRAD_LIFETIMES:
+        raise InvalidPlan("--grad-lifetime", grad_lifetime, f"must be one of {', '.join(GRAD_LIFETIMES)}",
+                          "use --grad-lifetime freed or accumulate")
+    o = validate(plan, layers=layers, steps=steps, rank=rank, grad_lifetime=grad_lifetime)
+    if json_out:
+        sys.stdout.write(json.dumps(o.to_json(), indent=1) + "\n")
+    else:
+        from rich.console import Console
+
+        render(o, console or Console())
+    return 0 if o.ok else 1
