@@ -90,7 +90,6 @@ class Ctx:
     cp_rotate: str = "allgather"   # context_parallel rotate method
     head: str = "dense"            # "dense" (loss parallel under tp) | "chunked"
     head_chunk_tokens: Int = 4096
-    grad_lifetime: str = "freed"   # "freed" (set_to_none each step) | "kept" (accumulation)
     # -- bookkeeping ---------------------------------------------------------------------------
     notes: dict = field(default_factory=dict)
 

@@ -20,7 +20,7 @@ the vocabulary-sharded logits through ``loss_parallel``; ``chunked`` — the chu
 cross-entropy of ``planner.runtime.chunked_ce`` (``tp = 1``).
 
 Gradient lifetime: ``freed`` calls ``zero_grad(set_to_none=True)`` after the optimizer (no
-gradient exists in the next forward); ``kept`` zeroes them in place, as accumulation keeps them.
+gradient exists in the next forward); ``accumulate`` zeroes them in place, as accumulation keeps them.
 """
 
 from __future__ import annotations
@@ -153,7 +153,7 @@ class BaselineStep:
     layout: Layout
     meshes: Meshes
     cp_rotate: str = "allgather"
-    grad_lifetime: str = "freed"
+    grad_lifetime: str = "accumulate"
     hook: PhaseHook = field(default_factory=PhaseHook)
 
     def forward_backward(self, tokens_BT, targets_BT):
@@ -209,7 +209,7 @@ def check_knobs(layout: Layout, ac: str, head: str, cp_rotate: str, grad_lifetim
     allowed = {"plan.baseline.ac": (ac, ("full", "selective", "none")),
                "plan.baseline.head": (head, ("dense", "chunked")),
                "plan.baseline.cp_rotate": (cp_rotate, ("allgather", "alltoall")),
-               "plan.baseline.grad_lifetime": (grad_lifetime, ("freed", "kept"))}
+               "plan.baseline.grad_lifetime": (grad_lifetime, ("freed", "accumulate"))}
     for name, (v, ok) in allowed.items():
         if v not in ok:
             raise InvalidPlan(name, v, f"must be one of {', '.join(ok)}", f"use {ok[0]}")
@@ -219,7 +219,7 @@ def check_knobs(layout: Layout, ac: str, head: str, cp_rotate: str, grad_lifetim
 
 def build_fsdp2_step(spec, layout: Layout, rank: int, *, num_layers: int | None = None, device=None,
                      ac: str = "full", head: str = "dense", head_chunk_tokens: int = 4096,
-                     cpu_offload: bool = False, cp_rotate: str = "allgather", grad_lifetime: str = "freed",
+                     cpu_offload: bool = False, cp_rotate: str = "allgather", grad_lifetime: str = "accumulate",
                      param_dtype: torch.dtype = torch.bfloat16, master_dtype: torch.dtype = FP32,
                      lr: float = 1e-3, seed: int = 0, on_phase: Callable | None = None) -> BaselineStep:
     """Build the decoder of ``spec`` and apply the baseline layout (module docstring).

@@ -19,7 +19,7 @@ ActDtype = Literal["bf16", "fp32"]
 AC = Literal["full", "selective", "none"]
 RotateMethod = Literal["allgather", "alltoall"]
 BaselineHead = Literal["dense", "chunked"]
-GradLifetime = Literal["freed", "kept"]
+GradLifetime = Literal["freed", "accumulate"]
 
 _SKEW = re.compile(r"^(\d+)/(\d+)$")
 
@@ -105,9 +105,10 @@ class BaselineKnobs(Frozen):
     ``chunked`` (chunked linear cross-entropy, Liger-style; ``tp = 1`` only)."""
     head_chunk_tokens: int = Field(default=4096, gt=0, le=MAX_TOKENS)
     """Tokens per chunk of the chunked head (≤ 2^32)."""
-    grad_lifetime: GradLifetime = "freed"
-    """``freed``: ``zero_grad(set_to_none=True)`` every step, so no gradient exists during the
-    forward; ``kept``: gradients accumulate across micro-steps and are resident throughout."""
+    grad_lifetime: GradLifetime = "accumulate"
+    """``accumulate`` (the conservative default): gradients kept across micro-steps, resident in
+    every phase; ``freed``: ``zero_grad(set_to_none=True)`` every step, so no gradient exists
+    during the forward."""
 
 
 class Plan(Frozen):
