@@ -156,6 +156,14 @@ class BaselineStep:
     grad_lifetime: str = "accumulate"
     hook: PhaseHook = field(default_factory=PhaseHook)
 
+    @property
+    def on_phase(self):
+        return self.hook.on_phase
+
+    @on_phase.setter
+    def on_phase(self, fn) -> None:
+        self.hook.on_phase = fn
+
     def forward_backward(self, tokens_BT, targets_BT):
         """Forward and backward of one micro-step on this rank's data-parallel batch (whole
         sequences: context parallelism shards them here); returns the rank's loss share."""
@@ -299,3 +307,48 @@ def apply_baseline(decoder, layout: Layout, meshes: Meshes, *, rank: int, ac: st
     fused = params[0].device.type == "cuda" or cpu_offload
     opt = torch.optim.AdamW(params, lr=lr, fused=True) if fused else torch.optim.AdamW(params, lr=lr, foreach=True)
     return BaselineStep(root, opt, layout, meshes, cp_rotate=cp_rotate, grad_lifetime=grad_lifetime, hook=hook)
+
+
+class _EmulatedCounts:
+    """Under the fake process group (one rank emulating ``W``) the route counts of the other
+    ranks never arrive: plan as if every rank of the expert group drew this rank's counts."""
+
+    @staticmethod
+    def install(op) -> None:
+        import types
+
+        import numpy as np
+
+        from planner.runtime import shim
+        from planner.runtime.routing import local_counts
+
+        def make_plan(self, ids_Nk):
+            mine = local_counts(ids_Nk, self.num_experts).cpu().numpy().astype(np.int64)
+            counts = np.tile(mine[None], (shim.group_size(self.group), 1))
+            self.plans_computed += 1
+            return self.plan_from_counts(counts, self._num_chunks(ids_Nk.shape[0]))
+
+        op.make_plan = types.MethodType(make_plan, op)
+
+
+def build_from_planfile(pf, *, device, rank: int, grad_lifetime: str | None = None) -> BaselineStep:
+    """The baseline step of an ``fsdp2`` plan file on this rank (the process group is up), its
+    knobs resolved as the planner resolves them (bf16 compute, fp32 parameters)."""
+    import torch.distributed as dist
+
+    from planner.budget.resolve import resolve_baseline
+
+    k = resolve_baseline(pf.model, pf.workload, pf.plan)
+    layout = Layout(world_size=pf.plan.world_size, tp=k.tp, cp=k.cp, dp_shard=k.dp_shard,
+                    dp_replicate=k.dp_replicate, ep=k.ep)
+    dtype = torch.bfloat16 if pf.plan.dtype == "bf16" else FP32
+    step = build_fsdp2_step(pf.model, layout, rank, device=device, ac=k.ac, head=k.head,
+                            head_chunk_tokens=k.head_chunk_tokens, cpu_offload=k.cpu_offload,
+                            cp_rotate=k.cp_rotate, grad_lifetime=grad_lifetime or k.grad_lifetime,
+                            param_dtype=dtype)
+    if dist.get_backend() == "fake":
+        for unit in step.model.decoder.layers:
+            block = getattr(unit, "_checkpoint_wrapped_module", unit).block
+            if is_moe(block.ffn):
+                _EmulatedCounts.install(block.ffn.experts)
+    return step
