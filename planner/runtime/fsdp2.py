@@ -13,7 +13,7 @@ Order and options follow torchtitan's ``parallelize`` (read for understanding, n
    token count instead (torchtitan's convention), so HSDP, EP and CP all reduce sums;
 4. context parallelism at step time: ``context_parallel(cp_mesh, buffers=[tokens, targets,
    positions])`` after ``set_rotate_method(cp_rotate)``;
-5. AdamW (``fused`` on CUDA and under CPU offload, ``foreach`` on CPU).
+5. AdamW (``fused=True``, torchtitan's default; the CPU kernel under CPU offload).
 
 Heads (``head``): ``dense`` — ``cross_entropy(x @ w.T)`` with fp32 logits, and under ``tp > 1``
 the vocabulary-sharded logits through ``loss_parallel``; ``chunked`` — the chunked linear
@@ -304,8 +304,7 @@ def apply_baseline(decoder, layout: Layout, meshes: Meshes, *, rank: int, ac: st
     hook = PhaseHook(on_phase)
     _install_phase_hooks(decoder, hook)
     params = [p for p in root.parameters() if p.requires_grad]
-    fused = params[0].device.type == "cuda" or cpu_offload
-    opt = torch.optim.AdamW(params, lr=lr, fused=True) if fused else torch.optim.AdamW(params, lr=lr, foreach=True)
+    opt = torch.optim.AdamW(params, lr=lr, fused=True)   # torchtitan's default; CUDA and CPU kernels
     return BaselineStep(root, opt, layout, meshes, cp_rotate=cp_rotate, grad_lifetime=grad_lifetime, hook=hook)
 
 
