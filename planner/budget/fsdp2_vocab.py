@@ -5,7 +5,11 @@ Legend: ``N`` tokens per rank, ``H`` hidden, ``V`` vocabulary, ``b`` bytes per i
 ``C = min(head_chunk_tokens, N)`` tokens per chunk, ``c`` logit columns (``V``, or ``ceil(V/tp)``
 under loss parallel, whose tensors are the dense head's on the vocabulary shard).
 
-Dense / loss parallel: ``planner.budget.vocab.dense_substeps`` over ``c`` columns.
+Dense: ``planner.budget.vocab.dense_substeps`` over ``V`` columns. Loss parallel (``tp > 1``,
+torch's ``loss_parallel``): the same over ``c = ceil(V/tp)`` columns, but its fused
+nll-loss/log-softmax backward holds four ``N×c`` fp32 tensors, not three: the saved log-softmax,
+the zero-filled target gradient, ``exp`` of the log-softmax and their sum (torch's
+``tensor/parallel/loss.py``).
 
 Chunked (``chunked_linear_cross_entropy``; the full ``N×V`` logits never exist): every sub-step
 holds the head input ``N·H·b``, the targets ``N·8``, the input gradient ``gx`` ``N·H·b`` and the
@@ -52,5 +56,10 @@ def terms(ctx: Ctx) -> list[Term]:
         C = np.minimum(ctx.head_chunk_tokens, N)
         return binding_terms(chunked_substeps(N, H, V, C, b), SRC_CHUNKED, provisional=True)
     tp = np.asarray(ctx.tp)
-    cols = V if np.all(tp == 1) else max_shard_rows(V, tp)
-    return binding_terms(dense_substeps(N, H, cols, cols, b), SRC_DENSE, provisional=bool(np.any(tp > 1)))
+    if np.all(tp == 1):
+        return binding_terms(dense_substeps(N, H, V, V, b), SRC_DENSE)
+    cols = max_shard_rows(V, tp)
+    sub = dense_substeps(N, H, cols, cols, b)
+    sub["log-softmax bwd"] = sub["log-softmax bwd"][:2] + [
+        Item("log-softmax, target grad, exp, their sum (fp32)", 4 * N * cols, 4, "4·N·c")]
+    return binding_terms(sub, SRC_DENSE, provisional=True)

@@ -42,13 +42,7 @@ CASES = {
 }
 
 
-KNOWN_UNDER = {
-    "dp8_ep2_none_accumulate": "without checkpointing the head phase traces ~2.5% above the formula: the saved-"
-                               "activation inventory of the per-layer baseline (boundaries) is not yet read off "
-                               "this implementation",
-    "tp2_loss_parallel": "under loss parallel the head phase traces ~11% above the formula: loss_parallel's "
-                         "DTensor log-softmax holds more N×V/tp buffers than the dense head's three",
-}
+KNOWN_UNDER: dict[str, str] = {}
 """Cases whose phase totals the formula still under-counts (strict xfail: they fail loudly once fixed)."""
 
 
