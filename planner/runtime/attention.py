@@ -19,7 +19,7 @@ from torch import nn
 
 from planner.runtime import shim
 from planner.runtime.model_layers import (RMSNorm, apply_rope, family, init_linear, init_normal,
-                                           rope_tables)
+                                           rope_tables, rope_theta)
 from planner.runtime.sdpa import causal_attention
 
 
@@ -147,8 +147,7 @@ class Attention(nn.Module):
 
 
 def spec_theta(spec) -> float:
-    from planner.runtime.model_layers import rope_theta
-
+    """RoPE base of ``spec`` (stated in its profile's ``source``)."""
     return rope_theta(spec.source)
 
 

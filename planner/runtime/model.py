@@ -20,7 +20,10 @@ Pluggable parts:
   ``make(layer) -> dispatcher`` (EP / LLEP / PipelinedLLEP holding this rank's expert shard);
 - ``head``: ``"dense"`` (``DenseHead``) or a module (``RingDTPHead``, a vocab-parallel head);
 - ``checkpoint``: ``"none"``, ``"per_layer"`` (one non-reentrant ``torch.utils.checkpoint`` per
-  region) or an ``SCO`` (per region, with boundary offload).
+  region), an ``SCO`` (per region, with boundary offload), or any callable
+  ``checkpoint_fn(fn, h, *args, **kw)`` (e.g. torch's selective checkpointing via ``context_fn``);
+- ``regions_per_layer``: 2 (composed, ``L_b = 2L``) or 1 (the FSDP2 baseline: one region per layer,
+  ``block.layer_region``, ``L_b = L``).
 
 ``on_phase(name, r)`` (attribute, default ``None``) is called at every phase boundary of DESIGN
 §3.1 with 1-based region indices: ``("forward", r)`` before region ``r`` runs, ``("head", None)``
@@ -41,9 +44,6 @@ from planner.runtime.model_layers import GatedMLP, RMSNorm, init_normal
 from planner.runtime.moe_block import DenseExperts, MoEBlock
 from planner.runtime.sco import SCO, checkpoint_region
 from planner.runtime.vocab_baselines import DenseHead, dense_cross_entropy
-
-CHECKPOINTS = ("none", "per_layer")
-
 
 def truncate_spec(spec, num_layers: int | None):
     """``spec`` cut to its first ``num_layers`` layers (widths, heads, experts unchanged)."""
@@ -82,7 +82,11 @@ class Block(nn.Module):
         return h_BTH + self.attention(self.attention_norm(h_BTH), positions_T)
 
     def ffn_region(self, h_BTH: torch.Tensor) -> torch.Tensor:
-        return h_BTH + self.ffn(self.ffn_norm(h_BTH))
+        return h_BTH + self.ffn(self.ffn_norm(h_BTH)).view_as(h_BTH)   # MoE blocks return [N, H]
+
+    def layer_region(self, h_BTH: torch.Tensor, positions_T: torch.Tensor) -> torch.Tensor:
+        """Both regions as one (the FSDP2 baseline's per-layer checkpoint)."""
+        return self.ffn_region(self.attention_region(h_BTH, positions_T))
 
 
 class Decoder(nn.Module):
@@ -91,7 +95,7 @@ class Decoder(nn.Module):
 
     def __init__(self, spec, *, num_layers: int | None = None, device=None, dtype=torch.bfloat16,
                  attention=None, moe_block="dense", head="dense", checkpoint="none",
-                 position_offset: int = 0) -> None:
+                 position_offset: int = 0, regions_per_layer: int = 2) -> None:
         super().__init__()
         spec = truncate_spec(spec, num_layers)
         self.spec, self.dtype = spec, dtype
@@ -113,21 +117,30 @@ class Decoder(nn.Module):
             self.head = None
         else:
             self.head = DenseHead(H, V, **kw) if head == "dense" else head
+        if regions_per_layer not in (1, 2):
+            raise ValueError(f"regions_per_layer ({regions_per_layer}) must be 2 (composed: attention and "
+                             "FFN regions) or 1 (FSDP2 baseline: one region per layer)")
+        self.regions_per_layer = regions_per_layer
         self.checkpoint = checkpoint
         self.position_offset = position_offset
         self.on_phase: Callable | None = None
 
     # -- structure ------------------------------------------------------------------------------
     def regions(self) -> list[tuple[str, Callable]]:
-        """``[(kind, fn), …]`` of the ``L_b = 2L`` checkpointed regions in forward order."""
+        """``[(kind, fn), …]`` of the checkpointed regions in forward order: ``L_b = 2L``
+        (``attention``, then ``moe``/``dense_mlp``, per layer), or ``L`` with
+        ``regions_per_layer=1`` (kind: the layer's FFN kind, as ``Ctx.regions`` of the baseline)."""
         out = []
         for b in self.layers:
-            out += [("attention", b.attention_region), (b.ffn_kind, b.ffn_region)]
+            if self.regions_per_layer == 1:
+                out.append((b.ffn_kind, b.layer_region))
+            else:
+                out += [("attention", b.attention_region), (b.ffn_kind, b.ffn_region)]
         return out
 
     @property
     def num_boundaries(self) -> int:
-        return 2 * len(self.layers)
+        return self.regions_per_layer * len(self.layers)
 
     @torch.no_grad()
     def init_weights(self) -> None:
@@ -146,15 +159,19 @@ class Decoder(nn.Module):
             self.on_phase(name, r)
 
     def _run(self, r: int, kind: str, fn, h, *args):
-        ctx_fn = getattr(self.layers[(r - 1) // 2].ffn, "context_fn", None) if kind == "moe" else None
+        layer = self.layers[(r - 1) // self.regions_per_layer]
+        ctx_fn = getattr(layer.ffn, "context_fn", None) if kind == "moe" else None
         kw = {"context_fn": ctx_fn} if ctx_fn is not None else {}
+        if callable(self.checkpoint) and not isinstance(self.checkpoint, SCO):
+            return self.checkpoint(fn, h, *args, **kw)
         if isinstance(self.checkpoint, SCO):
             return self.checkpoint.region(r, fn, h, *args, **kw)
         if self.checkpoint == "per_layer":
             return checkpoint_region(fn, h, *args, **kw)
         if self.checkpoint == "none":
             return fn(h, *args)
-        raise ValueError(f"checkpoint ({self.checkpoint!r}) must be 'none', 'per_layer' or an SCO")
+        raise ValueError(f"checkpoint ({self.checkpoint!r}) must be 'none', 'per_layer', an SCO or a "
+                         "callable checkpoint_fn(fn, h, *args, **kw)")
 
     def _backward_hook(self, r: int):
         def hook(grad):
@@ -168,7 +185,7 @@ class Decoder(nn.Module):
         h = self.embed(tokens_BT)
         for r, (kind, fn) in enumerate(self.regions(), 1):
             self._phase("forward", r)
-            args = (positions_T,) if kind == "attention" else ()
+            args = (positions_T,) if kind == "attention" or self.regions_per_layer == 1 else ()
             h = self._run(r, kind, fn, h, *args)
             if h.requires_grad:
                 h.register_hook(self._backward_hook(r))

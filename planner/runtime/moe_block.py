@@ -135,8 +135,8 @@ class MoEBlock(nn.Module):
             init_linear(self.shared_gate)
 
     def forward(self, x_BTH: torch.Tensor) -> torch.Tensor:
-        shape = x_BTH.shape
-        x_NH = x_BTH.reshape(-1, shape[-1])
+        """``[N, H]`` (``N = B·T``; not a view of a ``[B, T, H]`` output, which FSDP2's hooks dislike)."""
+        x_NH = x_BTH.reshape(-1, x_BTH.shape[-1])
         ids_Nk, weights_Nk = self.router(x_NH)
         out_NH = self.experts(x_NH, ids_Nk, weights_Nk)
         if self.shared is not None:
@@ -144,4 +144,4 @@ class MoEBlock(nn.Module):
             if self.shared_gate is not None:
                 sh_NH = torch.sigmoid(self.shared_gate(x_NH)) * sh_NH
             out_NH = out_NH + sh_NH
-        return out_NH.view(shape)
+        return out_NH

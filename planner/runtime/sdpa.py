@@ -38,13 +38,26 @@ MASK_ALIGN = 16
 """Key-length alignment of an explicit mask for the memory-efficient kernel."""
 
 
-def _sdpa(q, k, v, **kw):
+def _no_kernel(e: RuntimeError) -> bool:
+    return "no available kernel" in str(e).lower()
+
+
+def _sdpa(q, k, v, enable_gqa: bool = False, **kw):
+    """SDPA on the allowed kernels; GQA natively (``enable_gqa``) where the kernel takes it, else
+    with K/V expanded to ``h`` heads (a copy of ``h/h_kv`` times their size)."""
     backends = CUDA_BACKENDS if q.is_cuda else CPU_BACKENDS
     try:
         with sdpa_kernel(backends):
+            if enable_gqa:
+                try:
+                    return F.scaled_dot_product_attention(q, k, v, enable_gqa=True, **kw)
+                except RuntimeError as e:
+                    if not _no_kernel(e):
+                        raise
+                k, v = _expand_kv(k, q.shape[1]), _expand_kv(v, q.shape[1])
             return F.scaled_dot_product_attention(q, k, v, **kw)
     except RuntimeError as e:
-        if "No available kernel" not in str(e) and "no available kernel" not in str(e).lower():
+        if not _no_kernel(e):
             raise
         raise RuntimeError(
             f"attention: neither the flash nor the memory-efficient SDPA kernel accepts q "

@@ -20,8 +20,13 @@ RANK = {"schema": 0, "errors": 0, "units": 0, "plans": 1, "budget": 2, "timing":
         "api": 5, "report": 5, "cli": 6}
 
 
+ENTRY_POINTS = {PLANNER / "train.py"}
+"""``python -m planner.train``: a re-export of ``planner.runtime.train`` (stands with the runtime)."""
+
+
 def _core_files():
-    return [p for p in PLANNER.rglob("*.py") if "runtime" not in p.relative_to(PLANNER).parts]
+    return [p for p in PLANNER.rglob("*.py") if "runtime" not in p.relative_to(PLANNER).parts
+            and p not in ENTRY_POINTS]
 
 
 def _imports(path: Path):
