@@ -349,7 +349,7 @@ def validate(
     plan: Annotated[str, typer.Argument(help="Plan file (planner search --out).")],
     layers: Annotated[Optional[int], typer.Option(help="Truncate to N decoder layers (widths, N and degrees kept).")] = None,
     steps: Annotated[int, typer.Option(help="Steps to run; the last one is compared.")] = 3,
-    rank: Annotated[Optional[int], typer.Option(help="Rank to run [default: the rank class that binds].")] = None,
+    rank: Annotated[Optional[int], typer.Option(help="Rank to run (default: the rank class that binds).")] = None,
     grad_lifetime: Annotated[GradLifetimeC, typer.Option(help="freed: zero_grad(set_to_none=True) between steps; accumulate: gradients kept.")] = GradLifetimeC.freed,
     json_out: Json = False,
 ) -> None:

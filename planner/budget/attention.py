@@ -19,13 +19,17 @@ FSDP2 baseline (per-layer regions): heads over ``tp`` (sequence-parallel input a
 
 from __future__ import annotations
 
+import dataclasses
+
 from planner.budget.context import Ctx
 from planner.budget.terms import FWD_BWD, Term
 from planner.units import ceil_div
 
 PROVISIONAL = True
-"""Not yet traced against an operator: the composed step (attention region, ZeRO-3 gathers) has no
-runtime here yet, so these counts come from the layouts alone."""
+"""Not yet traced: MLA, sliding-window layers and the FSDP2 baseline's attention come from the
+layouts alone. The composed GQA/MHA forward of global layers is confirmed by the region trace."""
+SRC_DECODER = ("tensor inventory of planner/runtime/attention.py + model_layers.py (RMSNorm, RoPE in "
+               "fp32) in a region checkpoint; region trace, tests/trace/test_step_trace.py")
 SOURCE = "DESIGN §3.2 Attention (Ulysses); FlashAttention-2 forward/backward tensors"
 
 
@@ -64,6 +68,8 @@ def terms(ctx: Ctx) -> list[Term]:
     R = ("attention",)
     qkv = N * (n_h * d_qk + n_kv * (d_qk + d_v))
     o = N * n_h * d_v
+    if m.attention != "mla":
+        return _gqa_terms(ctx, N, H, b, n_h, n_kv, d_qk, d_v)
     out = [
         Term("normed input x_NH", "attention", N * H, b, "N·H", FWD_BWD, regions=R, source=SOURCE, provisional=PROVISIONAL),
         Term("q, k, v, sequence layout (all-to-all send)", "attention", qkv, b,
@@ -85,4 +91,84 @@ def terms(ctx: Ctx) -> list[Term]:
                         "N·(q_lora + kv_lora + d_rope)", FWD_BWD, regions=R, source=SOURCE, provisional=PROVISIONAL))
         out.append(Term("MLA latent grads", "attention", lat, b, "N·(q_lora + kv_lora + d_rope)",
                         ("backward",), regions=R, source=SOURCE, provisional=PROVISIONAL))
+    return out
+
+
+def _gqa_terms(ctx: Ctx, N, H, b, n_h, n_kv, d_qk, d_v) -> list[Term]:
+    """Composed GQA/MHA attention region: the forward holds the larger of two sub-steps.
+
+    - **q RoPE** (fp32, ``apply_rope``): the normed input ``N·H``, k and v ``N·n_kv·(d_qk+d_v)``, q
+      ``N·n_h·d_qk`` (b), its fp32 copy ``N·n_h·d_qk`` and four fp32 half-width temporaries
+      ``4·N·n_h·d_qk/2``, and the cos/sin tables ``N·d_qk`` (fp32). QK-norm's output replaces q, so it
+      adds nothing here.
+    - **exchange + attention**: q, k, v in both Ulysses layouts, the output in both, its lse, the
+      o-proj output.
+
+    Backward: the exchange sub-step plus the gradients (layouts alone, provisional).
+    """
+    import numpy as np
+
+    R = ("attention",)
+    m = ctx.model
+    qkv = N * (n_h * d_qk + n_kv * (d_qk + d_v))
+    o = N * n_h * d_v
+    rope_b = N * H + N * n_kv * (d_qk + d_v) + N * n_h * d_qk            # b-byte tensors
+    rope_f = N * n_h * d_qk + 2 * N * n_h * d_qk + N * d_qk              # fp32 tensors
+    ex_b = N * H + 2 * qkv + 2 * o + N * H
+    ex_f = N * n_h
+    rope_wins = np.asarray(rope_b * b + rope_f * 4) > np.asarray(ex_b * b + ex_f * 4)
+    sliding = bool(m.local_layers) and m.sliding_window is not None
+    prov = PROVISIONAL if sliding else False
+
+    def pick(a, c):
+        v = np.where(rope_wins, a, c)
+        return int(v) if np.ndim(v) == 0 else v
+
+    fw = ("forward",)
+    out = [
+        Term("normed input x_NH", "attention", N * H, b, "N·H", FWD_BWD, regions=R, source=SRC_DECODER,
+             provisional=prov),
+        Term("k, v, sequence layout", "attention", N * n_kv * (d_qk + d_v), b, "N·n_kv·(d_qk+d_v)", FWD_BWD,
+             regions=R, source=SRC_DECODER, provisional=prov),
+        Term("q, sequence layout", "attention", N * n_h * d_qk, b, "N·n_h·d_qk", FWD_BWD, regions=R,
+             source=SRC_DECODER, provisional=prov),
+        Term("q RoPE in fp32: copy, 4 half-width temporaries, cos/sin tables", "attention", pick(rope_f, 0), 4,
+             "3·N·n_h·d_qk + N·d_qk  [forward: when the q-RoPE sub-step binds]", fw, regions=R,
+             source=SRC_DECODER, provisional=prov),
+        Term("q, k, v, head layout (all-to-all receive)", "attention", pick(0, qkv), b,
+             "S·(n_h·d_qk + n_kv·(d_qk+d_v))/D  [forward: when the exchange sub-step binds]", fw, regions=R,
+             source=SRC_DECODER, provisional=prov),
+        Term("attention output, head + sequence layouts; o-proj output", "attention", pick(0, 2 * o + N * H), b,
+             "2·N·n_h·d_v + N·H  [forward: when the exchange sub-step binds]", fw, regions=R,
+             source=SRC_DECODER, provisional=prov),
+        Term("log-sum-exp lse (fp32)", "attention", pick(0, ex_f), 4, "S·n_h/D  [forward: exchange sub-step]",
+             fw, regions=R, source=SRC_DECODER, provisional=prov),
+    ]
+    # backward: the layouts and their gradients, or (QK-norm) RMSNorm's fp32 backward over q
+    lay_b = qkv + 2 * o + N * H + 2 * N * n_h + 2 * qkv + 2 * o
+    qkn_f = 6 * N * n_h * d_qk if m.qk_norm else 0
+    qkn_b = 2 * N * n_kv * d_qk if m.qk_norm else 0
+    qkn_wins = np.asarray(qkn_f * 4 + qkn_b * b) > np.asarray(lay_b * b)
+
+    def pick_b(a, c):
+        v = np.where(qkn_wins, a, c)
+        return int(v) if np.ndim(v) == 0 else v
+
+    bw = ("backward",)
+    out = [t if t.phases != FWD_BWD else dataclasses.replace(t, phases=fw) for t in out]
+    out += [
+        Term("backward: normed input, q, k, v both layouts, outputs, lse", "attention",
+             pick_b(0, N * H + N * n_h * d_qk + N * n_kv * (d_qk + d_v) + qkv + 2 * o + N * H + 2 * N * n_h), b,
+             "N·H + 2·N·(n_h·d_qk + n_kv·(d_qk+d_v)) + 2·N·n_h·d_v + N·H + lse  [when the layouts bind]",
+             bw, regions=R, source=SOURCE, provisional=PROVISIONAL),
+        Term("grads of q, k, v, output (both layouts)", "attention", pick_b(0, 2 * qkv + 2 * o), b,
+             "2·N·(n_h·d_qk + n_kv·(d_qk+d_v)) + 2·N·n_h·d_v  [when the layouts bind]", bw, regions=R,
+             source=SOURCE, provisional=PROVISIONAL),
+        Term("QK-norm backward over q in fp32 (6 temporaries)", "attention", pick_b(qkn_f, 0), 4,
+             "6·N·n_h·d_qk  [when the QK-norm backward binds]", bw, regions=R, source=SRC_DECODER,
+             provisional=PROVISIONAL),
+        Term("k and its gradient at the QK-norm backward", "attention", pick_b(qkn_b, 0), b,
+             "2·N·n_kv·d_qk  [when the QK-norm backward binds]", bw, regions=R, source=SRC_DECODER,
+             provisional=PROVISIONAL),
+    ]
     return out

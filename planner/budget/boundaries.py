@@ -14,7 +14,9 @@ tensor inventory of ``planner/runtime/sco.py`` and confirmed by ``tests/trace/te
     prefetched boundary      backward[r]: N·H if 2 ≤ r ≤ n_off+1 (h_{r−1} restoring while r recomputes)
     boundary grad in/out     backward[r]: 2·N·H
 
-So backward[r] holds at most 2 restored boundaries (the region input and the prefetch). SCO frees an
+So backward[r] holds at most 2 restored boundaries (the region input and the prefetch). The final
+norm, outside the checkpoints, keeps its saved tensors through the head: ``N·H + N`` fp32 and
+``N·H`` (b). SCO frees an
 offloaded input's device copy when its region's forward ends (after the D2H event), so in-flight
 copies add nothing beyond the region input.
 
@@ -79,6 +81,19 @@ def _checkpointed(ctx: Ctx, NH, L_b: int, n_off, sco: bool, provisional: bool) -
                            ctx.act_bytes, "N·H if 2 ≤ r ≤ n_off+1", ("backward",), at=prefetched,
                            provisional=provisional, source=SOURCE))
     return out
+
+
+def _final_norm(ctx: Ctx, N, H) -> list[Term]:
+    """The final RMSNorm runs outside the region checkpoints, so autograd keeps what it saves through
+    the head: its fp32 input (``x.float()``, saved by the square and the scaling), the fp32
+    ``rsqrt`` per token and the normed input in the activation dtype (saved by the weight product;
+    planner/runtime/model_layers.py RMSNorm). Whole-step trace, head phase."""
+    src = "planner/runtime/model_layers.py RMSNorm outside the checkpoints; whole-step trace"
+    return [
+        Term("final norm: saved fp32 input and rsqrt", "boundaries", N * H + N, 4, "N·H + N (fp32)", ("head",),
+             source=src),
+        Term("final norm: saved normed input", "boundaries", N * H, ctx.act_bytes, "N·H", ("head",), source=src),
+    ]
 
 
 def saved_per_token(ctx: Ctx, kind: str, selective: bool = False) -> tuple[int, int]:
@@ -177,7 +192,8 @@ def terms(ctx: Ctx) -> list[Term]:
     NH = N * H
     if ctx.checkpoint in ("per_layer", "sco"):
         n_off = ctx.num_offloaded if ctx.checkpoint == "sco" else 0
-        return _checkpointed(ctx, NH, ctx.num_boundaries, n_off, sco=ctx.checkpoint == "sco", provisional=False)
+        return _checkpointed(ctx, NH, ctx.num_boundaries, n_off, sco=ctx.checkpoint == "sco",
+                             provisional=False) + _final_norm(ctx, N, H)
     kinds = tuple((k,) for k in ctx.regions)
     return _saved(ctx, N, kinds, False, "Σ_{regions ≤ r} saved-per-token·N") + [
         Term("region output", "boundaries", NH, ctx.act_bytes, "N·H", ("forward",), source=SOURCE),

@@ -66,15 +66,32 @@ def terms(ctx: Ctx) -> list[Term]:
     if ctx.stack == "fsdp2":
         return [Term("fused AdamW temporaries (in place)", "optimizer_step", 0 * n, 4,
                      "0 (torch._fused_adamw_ in place; CPU step with CPUOffloadPolicy)", OPT, source=SOURCE)]
+    out = _replica_slices(ctx)
     if ctx.optimizer == "stream_offload":
         staged = stream_staging_bytes(n, ctx.bucket_params, ctx.staging_slots) // 16
-        return [Term("staging slots (fp32 master, m, v, grad)", "optimizer_step", 4 * staged, 4,
-                     "min(s, G)·min(β, Θ_r)·4, G = ceil(Θ_r/β)", OPT, source=SOURCE)]
+        return out + [Term("staging slots (fp32 master, m, v, grad)", "optimizer_step", 4 * staged, 4,
+                           "min(s, G)·min(β, Θ_r)·4, G = ceil(Θ_r/β)", OPT, source=SOURCE)]
     if ctx.optimizer == "cpu_offload":
-        return [Term("grad copy down / weight copy up", "optimizer_step", 0 * n, ctx.act_bytes,
+        return out + [Term("grad copy down / weight copy up", "optimizer_step", 0 * n, ctx.act_bytes,
                      "0 (straight between the bf16 tensors and pinned host memory)", OPT, source=SOURCE)]
-    return [Term("fp32 grad upcast for fused AdamW", "optimizer_step", n, 4, "Θ_r", OPT, provisional=True,
-                 source=SOURCE)]
+    return out + [Term("fp32 grad upcast for fused AdamW", "optimizer_step", n, 4, "Θ_r", OPT, provisional=True,
+                       source=SOURCE)]
+
+
+def _replica_slices(ctx: Ctx) -> list[Term]:
+    """Composed stack: the reduce-scattered gradient slice of every replicated whole shard (experts
+    over their ``W/E_p`` replicas, the vocabulary shard over ``W/P`` when ``P > 1``), a new tensor of
+    ``ceil(n/R)`` elements per parameter held from the reduce to the end of the optimizer step
+    (``planner/runtime/mop_groups.ReplicatedShards``; whole-step trace)."""
+    if ctx.stack != "composed":
+        return []
+    p, W = ctx.params, ctx.world_size
+    P = np.asarray(ctx.vocab_parallel)
+    experts = ceil_div(ceil_div(p["experts"], ctx.expert_parallel), W // np.asarray(ctx.expert_parallel))
+    head = np.where((P > 1) & (ctx.vocab != "dense"),
+                    ceil_div(ceil_div(ctx.vocab_size, P) * ctx.hidden_size, W // P), 0)
+    return [Term("replicated shards' reduced gradient slices", "optimizer_step", experts + head, ctx.act_bytes,
+                 "Θ_exp/E_p / (W/E_p) + [P>1]·ceil(V/P)·H / (W/P)", OPT, source=SOURCE + "; mop_groups")]
 
 
 def host_terms(ctx: Ctx) -> list[Term]:

@@ -16,7 +16,7 @@ from planner.budget.context import Ctx
 from planner.budget.phases import critical_phases, full_phases
 from planner.budget.terms import LIVE_SETS, Phase, Term
 
-MODULES = ("persistent", "gathered", "boundaries", "attention", "dispatch", "vocab", "optimizer",
+MODULES = ("persistent", "gathered", "boundaries", "attention", "ffn", "dispatch", "vocab", "optimizer",
            "workspace")
 """The live-set modules of ``planner.budget``; ``optimizer`` holds the ``optimizer_step`` live set."""
 

@@ -13,7 +13,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-LIVE_SETS = ("persistent", "gathered", "boundaries", "attention", "dispatch", "vocab",
+LIVE_SETS = ("persistent", "gathered", "boundaries", "attention", "ffn", "dispatch", "vocab",
              "optimizer_step", "workspace")
 """The live sets of DESIGN §3.1, in display order."""
 

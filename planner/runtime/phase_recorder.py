@@ -88,6 +88,10 @@ class TrackerSource:
     def peak(self) -> tuple[int, int | None]:
         return max(self._total(self.mt.get_tracker_snapshot("peak")), self.current()), None
 
+    def begin_step(self) -> None:
+        """MemTracker refuses a module's second forward unless its module stats are cleared."""
+        self.mt.reset_mod_stats()
+
     def reset(self) -> None:
         # MemTracker keeps one running peak per device and no public reset: restart it from now.
         cur = self.mt.get_tracker_snapshot("current")
@@ -152,6 +156,8 @@ class PhaseRecorder:
         ``on_phase`` call is folded into ``forward[1]``."""
         self.samples = {}
         self._label, self._pre, self._open = None, None, True
+        if hasattr(self.source, "begin_step"):
+            self.source.begin_step()
         self._start = self.source.current()
         self._saved_at_start = self._saved_bytes()
         self.source.reset()

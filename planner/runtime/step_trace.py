@@ -1,11 +1,14 @@
 """Whole-step trace (DESIGN §8) of one rank of the composed step, phase by phase.
 
-Setup (as ``planner.runtime.trace``): PyTorch's fake process group of ``W`` ranks as rank ``r``,
-the device mesh built **before** fake mode (a mesh's rank map is read with ``tolist``), then
-``FakeTensorMode`` with the shim's trace mode, the composed step built inside it
-(``planner.runtime.mop.build_composed_step``: device tensors fake ``cpu``, host buffers fake
-``meta``), and ``MemTracker`` entered inside fake mode with the model, the optimizer state and the
-batch registered through ``track_external``.
+Setup (as ``planner.runtime.trace``): PyTorch's fake process group of ``W`` ranks as rank ``r``;
+the groups and the device mesh, then the composed step itself
+(``planner.runtime.mop.build_composed_step``), built **before** fake mode on the CPU (a mesh reads
+its rank map with ``tolist``, and FSDP2's ``to_empty`` cannot swap meta parameters for fake ones):
+the weights and the optimizer's host state are real, one rank's share. Then ``FakeTensorMode``
+(real inputs allowed: the weights) with the shim's trace mode and CUDA-like SDPA allocations
+(``trace_sdpa``), and ``MemTracker`` inside it with the model, the optimizer and the batch
+registered through ``track_external``. Every MoE layer's dispatcher gets the integer plan of the
+plan's routing profile and the Ring-DTP head its ``N_max`` (trace mode cannot read real counts).
 
 Per phase: the step's ``on_phase`` hook drives a ``PhaseRecorder`` over ``MemTracker``'s current
 and peak bytes of the fake ``cpu`` device (``TrackerSource``), the same recorder ``planner
@@ -27,7 +30,7 @@ import torch.distributed as dist
 from planner.runtime import shim
 from planner.runtime.phase_recorder import PhaseRecorder, TrackerSource
 from planner.runtime.trace import DEVICE
-from planner.runtime.validate import run_steps, synthetic_batch
+from planner.runtime.validate import plan_dispatch, run_steps, synthetic_batch
 from planner.runtime.validate_compare import Row, compare, verdict
 from planner.runtime.validate_plan import Prediction, predict, truncate
 
@@ -68,6 +71,15 @@ def _host_bytes(mt) -> int:
                if torch.device(d).type == "meta")
 
 
+def _attach_without_pointer_check(dense) -> None:
+    """The optimizer's proxies take the FSDP2 shards' gradients; the storage check of
+    ``DenseShards.attach_grads`` reads ``data_ptr``, which fake tensors do not have."""
+    def attach():
+        for p, t in dense.pairs:
+            t.grad = None if p.grad is None else p.grad.to_local()
+    dense.attach_grads = attach
+
+
 TRACE_EXCLUDES = ("workspace",)
 """Live sets a fake-tensor trace cannot see: library and kernel workspaces (measured constants)."""
 
@@ -100,8 +112,11 @@ def trace_step(planfile, *, rank: int = 0, grad_lifetime: str = "freed", steps: 
         lay = resolve_layout(planfile)
         groups = make_groups(lay.W, lay.D, lay.Ep, lay.P, DEVICE.type)
         mop_groups.make_groups = lambda *a, **k: groups
-        with FakeTensorMode(allow_non_fake_inputs=False), shim.tracing(), cuda_like_sdpa():
+        with shim.tracing():
             composed = build_composed_step(planfile, device=DEVICE, set_to_none=grad_lifetime == "freed")
+        plan_dispatch(composed.model, pred.ctx)
+        _attach_without_pointer_check(composed.dense)
+        with FakeTensorMode(allow_non_fake_inputs=True), shim.tracing(), cuda_like_sdpa():
             tokens, targets = synthetic_batch(pred.ctx, DEVICE, torch)
             mt = MemTracker()
             mt.track_external(composed.model, composed.optimizer, tokens, targets)
@@ -114,3 +129,80 @@ def trace_step(planfile, *, rank: int = 0, grad_lifetime: str = "freed", steps: 
         dist.destroy_process_group()
     rows = compare(pred, samples, start, under=tolerance, over=tolerance, exclude=TRACE_EXCLUDES)
     return StepTrace(pred, samples, start, rows, host)
+
+
+# ---- one checkpointed region ---------------------------------------------------------------------
+@dataclass
+class RegionTrace:
+    """Traced bytes of one checkpointed region above its input (and the region's weights)."""
+
+    kind: str
+    forward_bytes: int
+    """Peak of the non-saving forward (inside the region checkpoint), above the region input."""
+    backward_bytes: int
+    """Peak of recompute + backward above the region input and the incoming gradient, the
+    region's weight gradients included."""
+    weight_grad_bytes: int
+
+
+def trace_region(planfile, r: int, *, rank: int = 0) -> RegionTrace:
+    """Trace region ``r`` (1-based; ``attention`` or ``dense_mlp``) of ``planfile``'s decoder as the
+    composed stack runs it: Ulysses over the plan's ``D``, non-reentrant region checkpoint, whole
+    (gathered) weights, bf16. The MoE region's dispatch is traced by ``planner.runtime.dispatch_trace``.
+    """
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.distributed._tools.mem_tracker import MemTracker
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    from planner.budget.build import make_context
+    from planner.runtime.attention import UlyssesCore, make_attention
+    from planner.runtime.model_layers import GatedMLP, RMSNorm
+    from planner.runtime.sco import checkpoint_region
+    from planner.runtime.trace_sdpa import cuda_like_sdpa
+
+    pf = planfile
+    ctx = make_context(pf.model, pf.cluster, pf.workload, pf.plan)
+    kind = ctx.regions[r - 1]
+    if kind == "moe":
+        raise ValueError("trace_region traces attention and dense_mlp regions")
+    layer = (r - 1) // 2
+    W, D = ctx.world_size, int(ctx.seq_parallel)
+    B = int(ctx.seqs_per_microbatch)
+    T, H, dt = int(ctx.tokens_per_rank) // B, ctx.hidden_size, torch.bfloat16
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=W)
+    try:
+        group = dist.new_group(list(range(D))) if D < W else dist.group.WORLD
+        with FakeTensorMode(), shim.tracing(), cuda_like_sdpa():
+            kw = dict(device=DEVICE, dtype=dt)
+            norm = RMSNorm(H, **kw)
+            if kind == "attention":
+                body = make_attention(ctx.model, layer, UlyssesCore(group), **kw)
+            else:
+                body = GatedMLP(H, ctx.dense_ffn, **kw)
+            mods = torch.nn.ModuleList([norm, body])
+            pos = torch.arange(rank % D * T, rank % D * T + T, device=DEVICE)
+
+            def region(h):
+                x = norm(h)
+                return h + (body(x, pos) if kind == "attention" else body(x))
+
+            h = torch.empty(B, T, H, dtype=dt, device=DEVICE, requires_grad=True)
+            mt = MemTracker()
+            mt.track_external(mods, h, pos)
+            src = TrackerSource(mt, DEVICE.type)
+            with mt:
+                base = src.current()
+                src.reset()
+                out = checkpoint_region(region, h)
+                fwd = src.peak()[0] - base
+                g = torch.empty_like(out)
+                base_b = src.current()
+                src.reset()
+                out.backward(g)
+                bwd = src.peak()[0] - (base_b - out.untyped_storage().nbytes())
+            wg = sum(p.numel() * p.element_size() for p in mods.parameters())
+    finally:
+        dist.destroy_process_group()
+    return RegionTrace(kind, fwd, bwd, wg)

@@ -60,11 +60,11 @@ def test_stream_offload_terms(h200):
     ctx = _ctx(h200, optimizer="stream_offload", bucket_params=1 << 20, staging_slots=3)
     n = optimizer.rank_params(ctx)
     G = -(-n // (1 << 20))
-    assert sum(int(t.bytes) for t in optimizer.terms(ctx)) == min(3, G) * min(1 << 20, n) * 16
+    assert sum(int(t.bytes) for t in optimizer.terms(ctx) if t.name.startswith("staging")) == min(3, G) * min(1 << 20, n) * 16
     assert [int(t.bytes) for t in optimizer.host_terms(ctx)] == [-(-12 * n // 4096) * 4096]
     assert optimizer.host_terms(_ctx(h200, optimizer="gpu")) == []  # no offload: no host optimizer bytes
     cpu = _ctx(h200, optimizer="cpu_offload")
-    assert sum(int(t.bytes) for t in optimizer.terms(cpu)) == 0
+    assert sum(int(t.bytes) for t in optimizer.terms(cpu) if t.name.startswith("grad copy")) == 0
     assert sum(int(t.bytes) for t in optimizer.host_terms(cpu)) >= 18 * n
 
 
