@@ -241,6 +241,15 @@ def build_fsdp2_step(spec, layout: Layout, rank: int, *, num_layers: int | None 
     from planner.runtime.model import Decoder
 
     check_knobs(layout, ac, head, cp_rotate, grad_lifetime)
+    from planner.errors import InvalidPlan
+
+    kv = spec.num_heads if spec.attention == "mla" else spec.num_kv_heads
+    if spec.num_heads % layout.tp or kv % layout.tp:
+        raise InvalidPlan("plan.baseline.tp", layout.tp, f"must divide the heads ({spec.num_heads}) and KV heads ({kv})",
+                          "resolve the plan with planner.budget.resolve")
+    if spec.num_experts and spec.num_experts % layout.ep:
+        raise InvalidPlan("plan.baseline.ep", layout.ep, f"must divide model.num_experts ({spec.num_experts})",
+                          "resolve the plan with planner.budget.resolve")
     device = torch.device(device or "cpu")
     meshes = build_meshes(layout, device.type)
     E, ep = spec.num_experts, layout.ep

@@ -64,3 +64,20 @@ def test_bad_arguments_refused():
         chunked_linear_cross_entropy(x, t, torch.randn(5, 7))
     with pytest.raises(InvalidPlan, match="targets_N"):
         chunked_linear_cross_entropy(x, t[:3], w)
+
+
+def test_baseline_builder_refuses_bad_layouts():
+    from planner.runtime.fsdp2 import build_fsdp2_step
+    from planner.runtime.fsdp2_layout import Layout
+    from planner.schema import ModelSpec
+
+    spec = ModelSpec(name="t", num_layers=1, hidden_size=16, vocab_size=32, num_heads=4, num_kv_heads=2,
+                     head_dim=4, dense_ffn=8, dense_layers=(0,))
+    with pytest.raises(InvalidPlan, match="dp_replicate·dp_shard·cp·tp"):
+        Layout(world_size=4, dp_shard=3)
+    with pytest.raises(InvalidPlan, match="plan.baseline.tp"):
+        build_fsdp2_step(spec, Layout(world_size=4, tp=4), 0)
+    with pytest.raises(InvalidPlan, match="plan.baseline.head"):
+        build_fsdp2_step(spec, Layout(world_size=2, tp=2), 0, head="chunked")
+    with pytest.raises(InvalidPlan, match="plan.baseline.ac"):
+        build_fsdp2_step(spec, Layout(world_size=1), 0, ac="partial")
