@@ -30,7 +30,8 @@ COMPOSED_KEYS = {
     "max_imports", "bucket_params", "staging_slots", "sco_host_bytes",
 }
 """Overrides that land in ``plan.composed``."""
-BASELINE_KEYS = {"tp", "cp", "dp_shard", "ep", "ac", "cpu_offload"}
+BASELINE_KEYS = {"tp", "cp", "dp_shard", "ep", "ac", "cpu_offload", "dp_replicate", "cp_rotate", "head",
+                 "head_chunk_tokens", "grad_lifetime"}
 """Overrides that land in ``plan.baseline``."""
 PLAN_KEYS = {"routing", "dispatch_bound", "dtype", "stack"}
 """Overrides that land in ``plan``."""

@@ -39,6 +39,21 @@ def _head_dims(ctx: Ctx) -> tuple[int, int, int, int]:
     return m.num_heads, n_kv, m.head_dim, m.v_dim
 
 
+def _cp_kv(ctx: Ctx, N, hkv, d_qk, d_v, b, regions) -> Term:
+    """K/V buffers of ``context_parallel`` (``cp > 1``) by rotate method: ``allgather`` (torchtitan's
+    default) gathers every shard's K and V, ``cp·N·n_kv·(d_qk+d_v)/tp``, so they grow with the whole
+    sequence; ``alltoall`` passes one shard at a time, send and receive, ``2·N·n_kv·(d_qk+d_v)/tp``."""
+    import numpy as np
+
+    cp = np.asarray(ctx.cp)
+    shards = cp if ctx.cp_rotate == "allgather" else 2
+    count = shards * N * hkv * (d_qk + d_v) * (cp > 1)
+    text = ("cp·N·n_kv·(d_qk+d_v)/tp (allgather)" if ctx.cp_rotate == "allgather"
+            else "2·N·n_kv·(d_qk+d_v)/tp (alltoall)") + " if cp > 1"
+    return Term(f"context-parallel K/V buffers ({ctx.cp_rotate})", "attention", count, b, text, FWD_BWD,
+                regions=regions, source=SOURCE + "; torch context_parallel rotate methods", provisional=True)
+
+
 def terms(ctx: Ctx) -> list[Term]:
     """Attention working-set terms of one rank."""
     m, N, H, b = ctx.model, ctx.tokens_per_rank, ctx.hidden_size, ctx.act_bytes
@@ -61,8 +76,7 @@ def terms(ctx: Ctx) -> list[Term]:
                  regions=regions, source=SOURCE, provisional=PROVISIONAL),
             Term("grads of q, k, v, output", "attention", qkv + N * hq * d_v, b,
                  "N·(n_h·(d_qk+d_v) + n_kv·(d_qk+d_v))/tp", ("backward",), regions=regions, source=SOURCE, provisional=PROVISIONAL),
-            Term("context-parallel K/V ring buffers", "attention", 2 * N * hkv * (d_qk + d_v) * (ctx.cp > 1),
-                 b, "2·N·n_kv·(d_qk+d_v)/tp if cp > 1", FWD_BWD, regions=regions, source=SOURCE, provisional=PROVISIONAL),
+            _cp_kv(ctx, N, hkv, d_qk, d_v, b, regions),
         ]
         return out
     R = ("attention",)

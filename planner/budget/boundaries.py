@@ -144,6 +144,25 @@ def _saved(ctx: Ctx, N, kinds: tuple[tuple[str, ...], ...], selective: bool, for
     ]
 
 
+def _rope_saved(ctx: Ctx, N) -> Term:
+    """Without checkpointing, the decoder's RoPE (``planner.runtime.model_layers.apply_rope``) keeps
+    the fp32 copy of q and k it rotates and the fp32 cos/sin tables, per layer:
+    ``(n_h + n_kv)·d_rot + d_rot`` fp32 per token (``d_rot`` = the rotated width; MLA rotates
+    ``d_rope`` channels of every head's query and one shared key)."""
+    m = ctx.model
+    if m.attention == "mla" and m.mla is not None:
+        d = m.mla.qk_rope_head_dim
+        per = (m.num_heads + 1) * d + d
+    else:
+        d = m.head_dim
+        per = (m.num_heads + m.num_kv_heads) * d + d
+    L = ctx.num_boundaries
+    return Term("RoPE fp32 q, k and cos/sin (saved)", "boundaries", L * per * N, 4,
+                "r·((n_h + n_kv)·d_rot + d_rot)·N/tp fp32 (head: L·…)", ALL_STEP,
+                at=lambda ph: (L if ph.kind == "head" else ph.region) * per * N, provisional=True,
+                source="tensor inventory of planner/runtime/model_layers.py apply_rope")
+
+
 def terms(ctx: Ctx) -> list[Term]:
     """Boundary (and saved-activation) terms of one rank."""
     H, N = ctx.hidden_size, ctx.tokens_per_rank
@@ -157,6 +176,8 @@ def terms(ctx: Ctx) -> list[Term]:
         selective = ctx.ac == "selective"
         out = _saved(ctx, N_tp, kinds, selective,
                      "Σ_{layers ≤ r} saved-per-token·N/tp" + (" (op-level SAC)" if selective else ""))
+        if not selective:
+            out.append(_rope_saved(ctx, N_tp))
         if selective:
             out.insert(0, Term("layer inputs (SAC keeps the checkpoint input)", "boundaries",
                                ctx.num_boundaries * NH, ctx.act_bytes, "r·N·H/tp (head: L·N·H/tp)", ALL_STEP,

@@ -70,7 +70,9 @@ def make_context(model: ModelSpec, cluster: ClusterSpec, workload: Workload, pla
                   num_chunks=K, chunk_tokens=ceil_div(N, K))
     else:
         k = plan.baseline
-        fields = dict(tp=k.tp, cp=k.cp, dp_shard=k.dp_shard, ep=k.ep, ac=k.ac, cpu_offload=k.cpu_offload)
+        fields = dict(tp=k.tp, cp=k.cp, dp_shard=k.dp_shard, ep=k.ep, ac=k.ac, cpu_offload=k.cpu_offload,
+                      dp_replicate=k.dp_replicate, cp_rotate=k.cp_rotate, head=k.head,
+                      head_chunk_tokens=k.head_chunk_tokens, grad_lifetime=k.grad_lifetime)
         fields.update(overrides)
         ep = fields["ep"]
         ctx = Ctx(**common, **fields, num_boundaries=model.num_layers,

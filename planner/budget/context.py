@@ -86,6 +86,10 @@ class Ctx:
     ep: Int = 1
     ac: str = "full"
     cpu_offload: bool = False
+    dp_replicate: Int = 1          # HSDP replicas (W = dp_replicate·dp_shard·cp·tp)
+    cp_rotate: str = "allgather"   # context_parallel rotate method
+    head: str = "dense"            # "dense" (loss parallel under tp) | "chunked"
+    head_chunk_tokens: Int = 4096
     # -- bookkeeping ---------------------------------------------------------------------------
     notes: dict = field(default_factory=dict)
 

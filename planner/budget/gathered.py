@@ -55,6 +55,9 @@ def _fsdp2_terms(ctx: Ctx) -> list[Term]:
         Term("embedding grad (dense, fp32 reduce)", "gathered", VH_tp, 4, "V·H/tp",
              ("backward",), first_region_only=True, source=SOURCE, provisional=PROVISIONAL),
         Term("head unit (bf16)", "gathered", VH_tp, b, "V·H/tp", ("head",), source=SOURCE, provisional=PROVISIONAL),
+        Term("head unsharded grad (param dtype)", "gathered", VH_tp, b, "V·H/tp", ("head",),
+             source=SOURCE + "; FSDP2 computes the head's gradient on the unsharded weight before the "
+             "fp32 copy-in of its reduce-scatter (trace: tests/trace/test_fsdp2_trace.py)", provisional=PROVISIONAL),
         Term("head grad, fp32 reduce-scatter input", "gathered", VH_tp, 4, "V·H/tp", ("head",),
              source=SOURCE, provisional=PROVISIONAL),
     ]

@@ -18,8 +18,7 @@ backward produces it: the head's and the final norm's in ``head``, region ``j``'
 ``backward[j]`` (so ``backward[r]`` holds the regions ``j ≥ r``), the embedding's in
 ``backward[1]``; none in ``forward[r]``.
 
-FSDP2 baseline (DESIGN §2): sharded fp32 parameters and fp32 gradients (4 + 4 B) plus AdamW m, v
-(8 B), all over W; everything on the host with ``CPUOffloadPolicy``.
+FSDP2 baseline: ``planner.budget.fsdp2_persistent`` (per-unit padded shards, gradient lifetime).
 """
 
 from __future__ import annotations
@@ -70,14 +69,9 @@ def terms(ctx: Ctx) -> list[Term]:
     p = ctx.params
     W, b = ctx.world_size, ctx.act_bytes
     if ctx.stack == "fsdp2":
-        if ctx.cpu_offload:
-            return []
-        n = ceil_div(p["total"], W)
-        return [
-            Term("fp32 parameter shards", "persistent", n, 4, "Θ/W", ALWAYS, source=SOURCE),
-            Term("fp32 gradient shards", "persistent", n, 4, "Θ/W", ALWAYS, source=SOURCE),
-            Term("AdamW m, v", "persistent", n, 8, "Θ/W (m, v: 4+4 B)", ALWAYS, source=SOURCE),
-        ]
+        from planner.budget import fsdp2_persistent
+
+        return fsdp2_persistent.terms(ctx)
     P = np.asarray(ctx.vocab_parallel)
     sharded_head = ctx.vocab != "dense"
     head = p["head"]

@@ -115,22 +115,33 @@ def resolve_composed(model: ModelSpec, workload: Workload, plan: Plan) -> Compos
 
 
 def resolve_baseline(model: ModelSpec, workload: Workload, plan: Plan) -> BaselineKnobs:
-    """Fill the FSDP2 baseline's defaults (DESIGN §2) and validate ``W = dp_shard·cp·tp``."""
+    """Fill the FSDP2 baseline's defaults (DESIGN §2) and validate
+    ``W = dp_replicate·dp_shard·cp·tp`` against what torch's APIs accept."""
     W, k = plan.world_size, plan.baseline
     f = "plan.baseline.tp"
     _need(W % k.tp == 0, f, k.tp, f"must divide world_size ({W})", f"use one of {_choices(W, lambda d: True)}")
     _need(model.num_heads % k.tp == 0, f, k.tp, f"must divide model.num_heads ({model.num_heads})",
           f"use one of {_choices(W, lambda d: model.num_heads % d == 0)}")
+    kv = model.num_kv_heads if model.attention != "mla" else model.num_heads
+    _need(kv % k.tp == 0, f, k.tp, f"must divide model.num_kv_heads ({kv}): ColwiseParallel shards "
+          "the K/V projections by head", f"use one of {_choices(W, lambda d: kv % d == 0)}")
     f = "plan.baseline.cp"
     _need(W % (k.tp * k.cp) == 0, f, k.cp, f"times tp ({k.tp}) must divide world_size ({W})",
           "lower --cp or --tp")
-    tokens = workload.seq_len * workload.seqs_per_microbatch
-    _need(tokens % (2 * k.cp) == 0 or k.cp == 1, f, k.cp,
-          f"times 2 must divide the tokens per sequence ({tokens}) for load-balanced causal CP",
-          "choose a seq_len divisible by 2·cp")
-    dp = k.dp_shard or W // (k.tp * k.cp)
-    _need(dp * k.tp * k.cp == W, "plan.baseline.dp_shard", dp,
-          f"times tp ({k.tp}) times cp ({k.cp}) must equal world_size ({W})", "drop --dp-shard to derive it")
+    S = workload.seq_len
+    _need(S % (2 * k.cp) == 0 or k.cp == 1, f, k.cp,
+          f"times 2 must divide the sequence length ({S}): context_parallel shards each sequence "
+          "into 2·cp load-balanced chunks", "choose a seq_len divisible by 2·cp")
+    f = "plan.baseline.dp_replicate"
+    _need(W % (k.dp_replicate * k.tp * k.cp) == 0, f, k.dp_replicate,
+          f"times tp ({k.tp}) times cp ({k.cp}) must divide world_size ({W})", "lower --dp-replicate")
+    dp = k.dp_shard or W // (k.dp_replicate * k.tp * k.cp)
+    _need(k.dp_replicate * dp * k.tp * k.cp == W, "plan.baseline.dp_shard", dp,
+          f"times dp_replicate ({k.dp_replicate}) times tp ({k.tp}) times cp ({k.cp}) must equal "
+          f"world_size ({W})", "drop --dp-shard to derive it")
+    _need(k.head != "chunked" or k.tp == 1, "plan.baseline.head", k.head,
+          f"must be dense when tp > 1 ({k.tp}): the chunked head needs the whole vocabulary on the rank",
+          "use --head dense (loss parallel) or --tp 1")
     E = model.num_experts
     pool = dp * k.cp
     ep = k.ep or largest_divisor(pool, lambda d: E > 0 and E % d == 0)

@@ -169,12 +169,9 @@ def terms(ctx: Ctx) -> list[Term]:
     """The ``vocab`` live set of one rank (phase ``head``)."""
     N, H, V, b = ctx.tokens_per_rank, ctx.hidden_size, ctx.vocab_size, ctx.act_bytes
     if ctx.stack == "fsdp2":
-        tp = np.asarray(ctx.tp)
-        if np.all(tp == 1):
-            return binding_terms(dense_substeps(N, H, V, V, b), SRC_DENSE)
-        cols = max_shard_rows(V, tp)  # torch loss_parallel materialises the dense head's tensors per shard
-        return binding_terms(dense_substeps(N, H, cols, cols, b), SRC_DENSE + " over V/tp (loss parallel)",
-                             provisional=True)
+        from planner.budget import fsdp2_vocab
+
+        return fsdp2_vocab.terms(ctx)
     if ctx.vocab == "dense":
         return binding_terms(dense_substeps(N, H, V, V, b), SRC_DENSE)
     P = ctx.vocab_parallel

@@ -16,8 +16,10 @@ Tensor inventory (torchtitan-style modules; ``H`` hidden, ``V`` vocabulary):
              [kv_lora + d_rope, H], kv_norm [kv_lora], wkv_b [n_h·(d_nope+d_v), kv_lora] (column),
              wo [H, n_h·d_v] (row)
     router gate [E, H]; experts w1, w3 [E, I, H], w2 [E, H, I] (grouped, EP over dim 0, then
-             FSDP over ``dp_shard·cp/ep`` on dim 0, or on dim 1 when fewer local experts than
-             shard ranks); shared experts and dense FFN w1, w3 [I, H] (column), w2 [H, I] (row)
+             FSDP over the ``efsdp·tp = (dp_shard·cp/ep)·tp`` ranks holding them (experts are
+             replicated over tp in planner/runtime/fsdp2.py) on dim 0, or on dim 1 when fewer
+             local experts than shard ranks); shared experts and dense FFN w1, w3 [I, H] (column),
+             w2 [H, I] (row)
 
 FSDP shards dim 0 over ``dp_shard·cp`` ranks with padding: a shard holds
 ``ceil(dim0/F)·rest`` elements. Expert tensor parallelism is not modelled (``etp = 1``).
@@ -105,8 +107,8 @@ def param_tensors(m: ModelSpec) -> list[ParamTensor]:
 def shard_numel(t: ParamTensor, *, tp, fsdp, ep):
     """Elements of one rank's FSDP2 shard of ``t`` (padded: ``ceil(dim0/F)·rest``)."""
     tp, fsdp, ep = (np.asarray(x, dtype=np.int64) for x in (tp, fsdp, ep))
-    if t.split == "expert":
-        local, efsdp = t.dim0 // ep, np.maximum(fsdp // ep, 1)
+    if t.split == "expert":   # replicated over tp and sharded over the efsdp·tp ranks holding them
+        local, efsdp = t.dim0 // ep, np.maximum(fsdp // ep, 1) * tp
         return np.where(local >= efsdp, ceil_div(local, efsdp) * t.rest, local * ceil_div(t.rest, efsdp))
     dim0 = ceil_div(t.dim0, tp) if t.split == "col" else t.dim0
     rest = ceil_div(t.rest, tp) if t.split == "row" else t.rest
@@ -136,3 +138,38 @@ def shard_params(m: ModelSpec, *, tp, fsdp, ep):
     for t in param_tensors(m):
         total = total + t.count * shard_numel(t, tp=tp, fsdp=fsdp, ep=ep)
     return total
+
+
+def layer_kind(t: ParamTensor) -> str:
+    """``all`` (every decoder layer), ``moe``, ``dense_mlp`` or ``outer`` (embedding, head, norm, MTP)."""
+    if t.name.startswith(("router", "experts.", "shared.")):
+        return "moe"
+    if t.name.startswith("ffn."):
+        return "dense_mlp"
+    if t.name in ("embedding", "output", "norm") or t.name.startswith("mtp."):
+        return "outer"
+    return "all"
+
+
+def shard_params_by_unit(m: ModelSpec, *, tp, fsdp, ep) -> dict:
+    """One rank's padded shard elements per FSDP unit: ``embedding``, ``head`` (output + final
+    norm), ``mtp``, and one ``moe`` / ``dense_mlp`` layer."""
+    out = {"embedding": np.int64(0), "head": np.int64(0), "mtp": np.int64(0), "moe": np.int64(0),
+           "dense_mlp": np.int64(0)}
+    for t in param_tensors(m):
+        n = shard_numel(t, tp=tp, fsdp=fsdp, ep=ep)
+        kind = layer_kind(t)
+        if t.name == "embedding":
+            out["embedding"] = out["embedding"] + n
+        elif t.name in ("output", "norm"):
+            out["head"] = out["head"] + n
+        elif kind == "outer":
+            out["mtp"] = out["mtp"] + t.count * n
+        elif kind == "all":
+            out["moe"] = out["moe"] + n
+            out["dense_mlp"] = out["dense_mlp"] + n
+        else:
+            out[kind] = out[kind] + n
+    if m.tie_embeddings:
+        out["head"] = out["head"]
+    return out

@@ -131,7 +131,7 @@ def synthetic_batch(ctx, device, torch):
     """Random token ids and targets of one rank, ``[B, T]`` = sequences per micro-batch × this
     rank's ``S/D`` tokens of each (``N = B·T``), seeded."""
     B = int(ctx.seqs_per_microbatch)
-    T = int(ctx.tokens_per_rank) // B
+    T = int(ctx.tokens_per_rank) // B if ctx.stack == "composed" else int(ctx.seq_len)  # fsdp2: whole sequences, CP shards them
     tokens = torch.randint(ctx.vocab_size, (B, T), device=device)
     targets = torch.randint(ctx.vocab_size, (B, T), device=device)
     return tokens, targets
@@ -175,9 +175,14 @@ def _cuda_timer(torch):
     return start
 
 
-def build_step(planfile, *, device, grad_lifetime: str):
+def build_step(planfile, *, device, grad_lifetime: str, rank: int = 0):
     """The composed step of ``planfile`` on this rank (``planner.runtime.mop``); ``freed``: the step
-    ends with ``zero_grad(set_to_none=True)``, ``accumulate``: gradients are kept."""
+    ends with ``zero_grad(set_to_none=True)``, ``accumulate``: gradients are kept. An ``fsdp2`` plan
+    builds the FSDP2 baseline (``planner.runtime.fsdp2``)."""
+    if planfile.plan.stack == "fsdp2":
+        from planner.runtime.fsdp2 import build_from_planfile
+
+        return build_from_planfile(planfile, device=device, rank=rank, grad_lifetime=grad_lifetime)
     from planner.runtime.mop import build_composed_step
 
     return build_composed_step(planfile, device=device, set_to_none=grad_lifetime == "freed")
@@ -215,9 +220,10 @@ def measure(planfile, ctx, *, rank: int, steps: int, grad_lifetime: str) -> Meas
     try:
         device = torch.device("cuda", torch.cuda.current_device())
         torch.manual_seed(SEED)
-        composed = build_step(planfile, device=device, grad_lifetime=grad_lifetime)
+        composed = build_step(planfile, device=device, grad_lifetime=grad_lifetime, rank=rank)
         try:
-            plan_dispatch(composed.model, ctx)
+            if planfile.plan.stack == "composed":   # the FSDP2 baseline routes by its own counts
+                plan_dispatch(composed.model, ctx)
             tokens, targets = synthetic_batch(ctx, device, torch)
             rec = PhaseRecorder(CudaSource(device))
             samples, start, times, losses = run_steps(composed, rec, tokens, targets, steps=steps,
@@ -245,9 +251,6 @@ def validate(plan: str, *, layers: int | None = None, steps: int = DEFAULT_STEPS
     if steps < 1:
         raise InvalidPlan("--steps", steps, "must be >= 1", "give --steps 3 (the last step is compared)")
     pf = load_planfile(plan) if isinstance(plan, (str, os.PathLike)) else plan
-    if pf.plan.stack != "composed":
-        raise InvalidPlan("plan.stack", pf.plan.stack, "is not validated yet (the composed stack is)",
-                          "give a composed plan file (planner search --out)")
     tr = truncate(pf, layers)
     pred = predict(tr.planfile, grad_lifetime, dispatch_bound=COMPARED_BOUND)
     ctx = pred.ctx

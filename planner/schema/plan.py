@@ -17,6 +17,9 @@ Checkpoint = Literal["none", "per_layer", "sco"]
 DispatchBound = Literal["guarantee", "expected"]
 ActDtype = Literal["bf16", "fp32"]
 AC = Literal["full", "selective", "none"]
+RotateMethod = Literal["allgather", "alltoall"]
+BaselineHead = Literal["dense", "chunked"]
+GradLifetime = Literal["freed", "accumulate"]
 
 _SKEW = re.compile(r"^([0-9]{1,3})/([0-9]{1,9})$", re.ASCII)
 """``R/H`` in ASCII digits (``\\d`` would take any script's digits, which ``int`` reads)."""
@@ -92,6 +95,21 @@ class BaselineKnobs(Frozen):
     """Per-layer activation checkpointing: full, torch's op-level selective, or none."""
     cpu_offload: bool = False
     """``CPUOffloadPolicy``: parameters, gradients and optimizer state on the host."""
+    dp_replicate: int = Field(default=1, gt=0, le=MAX_WORLD_SIZE)
+    """HSDP replicate degree (≤ 2^20): ``W = dp_replicate·dp_shard·cp·tp``; parameters are sharded
+    over ``dp_shard·cp`` and replicated ``dp_replicate`` times."""
+    cp_rotate: RotateMethod = "allgather"
+    """Context-parallel rotate method (``set_rotate_method``): torchtitan's default ``allgather``
+    gathers every shard's K/V; ``alltoall`` passes them round the ring."""
+    head: BaselineHead = "dense"
+    """Output head: ``dense`` (``cross_entropy(x @ w.T)``; loss parallel when ``tp > 1``) or
+    ``chunked`` (chunked linear cross-entropy, Liger-style; ``tp = 1`` only)."""
+    head_chunk_tokens: int = Field(default=4096, gt=0, le=MAX_TOKENS)
+    """Tokens per chunk of the chunked head (≤ 2^32)."""
+    grad_lifetime: GradLifetime = "accumulate"
+    """``accumulate`` (the conservative default): gradients kept across micro-steps, resident in
+    every phase; ``freed``: ``zero_grad(set_to_none=True)`` every step, so no gradient exists
+    during the forward."""
 
 
 class Plan(Frozen):

@@ -82,25 +82,31 @@ def composed_groups(model: ModelSpec, workload: Workload, W: int) -> list[Group]
 
 
 def baseline_groups(model: ModelSpec, workload: Workload, W: int) -> list[Group]:
-    """Every legal FSDP2 candidate: ``W = dp_shard·cp·tp``, ``ep | dp_shard·cp``, ``ep | E``."""
-    tokens = workload.seq_len * workload.seqs_per_microbatch
+    """Every legal FSDP2 candidate: ``W = dp_replicate·dp_shard·cp·tp``, ``ep | dp_shard·cp``,
+    ``ep | E``; ``tp`` dividing the heads and KV heads, ``2·cp`` dividing the sequence. Categorical:
+    ``tp``, AC, CPU offload, the head (the chunked head only with ``tp = 1``) and the CP rotate
+    method (``alltoall`` groups hold only ``cp > 1`` rows)."""
+    S = workload.seq_len
+    kv = model.num_heads if model.attention == "mla" else model.num_kv_heads
     out = []
-    for tp, ac, off in itertools.product(TP_DEGREES, ("full", "selective", "none"), (False, True)):
-        if W % tp or model.num_heads % tp:
+    for tp, ac, off, head, rot in itertools.product(TP_DEGREES, ("full", "selective", "none"), (False, True),
+                                                    ("dense", "chunked"), ("allgather", "alltoall")):
+        if W % tp or model.num_heads % tp or kv % tp or (head == "chunked" and tp > 1):
             continue
         rows = []
-        for cp in divisors(W // tp):
-            if cp > 1 and tokens % (2 * cp):
-                continue
-            dp = W // (tp * cp)
-            for ep in divisors(dp * cp):
-                if model.num_experts and model.num_experts % ep:
+        for rep in divisors(W // tp):
+            for cp in divisors(W // (tp * rep)):
+                if (cp > 1 and S % (2 * cp)) or (rot == "alltoall" and cp == 1):
                     continue
-                if not model.num_experts and ep > 1:
-                    continue
-                rows.append((cp, dp, ep))
+                dp = W // (tp * cp * rep)
+                for ep in divisors(dp * cp):
+                    if model.num_experts and model.num_experts % ep:
+                        continue
+                    if not model.num_experts and ep > 1:
+                        continue
+                    rows.append((cp, dp, ep, rep))
         if rows:
             arr = np.array(rows, dtype=np.int64)
-            out.append(Group("fsdp2", {"tp": tp, "ac": ac, "cpu_offload": off},
-                             {"cp": arr[:, 0], "dp_shard": arr[:, 1], "ep": arr[:, 2]}))
+            out.append(Group("fsdp2", {"tp": tp, "ac": ac, "cpu_offload": off, "head": head, "cp_rotate": rot},
+                             {"cp": arr[:, 0], "dp_shard": arr[:, 1], "ep": arr[:, 2], "dp_replicate": arr[:, 3]}))
     return out
