@@ -22,7 +22,7 @@ from planner.schema import PlanFile, Workload
 from planner.schema.io import load_cluster, load_model, load_planfile, validate
 
 COMPOSED_KEYS = {
-    "dispatch", "vocab", "optimizer", "checkpoint", "seq_parallel", "expert_parallel", "vocab_parallel",
+    "dispatch", "dispatch_residue", "vocab", "optimizer", "checkpoint", "seq_parallel", "expert_parallel", "vocab_parallel",
     "vocab_blocks", "token_budget", "max_chunks", "llep_alpha", "llep_min_tokens", "llep_lambda",
     "max_imports", "bucket_params", "staging_slots", "sco_host_bytes",
 }

@@ -54,6 +54,11 @@ class BoundC(str, Enum):
     expected = "expected"
 
 
+class ResidueC(str, Enum):
+    source = "source"
+    destination = "destination"
+
+
 class DtypeC(str, Enum):
     bf16 = "bf16"
     fp32 = "fp32"
@@ -122,6 +127,8 @@ def check(
     model: Model = None, plan: PlanOpt = None, cluster: Cluster = None, gpus: Gpus = None,
     seq_len: SeqLen = None, global_batch_tokens: GBT = None,
     dispatch: Annotated[Optional[DispatchC], typer.Option(help="Expert dispatch operator.")] = None,
+    dispatch_residue: Annotated[Optional[ResidueC], typer.Option(
+        help="PipelinedLLEP state across chunks: source (bounded for any router) | destination.")] = None,
     expert_parallel: Annotated[Optional[int], typer.Option(help="E_p (baseline: ep).")] = None,
     token_budget: Annotated[Optional[str], typer.Option(help="c: per-source tokens per chunk.")] = None,
     max_chunks: Annotated[Optional[int], typer.Option(help="K_max.")] = None,
@@ -163,7 +170,7 @@ def check(
     raise typer.Exit(0 if rep.fits else 1)
 
 
-_OV_KEYS = {"dispatch", "expert_parallel", "token_budget", "max_chunks", "llep_alpha", "llep_min_tokens",
+_OV_KEYS = {"dispatch", "dispatch_residue", "expert_parallel", "token_budget", "max_chunks", "llep_alpha", "llep_min_tokens",
             "llep_lambda", "routing", "dispatch_bound", "vocab", "vocab_parallel", "vocab_blocks", "optimizer",
             "bucket_params", "staging_slots", "seq_parallel", "checkpoint", "sco_host_gib", "max_imports",
             "dtype", "baseline", "tp", "cp", "dp_shard", "ac", "cpu_offload"}

@@ -59,6 +59,7 @@ class Ctx:
     dispatch_bound: str            # "guarantee" | "expected"
     # -- plan: composed ------------------------------------------------------------------------
     dispatch: str = "pipelined_llep"
+    dispatch_residue: str = "source"   # PipelinedLLEP: "source" | "destination"
     vocab: str = "ring_dtp"
     optimizer: str = "stream_offload"
     checkpoint: str = "sco"
