@@ -163,7 +163,9 @@ def _errs(ours, torch_ref, ref64, eps):
 
 def _case(name, W, rank):
     op_name, profile, tok, *rest = CASES[name]
-    xs, wr, up, down, gys = _inputs(zlib.crc32(name.encode()), W, TOKENS[tok], torch.float32)
+    # the source-side variant gets its destination counterpart's inputs (same seed)
+    seed = zlib.crc32(name.replace("pipelined_llep_source", "pipelined_llep").encode())
+    xs, wr, up, down, gys = _inputs(seed, W, TOKENS[tok], torch.float32)
     got = _run_op(op_name, profile, rank, W, xs, wr, up, down, gys, nested=rest[0] if rest else None)
     r64 = _reference(xs, wr, up, down, gys, profile, W, torch.float64)
     r32 = _reference(xs, wr, up, down, gys, profile, W, torch.float32)
