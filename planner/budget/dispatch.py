@@ -118,7 +118,7 @@ def expected(op: str, profile: str, N: int, H: int, I: int, E: int, k: int, b: i
 # ---- guarantee: bounds substituted ---------------------------------------------------------------
 def guarantee_sizes(ctx_like: dict, residue: str = plans_dispatch.DESTINATION) -> dict:
     """Bounded sizes (numpy-friendly) of PipelinedLLEP / LLEP for ``guarantee_moments``: a chunk
-    and, when ``K >= 2``, the next one (its prefetch), both at the per-chunk bounds.
+    and, when ``K >= 2``, the next ones (prefetch; a middle chunk), all at the per-chunk bounds.
 
     Rows received per chunk: ``Q_i ≤ min(E_p·k·c_eff, ceil(L/K) + E_p·(n + n_import_max))``
     (``plans.dispatch.chunk_recv_bound``: strided chunks put at most ``ceil(ℓ/K)`` of each
@@ -138,8 +138,14 @@ def guarantee_sizes(ctx_like: dict, residue: str = plans_dispatch.DESTINATION) -
     r = np.minimum(q, chunking.expert_block_rows(k, c_eff, E_p, E, m))
     x_e = np.minimum(n * (np.asarray(E_p) - 1), (np.asarray(E_p) - 1) * g["n_imp"])
     more = np.asarray(K) >= 2
-    return dict(N=N, C=[k * c_eff, k * c_eff * more], Q=[q, q * more], r=[r, r * more],
-                resid=[resid, resid], tok=[k * np.asarray(N)] * 2, X=g["n_imp"], X_e=x_e)
+    if residue == plans_dispatch.SOURCE:          # K' >= 2 chunks where a rank can exceed L_0
+        more = more | (np.asarray(resid) > np.asarray(load))
+    # three representative chunks: the first, a middle one (the input gradient of the later
+    # chunks accumulated beside its own scatter) and the last (zeros where K is smaller)
+    many = more & (np.asarray(K) >= 3) if residue != plans_dispatch.SOURCE else more
+    return dict(N=N, C=[k * c_eff, k * c_eff * more, k * c_eff * many], Q=[q, q * more, q * many],
+                r=[r, r * more, r * many], resid=[resid] * 3, tok=[k * np.asarray(N)] * 3,
+                X=g["n_imp"], X_e=x_e)
 
 
 def guarantee_moments(op: str, shape: inv.Shape, g: dict, *, standalone: bool) -> dict:
@@ -183,7 +189,7 @@ def unique_rows(cols: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
 
 # ---- terms(ctx) ---------------------------------------------------------------------------------
 OPERATOR_NAMES = {"ep": "standard EP", "llep": "LLEP", "pipelined_llep": "PipelinedLLEP",
-                  SOURCE_OP: "PipelinedLLEP (source residue)"}
+                  SOURCE_OP: "PipelinedLLEP (source-side)"}
 KNOBS = ("tokens_per_rank", "expert_parallel", "token_budget", "max_chunks", "llep_alpha",
          "llep_min_tokens", "llep_lambda", "max_imports")
 
