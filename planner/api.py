@@ -16,6 +16,7 @@ from planner.budget.context import Ctx
 from planner.budget.host import host_budget
 from planner.budget.peak import Evaluation, assumed_used, capacity_bytes, evaluate, outside_allocator_bytes
 from planner.budget.resolve import resolve_plan
+from planner.budget.sensitivity import routing_sensitivity
 from planner.budget.terms import LIVE_SETS, PHASE_KINDS
 from planner.errors import InvalidPlan
 from planner.schema import PlanFile, Workload
@@ -205,6 +206,7 @@ class CheckReport:
                      "optimizer_bytes": int(h.optimizer_bytes), "sco_bytes": int(h.sco_bytes)},
             "derived": derived_symbols(self.ctx),
             "dispatch_bounds": self.extra.get("dispatch_bounds", {}),
+            "routing_sensitivity": self.extra.get("routing_sensitivity", {}),
             "plan": self.planfile.model_dump(mode="json"),
         }
 
@@ -231,7 +233,8 @@ def check_planfile(pf: PlanFile) -> CheckReport:
         planfile=resolved_planfile(pf, ctx), ctx=ctx, evaluation=ev, capacity_bytes=capacity_bytes(ctx),
         hbm_bytes=ctx.cluster.topology.hbm_bytes, outside_allocator_bytes=outside_allocator_bytes(ctx),
         host=host, assumed=assumed_used(ctx), provisional=provisional, binding=int(ev.binding_index),
-        extra={"dispatch_bounds": dispatch_bounds(ctx, ev)},
+        extra={"dispatch_bounds": dispatch_bounds(ctx, ev),
+               "routing_sensitivity": routing_sensitivity(pf.model, pf.cluster, pf.workload, pf.plan)},
     )
 
 
