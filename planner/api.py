@@ -349,7 +349,7 @@ class SearchReport:
 
 def search(*, model: str, cluster: str | None = None, gpus: int, seq_len: int, global_batch_tokens: int | None = None,
            routing: str = "balanced", dispatch_bound: str = "guarantee", dtype: str = "bf16", top: int = 5,
-           progress=None) -> SearchReport:
+           progress=None, min_headroom: float | None = None) -> SearchReport:
     """``planner search``: fastest fitting configurations and the fastest fitting FSDP2 baseline."""
     import time
 
@@ -360,7 +360,8 @@ def search(*, model: str, cluster: str | None = None, gpus: int, seq_len: int, g
 
     t0 = time.perf_counter()
     res = run(pf.model, pf.cluster, pf.workload, world_size=gpus, routing=routing, dispatch_bound=dispatch_bound,
-              dtype=dtype, top=top, progress=progress)
+              dtype=dtype, top=top, progress=progress,
+              **({} if min_headroom is None else {"min_headroom": min_headroom}))
     closest = None
     if not res.top:
         from planner.budget.peak import capacity_bytes

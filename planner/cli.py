@@ -248,6 +248,8 @@ def search(
     dispatch_bound: Annotated[BoundC, typer.Option(help="Dispatch size the verdicts use.")] = BoundC.guarantee,
     dtype: Annotated[DtypeC, typer.Option(help="Activation dtype.")] = DtypeC.bf16,
     top: Annotated[int, typer.Option(help="How many composed plans to list.")] = 5,
+    min_headroom: Annotated[Optional[float], typer.Option(
+        help="Fraction of the usable capacity a listed plan leaves free (default 0.03).")] = None,
     out_file: Annotated[Optional[str], typer.Option("--out", help="Write the best plan as a plan file.")] = None,
     progress: Annotated[bool, typer.Option(help="Show a progress bar.")] = True,
     json_out: Json = False,
@@ -259,6 +261,8 @@ def search(
 
     if top < 1:
         raise InvalidPlan("--top", top, "must be >= 1", "list at least one plan")
+    if min_headroom is not None and not 0.0 <= min_headroom < 1.0:
+        raise InvalidPlan("--min-headroom", min_headroom, "must be in [0, 1)", "use e.g. 0.03")
     if out_file:
         check_writable(out_file, "--out")
     prog, cb = _progress("searching", progress and not json_out)
@@ -267,7 +271,8 @@ def search(
             prog.start()
         rep = api.search(model=model, cluster=cluster, gpus=gpus, seq_len=parse_count(seq_len, "--seq-len"),
                          global_batch_tokens=_count(global_batch_tokens, "--global-batch-tokens"),
-                         routing=routing, dispatch_bound=_v(dispatch_bound), dtype=_v(dtype), top=top, progress=cb)
+                         routing=routing, dispatch_bound=_v(dispatch_bound), dtype=_v(dtype), top=top, progress=cb,
+                         min_headroom=min_headroom)
     finally:
         if prog:
             prog.stop()

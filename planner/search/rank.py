@@ -52,13 +52,31 @@ def _plan_of(ev: Evaluated, i: int) -> Plan:
     return ev.plan.model_copy(update={part: getattr(ev.plan, part).model_copy(update=knobs)})
 
 
+MIN_HEADROOM = 0.03
+"""Default ``--min-headroom``: the fraction of the usable capacity a ranked plan leaves free. It
+covers the formula's allowed error against measurement (up to 2% above, DESIGN §8) with margin,
+so a plan chosen at the edge of the capacity does not OOM on a model error; the fragmentation
+reserve is already subtracted from the capacity."""
+
+
+def bounded_dispatch(plan: Plan) -> bool:
+    """Whether the plan's verdict holds for every routing: PipelinedLLEP under its guarantee, or any
+    operator sized under ``worst`` routing (dense models have no dispatch)."""
+    if plan.routing == "worst":
+        return True
+    return plan.stack == "composed" and plan.composed.dispatch == "pipelined_llep" and \
+        plan.dispatch_bound == "guarantee"
+
+
 def _candidates(evs: list[Evaluated], n: int) -> list[Candidate]:
     rows = []
     for ev in evs:
         for i in np.nonzero(np.isfinite(ev.step_s))[0]:
             rows.append((float(ev.step_s[i]), ev, int(i)))
-    # Equal step times (knobs the time model does not see) rank the plan with more headroom first.
-    rows.sort(key=lambda r: (round(r[0], 3), int(r[1].peak_bytes[r[2]])))
+    # Plans whose dispatch has a launch-time bound rank first (DESIGN §3.2: standard EP and LLEP's
+    # routed batch are sized by the routing assumption); equal step times (knobs the time model
+    # does not see) rank the plan with more headroom first.
+    rows.sort(key=lambda r: (not bounded_dispatch(r[1].plan), round(r[0], 3), int(r[1].peak_bytes[r[2]])))
     out = []
     for step, ev, i in rows[:n]:
         st = ev.timing
@@ -73,7 +91,8 @@ def _candidates(evs: list[Evaluated], n: int) -> list[Candidate]:
 
 def search(model: ModelSpec, cluster: ClusterSpec, workload: Workload, *, world_size: int,
            routing: str = "balanced", dispatch_bound: str = "guarantee", dtype: str = "bf16", top: int = 5,
-           time_fn: Callable | None = None, progress: Callable[[int, int], None] | None = None) -> SearchResult:
+           time_fn: Callable | None = None, progress: Callable[[int, int], None] | None = None,
+           min_headroom: float = MIN_HEADROOM) -> SearchResult:
     """Search the composed space and the FSDP2 space; rank the fitting candidates by step time."""
     if time_fn is None:
         from planner.timing.step import step_time as time_fn
@@ -83,7 +102,7 @@ def search(model: ModelSpec, cluster: ClusterSpec, workload: Workload, *, world_
     for j, g in enumerate(groups):
         plan = group_plan(g, world_size, routing, dispatch_bound, dtype)
         t = tally if g.stack == "composed" else btally
-        ev = evaluate_group(g, model, cluster, workload, plan, t, time_fn)
+        ev = evaluate_group(g, model, cluster, workload, plan, t, time_fn, min_headroom)
         if ev is not None:
             (comp if g.stack == "composed" else base).append(ev)
             gaps += [x for x in ev.timing.gaps if x not in gaps]
