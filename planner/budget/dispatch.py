@@ -14,7 +14,13 @@ Counts are the operators' tensor inventories (``planner.budget.dispatch_inventor
   slots ran out (``planner.plans.llep.unplaced_bound_routes``), so the guarantee holds for every
   routing; ``E_p·k·N_max`` (all routes of the group) caps it, ``α = inf`` included.
   LLEP's received rows have the same cap; standard EP has no launch-time bound and is sized under
-  the routing assumption (``worst``: ``E_p·N·min(k, E/E_p)`` rows to one rank).
+  the routing assumption (``worst``: ``E_p·N·min(k, E/E_p)`` rows to one rank). Per chunk, a
+  destination receives ``Q_i ≤ min(E_p·k·c_eff, ceil(L/K) + E_p·(n + n_import_max))`` rows
+  (``plans.dispatch.chunk_recv_bound``, ``L`` its layer load bound).
+- **guarantee, source residue** (``dispatch_residue = source``, the default): no residue; one
+  chunk's buffers at ``L = L_0 = ceil(max(α,λ)·k·N_max) + (E/E_p)(m−1)`` (the plan raises the chunk
+  count where LLEP leaves a rank above ``L_0``), the imports and the source-side ``k·N`` route
+  indices: the same bytes for every routing (``dispatch_inventory.pipelined_source``).
 
 Phases (``moe`` regions): inside a checkpointed region (``per_layer``/``sco``, FSDP2 ``ac=full``)
 ``forward[r]`` holds the non-saving forward and ``backward[r]`` the recompute, then the backward.
