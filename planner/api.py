@@ -233,8 +233,7 @@ def check_planfile(pf: PlanFile) -> CheckReport:
         planfile=resolved_planfile(pf, ctx), ctx=ctx, evaluation=ev, capacity_bytes=capacity_bytes(ctx),
         hbm_bytes=ctx.cluster.topology.hbm_bytes, outside_allocator_bytes=outside_allocator_bytes(ctx),
         host=host, assumed=assumed_used(ctx), provisional=provisional, binding=int(ev.binding_index),
-        extra={"dispatch_bounds": dispatch_bounds(ctx, ev),
-               "routing_sensitivity": routing_sensitivity(pf.model, pf.cluster, pf.workload, pf.plan)},
+        extra={"dispatch_bounds": dispatch_bounds(ctx, ev)},
     )
 
 
@@ -256,8 +255,12 @@ def dispatch_bounds(ctx: Ctx, ev: Evaluation) -> dict[str, int]:
 
 
 def check(**kwargs) -> CheckReport:
-    """``planner check``: see ``build_planfile`` for the arguments."""
-    return check_planfile(build_planfile(**kwargs))
+    """``planner check``: see ``build_planfile`` for the arguments. The report also carries the
+    routing sensitivity (``budget.sensitivity``)."""
+    pf = build_planfile(**kwargs)
+    rep = check_planfile(pf)
+    rep.extra["routing_sensitivity"] = routing_sensitivity(pf.model, pf.cluster, pf.workload, pf.plan)
+    return rep
 
 
 @dataclass
@@ -289,7 +292,8 @@ class FrontierReport:
         return out
 
 
-def max_context(*, seq_step: int = 1024, max_seq_len: int = 16 * 2**20, **kwargs) -> FrontierReport:
+def max_context(*, seq_step: int = 1024, max_seq_len: int = 16 * 2**20, min_headroom: float | None = None,
+                **kwargs) -> FrontierReport:
     """``planner max-context``: scan ``S`` over the whole grid (DESIGN §3.4)."""
     from planner.budget.frontier import scan, seq_len_grid
 
@@ -297,15 +301,25 @@ def max_context(*, seq_step: int = 1024, max_seq_len: int = 16 * 2**20, **kwargs
         kwargs["seq_len"] = seq_step * (kwargs.get("gpus") or 1)
     pf = build_planfile(**kwargs)
     grid = seq_len_grid(pf, seq_step, max_seq_len)
-    return FrontierReport(pf, "seq_len", scan(pf, "seq_len", grid))
+    return FrontierReport(pf, "seq_len", scan(pf, "seq_len", grid, **_headroom(min_headroom)))
 
 
-def max_batch(*, max_tokens: int = 16 * 2**20, **kwargs) -> FrontierReport:
+def _headroom(min_headroom: float | None) -> dict:
+    """``--min-headroom`` for the frontier scans (``None``: the default of ``budget.frontier``)."""
+    if min_headroom is None:
+        return {}
+    if not 0.0 <= min_headroom < 1.0:
+        raise InvalidPlan("--min-headroom", min_headroom, "must be in [0, 1)", "use e.g. 0.03")
+    return {"min_headroom": float(min_headroom)}
+
+
+def max_batch(*, max_tokens: int = 16 * 2**20, min_headroom: float | None = None, **kwargs) -> FrontierReport:
     """``planner max-batch``: scan sequences per micro-batch at fixed ``S`` (whole grid)."""
     from planner.budget.frontier import batch_grid, scan
 
     pf = build_planfile(**kwargs)
-    return FrontierReport(pf, "seqs_per_microbatch", scan(pf, "seqs_per_microbatch", batch_grid(pf, max_tokens)))
+    return FrontierReport(pf, "seqs_per_microbatch", scan(pf, "seqs_per_microbatch", batch_grid(pf, max_tokens),
+                                                          **_headroom(min_headroom)))
 
 
 @dataclass
@@ -360,8 +374,7 @@ def search(*, model: str, cluster: str | None = None, gpus: int, seq_len: int, g
 
     t0 = time.perf_counter()
     res = run(pf.model, pf.cluster, pf.workload, world_size=gpus, routing=routing, dispatch_bound=dispatch_bound,
-              dtype=dtype, top=top, progress=progress,
-              **({} if min_headroom is None else {"min_headroom": min_headroom}))
+              dtype=dtype, top=top, progress=progress, **_headroom(min_headroom))
     closest = None
     if not res.top:
         from planner.budget.peak import capacity_bytes
@@ -410,7 +423,7 @@ class SweepRow:
 
 
 def sweep(*, model: str, cluster: str | None = None, gpus: int, seq_lens: list[int], routing: str = "balanced",
-          dtype: str = "bf16", progress=None) -> list[SweepRow]:
+          dtype: str = "bf16", progress=None, min_headroom: float | None = None) -> list[SweepRow]:
     """``planner sweep``: best composed plan and best baseline at each context length, with the
     verdict and the peak of every live set of each."""
     from planner.search.sweep import best_plans
@@ -420,8 +433,9 @@ def sweep(*, model: str, cluster: str | None = None, gpus: int, seq_lens: list[i
     pf = build_planfile(model=model, cluster=cluster, gpus=gpus, seq_len=seq_lens[0],
                         overrides={"routing": routing, "dtype": dtype})
     rows = []
+    _headroom(min_headroom)
     for pt in best_plans(pf.model, pf.cluster, world_size=gpus, seq_lens=seq_lens, routing=routing, dtype=dtype,
-                         progress=progress):
+                         progress=progress, min_headroom=min_headroom):
         wl = Workload(seq_len=pt.seq_len)
         for plan, cand in ((pt.composed, pt.composed_candidate), (pt.baseline, pt.baseline_candidate)):
             rep = check_planfile(PlanFile(model=pf.model, cluster=pf.cluster, workload=wl, plan=plan))

@@ -208,10 +208,13 @@ def _frontier_signature(fn):
 def max_context(
     seq_step: Annotated[str, typer.Option(help="Grid step of N (tokens per rank).")] = "1024",
     max_seq_len: Annotated[str, typer.Option(help="Largest S scanned.")] = "16m",
+    min_headroom: Annotated[Optional[float], typer.Option(
+        help="Fraction of the usable capacity a fitting point leaves free (default 0.03).")] = None,
     **kw,
 ) -> None:
     """Largest context length that fits (whole-grid scan; the peak is not monotone in S)."""
-    kw["extra"] = {"seq_step": parse_count(seq_step, "--seq-step"), "max_seq_len": parse_count(max_seq_len, "--max-seq-len")}
+    kw["extra"] = {"seq_step": parse_count(seq_step, "--seq-step"), "max_seq_len": parse_count(max_seq_len, "--max-seq-len"),
+                   "min_headroom": min_headroom}
     _frontier("context", None, **kw)
 
 
@@ -219,10 +222,12 @@ def max_context(
 @_frontier_signature
 def max_batch(
     max_tokens: Annotated[str, typer.Option(help="Largest tokens per sequence group scanned.")] = "16m",
+    min_headroom: Annotated[Optional[float], typer.Option(
+        help="Fraction of the usable capacity a fitting point leaves free (default 0.03).")] = None,
     **kw,
 ) -> None:
     """Largest global batch per micro-step that fits at the given S (whole-grid scan)."""
-    kw["extra"] = {"max_tokens": parse_count(max_tokens, "--max-tokens")}
+    kw["extra"] = {"max_tokens": parse_count(max_tokens, "--max-tokens"), "min_headroom": min_headroom}
     _frontier("batch", None, **kw)
 
 
@@ -261,8 +266,6 @@ def search(
 
     if top < 1:
         raise InvalidPlan("--top", top, "must be >= 1", "list at least one plan")
-    if min_headroom is not None and not 0.0 <= min_headroom < 1.0:
-        raise InvalidPlan("--min-headroom", min_headroom, "must be in [0, 1)", "use e.g. 0.03")
     if out_file:
         check_writable(out_file, "--out")
     prog, cb = _progress("searching", progress and not json_out)
@@ -296,6 +299,8 @@ def sweep(
     cluster: Cluster = None,
     routing: Annotated[str, typer.Option(help="balanced | worst | R/H, for both stacks.")] = "balanced",
     dtype: Annotated[DtypeC, typer.Option(help="Activation dtype.")] = DtypeC.bf16,
+    min_headroom: Annotated[Optional[float], typer.Option(
+        help="Fraction of the usable capacity a chosen plan leaves free (default 0.03).")] = None,
     csv: Annotated[Optional[str], typer.Option("--csv", help="Write the sweep as CSV.")] = None,
     plot: Annotated[Optional[str], typer.Option("--plot", help="Write a PNG (needs the plot extra).")] = None,
     progress: Annotated[bool, typer.Option(help="Show a progress bar.")] = True,
@@ -317,7 +322,7 @@ def sweep(
         if prog:
             prog.start()
         rows = api.sweep(model=model, cluster=cluster, gpus=gpus, seq_lens=sorted(lens), routing=routing,
-                         dtype=_v(dtype), progress=cb)
+                         dtype=_v(dtype), progress=cb, min_headroom=min_headroom)
     finally:
         if prog:
             prog.stop()

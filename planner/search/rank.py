@@ -11,6 +11,7 @@ from typing import Callable
 
 import numpy as np
 
+from planner.budget.frontier import MIN_HEADROOM
 from planner.schema import ClusterSpec, ModelSpec, Plan, Workload
 from planner.search.evaluate import Evaluated, Tally, evaluate_group, group_plan
 from planner.search.space import baseline_groups, composed_groups
@@ -50,13 +51,6 @@ def _plan_of(ev: Evaluated, i: int) -> Plan:
         knobs["sco_host_bytes"] = int(ev.sco_host_bytes[i])
     part = "composed" if ev.plan.stack == "composed" else "baseline"
     return ev.plan.model_copy(update={part: getattr(ev.plan, part).model_copy(update=knobs)})
-
-
-MIN_HEADROOM = 0.03
-"""Default ``--min-headroom``: the fraction of the usable capacity a ranked plan leaves free. It
-covers the formula's allowed error against measurement (up to 2% above, DESIGN §8) with margin,
-so a plan chosen at the edge of the capacity does not OOM on a model error; the fragmentation
-reserve is already subtracted from the capacity."""
 
 
 def bounded_dispatch(plan: Plan) -> bool:
