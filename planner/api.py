@@ -334,6 +334,9 @@ class SearchReport:
     elapsed_s: float
     closest: Any = None
     """``(plan, peak_bytes, capacity_bytes)`` of the lowest-peak composed plan when none fits."""
+    routing_sensitivity: dict = field(default_factory=dict)
+    """``{"composed": …, "baseline": …}``: the first-ranked plans' peaks and verdicts under
+    balanced, the named skew and worst routing (``budget.sensitivity``)."""
 
     def planfile(self, i: int = 0) -> PlanFile:
         """The i-th composed plan as a plan file that ``check`` accepts unchanged (the closest plan
@@ -356,6 +359,7 @@ class SearchReport:
                 "baseline_tally": {"evaluated": r.baseline_tally.evaluated, "fit": r.baseline_tally.fit,
                                    "rejected": dict(r.baseline_tally.reasons), "text": r.baseline_tally.text()},
                 "gaps": r.gaps, "assumed": r.assumed, "elapsed_s": self.elapsed_s,
+                "routing_sensitivity": self.routing_sensitivity,
                 "closest": None if self.closest is None else {
                     "plan": self.closest[0].model_dump(mode="json"), "peak_bytes": int(self.closest[1]),
                     "capacity_bytes": int(self.closest[2])}}
@@ -387,7 +391,9 @@ def search(*, model: str, cluster: str | None = None, gpus: int, seq_len: int, g
         except AssertionError:  # nothing fits even the host
             closest = None
     _raise_if_only_gaps(res)
-    return SearchReport(pf.model, pf.cluster, pf.workload, gpus, res, time.perf_counter() - t0, closest)
+    sens = {name: routing_sensitivity(pf.model, pf.cluster, pf.workload, c.plan)
+            for name, c in (("composed", res.top[0] if res.top else None), ("baseline", res.baseline)) if c}
+    return SearchReport(pf.model, pf.cluster, pf.workload, gpus, res, time.perf_counter() - t0, closest, sens)
 
 
 def _raise_if_only_gaps(res) -> None:

@@ -78,9 +78,7 @@ def render_check(rep, console: Console, explain: bool = False) -> None:
                       f"the {rep.planfile.plan.dispatch_bound} (--dispatch-bound)")
     rs = rep.extra.get("routing_sensitivity")
     if rs and rep.ctx.model.is_moe:
-        cells = [f"{r} {fmt_gib(v['peak_bytes'])} {'fits' if v['fits_hbm'] else 'does not fit'}"
-                 for r, v in rs.items()]
-        console.print("routing sensitivity (HBM peak): " + " · ".join(cells))
+        console.print("routing sensitivity (HBM peak): " + sensitivity_text(rs))
     h = rep.host
     console.print(f"host RAM per node ({h.ranks_per_node} ranks): {fmt_gib(h.bytes)} of {fmt_gib(h.capacity_bytes)} "
                   f"usable (baseline {fmt_gib(h.baseline_bytes)}, optimizer {fmt_gib(h.optimizer_bytes)}, "
@@ -138,3 +136,9 @@ def render_frontier(rep, console: Console) -> None:
     console.print(f"scanned {len(s.values)} grid points; {int(s.fits.sum())} fit; first failure at {fail_txt} "
                   f"(the peak is not monotone in S: fits and failures can interleave); usable HBM "
                   f"{fmt_gib(s.capacity_bytes)}; `planner check` at a length shows what binds")
+
+
+def sensitivity_text(rs: dict) -> str:
+    """``balanced 13.27 GiB fits · 80/16 … · worst …`` (``budget.sensitivity``)."""
+    return " · ".join(f"{r} {fmt_gib(v['peak_bytes'])} {'fits' if v['fits_hbm'] else 'does not fit'}"
+                      for r, v in rs.items())

@@ -71,6 +71,13 @@ def render_search(rep, console: Console) -> None:
         plan, peak, cap = closest
         console.print(f"closest composed plan: {_knobs(plan)} with a peak of {gib(peak):.1f} GiB against "
                       f"{gib(cap):.1f} GiB usable (`--out` writes it; `planner check --plan` shows what binds)")
+    sens = getattr(rep, "routing_sensitivity", {}) or {}
+    if rep.model.is_moe:
+        from planner.report.check_view import sensitivity_text
+
+        for name, label in (("composed", "#1"), ("baseline", "base")):
+            if name in sens:
+                console.print(f"routing sensitivity of {label} (HBM peak): {sensitivity_text(sens[name])}")
     console.print(f"composed: {r.tally.text()}")
     console.print(f"FSDP2:    {r.baseline_tally.text()}")
     if r.assumed:
