@@ -3,7 +3,8 @@
 Usage (H200):
 
     python3 bench/dispatch.py --out bench/results                               # one GPU, ~5 min
-    python3 bench/dispatch.py --ops llep pipelined_llep pipelined_llep_source --out $OUT   # issue 13
+    python3 bench/dispatch.py --ops llep pipelined_llep pipelined_llep_source \
+        --binding-only llep pipelined_llep --out $OUT            # issue 13, one GPU, ~5 min
     torchrun --nproc_per_node=2 bench/dispatch.py --nccl --out bench/results    # two GPUs, real NCCL
     python3 bench/dispatch.py --smoke --out /tmp/dispatch                       # CPU, tiny shapes
     torchrun --nproc_per_node=2 bench/dispatch.py --nccl --smoke --out /tmp/dispatch   # CPU, gloo
@@ -214,15 +215,22 @@ def table(rows: list[dict], pad_bpp: float) -> str:
 
 
 def emulate(args, cases, device, pad_bpp) -> list[dict]:
-    """Per-rank emulation of every rank class of every case (fake process group)."""
+    """Per-rank emulation of every rank class of every case (fake process group); operators in
+    ``--binding-only`` at the formula's binding rank only."""
     import torch.distributed as dist
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
     from planner.runtime.dispatch_trace import make_plan
 
+    def classes(op, s, plan):
+        ranks = plan.rank_classes()
+        f_all = {d: formulas(op, s, plan, d) for d in ranks}
+        binding = max(ranks, key=lambda d: f_all[d]["formula_bytes"])
+        return ([binding] if op in args.binding_only else ranks), f_all, binding
+
     traces = {}
     if not args.no_trace:
-        jobs = [(op, s, p, make_plan(op, s, p).rank_classes()) for (_, op, p), s in cases.items()]
+        jobs = [(op, s, p, classes(op, s, make_plan(op, s, p))[0]) for (_, op, p), s in cases.items()]
         with ProcessPoolExecutor(max_workers=max(1, min(len(jobs), (os.cpu_count() or 2) - 1)),
                                  mp_context=__import__("multiprocessing").get_context("spawn")) as ex:
             traces = dict(zip(cases, ex.map(_trace, jobs)))
@@ -230,9 +238,7 @@ def emulate(args, cases, device, pad_bpp) -> list[dict]:
     for (shape, op, profile), s in cases.items():
         plan = make_plan(op, s, profile)
         pad = int((pad_bpp - 4) * s.n_local * 3 * s.H * s.I)
-        ranks = plan.rank_classes()
-        f_all = {d: formulas(op, s, plan, d) for d in ranks}
-        binding = max(ranks, key=lambda d: f_all[d]["formula_bytes"])
+        ranks, f_all, binding = classes(op, s, plan)
         for d in ranks:
             row = dict(shape=shape, op=op, profile=profile, rank=d, K=plan.num_chunks, pad_bytes=pad,
                        binding=d == binding, trace_bytes=traces.get((shape, op, profile), {}).get(d),
@@ -255,6 +261,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--profiles", nargs="+", default=list(PROFILES))
     ap.add_argument("--resident-bytes-per-param", type=float, default=16.5)
     ap.add_argument("--no-trace", action="store_true", help="skip the fake-tensor traces")
+    ap.add_argument("--binding-only", nargs="*", default=[], metavar="OP",
+                    help="operators measured (and traced) at the formula's binding rank only")
     args = ap.parse_args(argv)
     use_allocator(args)
     import torch
