@@ -1,15 +1,18 @@
-"""Bench: standard EP, LLEP and PipelinedLLEP — formula, trace and measurement.
+"""Bench: standard EP, LLEP and PipelinedLLEP (both residue variants) — formula, trace and measurement.
 
 Usage (H200):
 
-    python3 bench/dispatch.py --out bench/results                               # one GPU, ~4 min
+    python3 bench/dispatch.py --out bench/results                               # one GPU, ~5 min
+    python3 bench/dispatch.py --ops llep pipelined_llep pipelined_llep_source \
+        --binding-only llep pipelined_llep --out $OUT            # issue 13, one GPU, ~5 min
     torchrun --nproc_per_node=2 bench/dispatch.py --nccl --out bench/results    # two GPUs, real NCCL
     python3 bench/dispatch.py --smoke --out /tmp/dispatch                       # CPU, tiny shapes
     torchrun --nproc_per_node=2 bench/dispatch.py --nccl --smoke --out /tmp/dispatch   # CPU, gloo
 
 - Default (one GPU): every rank class of the plan of every (shape A/B, operator, profile) runs the
   very operator code on real CUDA tensors under the fake process group (real memory, no-op
-  communication); the step is ``op(x).sum().backward()`` with the router. Standard EP's skewed
+  communication); the step is ``out = op(x); out.backward(torch.randn_like(out))`` with the router
+  (a dense ``N×H`` upstream gradient, as a decoder layer's backward delivers). Standard EP's skewed
   profiles at shape A run out of memory: recorded. Then a real ``E_p = 1`` run at A and B.
 - ``--nccl``: a real NCCL group of ``WORLD_SIZE`` (2) ranks at ``E_p = 2`` (shape A's per-rank
   sizes), every operator on ``balanced`` and ``80/16``, and PipelinedLLEP's chunk-count curve
@@ -25,6 +28,11 @@ Columns: formula (expected: the plan on the profile, this rank; guarantee: DESIG
 the fake-tensor trace, measured peak allocated (the step's peak: absolute − before + inputs) and
 reserved, forward and forward+backward time (emulated runs have no communication: times there
 are compute only; speed comparisons come from ``--nccl``), with % differences and the checks.
+Operators: ``pipelined_llep`` is the destination-residue variant, ``pipelined_llep_source`` the
+source-side one (``dispatch_residue = source``). Results are written per shape
+(``dispatch_A``, ``dispatch_B``), each with a summary: the source variant's guarantee against the
+largest measured peak over profiles (target ≤ ``GUARANTEE_RATIO``×), and the binding rank's
+fwd+bwd time of each PipelinedLLEP variant and LLEP per profile.
 """
 
 from __future__ import annotations
@@ -44,8 +52,11 @@ TARGET_GIB = {"balanced": 21.43, "80/16": 22.86}
 """PipelinedLLEP per-rank peak at shape A with the paper's inventory (reference/paper-figures.md)."""
 TARGET_REDUCTION = 0.569
 """PipelinedLLEP's peak at least this far below LLEP's at shape A (same inventory)."""
+GUARANTEE_RATIO = 1.5
+"""Issue 13: the source variant's guarantee within this factor of the largest peak over profiles."""
 PROFILES = ("balanced", "30/16", "80/16", "95/16", "50/4", "one_expert", "one_rank")
-OPS = ("ep", "llep", "pipelined_llep")
+OPS = ("ep", "llep", "pipelined_llep", "pipelined_llep_source")
+CHUNKED = ("pipelined_llep", "pipelined_llep_source")
 K_CURVE = (1, 2, 3, 5, 10, 20)
 
 
@@ -137,7 +148,7 @@ def checks(rows: list[dict]) -> None:
         r["checks"] = c
     for r in rows:
         key = (r["shape"], r["op"], r["profile"])
-        if r.get("binding") and r["shape"] == "A" and r["op"] == "pipelined_llep" and key in peak:
+        if r.get("binding") and r["shape"] == "A" and r["op"] in CHUNKED and key in peak:
             if r["profile"] in TARGET_GIB:
                 lim = TARGET_GIB[r["profile"]]
                 r["checks"][f"≤ {lim} GiB"] = peak[key] <= lim * 2**30
@@ -145,6 +156,40 @@ def checks(rows: list[dict]) -> None:
             if ll:
                 r["reduction_vs_llep"] = 1 - peak[key] / ll
                 r["checks"]["≥ 56.9% below LLEP"] = r["reduction_vs_llep"] >= TARGET_REDUCTION
+
+
+def summary(rows: list[dict]) -> tuple[str, dict]:
+    """Per shape: guarantee / largest measured peak over profiles, per operator, and the binding
+    rank's fwd+bwd time of every operator per profile (markdown, and the same as a dict)."""
+    out, lines = {}, []
+    for sh in sorted({r["shape"] for r in rows if "/" not in r["shape"]}):
+        rs = [r for r in rows if r["shape"] == sh]
+        for op in sorted({r["op"] for r in rs}):
+            meas = [r["peak_allocated_bytes"] for r in rs if r["op"] == op and r.get("peak_allocated_bytes")]
+            g = max((r["guarantee_bytes"] for r in rs if r["op"] == op), default=None)
+            if meas and g and op != "ep":
+                ratio = g / max(meas)
+                out[f"{sh}|{op}|guarantee_over_peak"] = ratio
+                ok = "" if op != "pipelined_llep_source" else (
+                    f" ({'ok' if ratio <= GUARANTEE_RATIO else 'FAIL'}: target ≤ {GUARANTEE_RATIO}×)")
+                lines.append(f"- shape {sh}, {op}: guarantee {g / 2**30:.3f} GiB, largest measured peak "
+                             f"{max(meas) / 2**30:.3f} GiB over profiles: {ratio:.2f}×{ok}")
+        ops = [o for o in ("llep", "pipelined_llep", "pipelined_llep_source") if any(r["op"] == o for r in rs)]
+        if ops:
+            lines += ["", f"| shape {sh} profile | " + " | ".join(f"{o} fwd+bwd ms" for o in ops)
+                      + " | source / destination |", "|" + "---|" * (len(ops) + 2)]
+            for prof in PROFILES:
+                t = {o: next((r.get("fwdbwd_s") for r in rs if r["op"] == o and r["profile"] == prof
+                              and r.get("binding")), None) for o in ops}
+                if not any(t.values()):
+                    continue
+                rel = (t.get("pipelined_llep_source") / t["pipelined_llep"]
+                       if t.get("pipelined_llep_source") and t.get("pipelined_llep") else None)
+                out.update({f"{sh}|{o}|{prof}|fwdbwd_s": v for o, v in t.items() if v})
+                lines.append(f"| {prof} | " + " | ".join("—" if not t[o] else f"{t[o] * 1e3:.1f}" for o in ops)
+                             + f" | {'—' if rel is None else f'{rel:.3f}'} |")
+        lines.append("")
+    return "\n".join(lines), out
 
 
 def table(rows: list[dict], pad_bpp: float) -> str:
@@ -170,15 +215,22 @@ def table(rows: list[dict], pad_bpp: float) -> str:
 
 
 def emulate(args, cases, device, pad_bpp) -> list[dict]:
-    """Per-rank emulation of every rank class of every case (fake process group)."""
+    """Per-rank emulation of every rank class of every case (fake process group); operators in
+    ``--binding-only`` at the formula's binding rank only."""
     import torch.distributed as dist
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
     from planner.runtime.dispatch_trace import make_plan
 
+    def classes(op, s, plan):
+        ranks = plan.rank_classes()
+        f_all = {d: formulas(op, s, plan, d) for d in ranks}
+        binding = max(ranks, key=lambda d: f_all[d]["formula_bytes"])
+        return ([binding] if op in args.binding_only else ranks), f_all, binding
+
     traces = {}
     if not args.no_trace:
-        jobs = [(op, s, p, make_plan(op, s, p).rank_classes()) for (_, op, p), s in cases.items()]
+        jobs = [(op, s, p, classes(op, s, make_plan(op, s, p))[0]) for (_, op, p), s in cases.items()]
         with ProcessPoolExecutor(max_workers=max(1, min(len(jobs), (os.cpu_count() or 2) - 1)),
                                  mp_context=__import__("multiprocessing").get_context("spawn")) as ex:
             traces = dict(zip(cases, ex.map(_trace, jobs)))
@@ -186,9 +238,7 @@ def emulate(args, cases, device, pad_bpp) -> list[dict]:
     for (shape, op, profile), s in cases.items():
         plan = make_plan(op, s, profile)
         pad = int((pad_bpp - 4) * s.n_local * 3 * s.H * s.I)
-        ranks = plan.rank_classes()
-        f_all = {d: formulas(op, s, plan, d) for d in ranks}
-        binding = max(ranks, key=lambda d: f_all[d]["formula_bytes"])
+        ranks, f_all, binding = classes(op, s, plan)
         for d in ranks:
             row = dict(shape=shape, op=op, profile=profile, rank=d, K=plan.num_chunks, pad_bytes=pad,
                        binding=d == binding, trace_bytes=traces.get((shape, op, profile), {}).get(d),
@@ -211,12 +261,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--profiles", nargs="+", default=list(PROFILES))
     ap.add_argument("--resident-bytes-per-param", type=float, default=16.5)
     ap.add_argument("--no-trace", action="store_true", help="skip the fake-tensor traces")
+    ap.add_argument("--binding-only", nargs="*", default=[], metavar="OP",
+                    help="operators measured (and traced) at the formula's binding rank only")
     args = ap.parse_args(argv)
     use_allocator(args)
     import torch
     import torch.distributed as dist
 
-    from _common import blas_workspaces, context_bytes, write_results
+    from _common import blas_workspaces, context_bytes
     from planner.runtime.dispatch_trace import DispatchShape
 
     cuda = torch.cuda.is_available()
@@ -234,12 +286,13 @@ def main(argv: list[str] | None = None) -> int:
 
         rows = run_nccl(args, shp["A"], device, world, rank, formulas, measure, K_CURVE)
         pad_bpp = 4.0
+        report(args, rows, rank, world, shp, constants, pad_bpp, "dispatch_nccl")
     else:
-        cases = {(sh, op, p): shp[sh] for sh in args.shapes for op in args.ops for p in args.profiles}
         pad_bpp = args.resident_bytes_per_param
-        rows = emulate(args, cases, device, pad_bpp)
-        for sh in args.shapes:                     # the real E_p = 1 run (no pad, no group)
-            s1 = DispatchShape(**{**shp[sh].__dict__, "E_p": 1})
+        for sh in args.shapes:                     # written shape by shape
+            cases = {(sh, op, p): shp[sh] for op in args.ops for p in args.profiles}
+            rows = emulate(args, cases, device, pad_bpp)
+            s1 = DispatchShape(**{**shp[sh].__dict__, "E_p": 1})   # the real E_p = 1 run (no pad)
             for op in args.ops:
                 from planner.runtime.dispatch_trace import make_plan
 
@@ -249,24 +302,32 @@ def main(argv: list[str] | None = None) -> int:
                 row.update(measure(op, s1, "balanced", plan, device, None, 0, args.iters))
                 rows.append(row)
                 print({k: v for k, v in row.items() if k != "checks"}, flush=True)
+            report(args, rows, rank, world, {sh: shp[sh]}, constants, pad_bpp, f"dispatch_{sh}")
+    if args.nccl and dist.is_initialized():
+        dist.destroy_process_group()
+    return 0
+
+
+def report(args, rows, rank, world, shp, constants, pad_bpp, name) -> None:
+    """Checks, summary and the results files (rank 0)."""
+    from _common import write_results
+
     checks(rows)
     if rank == 0:
-        name = "dispatch" + ("_nccl" if args.nccl else "") + ("_smoke" if args.smoke else "")
+        name += "_smoke" if args.smoke else ""
         cmd = " ".join(shlex.quote(a) for a in ["python3", *sys.argv])
         if args.nccl:
             cmd = f"torchrun --nproc_per_node={world} " + " ".join(shlex.quote(a) for a in sys.argv)
-        md = table(rows, pad_bpp)
+        summ, summ_d = summary(rows)
+        md = summ + "\n" + table(rows, pad_bpp)
         if constants:
             md += "\n\n## Constants\n\n```\n" + "\n".join(f"{k}: {v}" for k, v in constants.items()) + "\n```"
         shape_defs = {k: v.__dict__ for k, v in shp.items()}
         j, m = write_results(args.out, name, {"command": cmd, "constants": constants, "rows": rows,
-                                              "shapes": shape_defs,
+                                              "summary": summ_d, "shapes": shape_defs,
                                               "resident_bytes_per_param": pad_bpp}, md, command=cmd)
         print(md)
         print(f"wrote {j} and {m}")
-    if args.nccl and dist.is_initialized():
-        dist.destroy_process_group()
-    return 0
 
 
 if __name__ == "__main__":

@@ -17,6 +17,7 @@ from planner.budget.context import Ctx
 from planner.budget.host import host_budget
 from planner.budget.peak import Evaluation, assumed_used, capacity_bytes, evaluate, outside_allocator_bytes
 from planner.budget.resolve import resolve_plan, seq_parallel_note
+from planner.budget.sensitivity import routing_sensitivity
 from planner.budget.terms import LIVE_SETS, PHASE_KINDS
 from planner.errors import InvalidPlan, PlanError
 from planner.schema.cluster_ref import planfile_doc
@@ -25,7 +26,7 @@ from planner.schema.io import load_cluster, load_model_noted, validate
 from planner.schema.plan import check_inert
 
 COMPOSED_KEYS = {
-    "dispatch", "vocab", "optimizer", "checkpoint", "seq_parallel", "expert_parallel", "vocab_parallel",
+    "dispatch", "dispatch_residue", "vocab", "optimizer", "checkpoint", "seq_parallel", "expert_parallel", "vocab_parallel",
     "vocab_blocks", "token_budget", "max_chunks", "llep_alpha", "llep_min_tokens", "llep_lambda",
     "max_imports", "bucket_params", "staging_slots", "sco_host_bytes",
 }
@@ -304,6 +305,7 @@ class CheckReport:
             "derived": derived_symbols(self.ctx),
             "params": param_summary(self.planfile.model),
             "dispatch_bounds": self.extra.get("dispatch_bounds", {}),
+            "routing_sensitivity": self.extra.get("routing_sensitivity", {}),
             "plan": planfile_doc(self.planfile, self.cluster_ref),
         }
 
@@ -379,12 +381,14 @@ def dispatch_bounds(ctx: Ctx, ev: Evaluation) -> dict[str, int]:
 
 def check(**kwargs) -> CheckReport:
     """``planner check``: see ``build`` for the arguments; the report's ``warnings`` hold the
-    Hugging Face importer's warnings and the note on a fallen-back ``D``."""
+    Hugging Face importer's warnings and the note on a fallen-back ``D``; it also carries the
+    routing sensitivity (``budget.sensitivity``)."""
     notes: list[str] = []
     pf, ref = build(**kwargs, notes=notes)
     rep = check_planfile(pf)
     rep.warnings = notes + rep.warnings
     rep.cluster_ref = ref
+    rep.extra["routing_sensitivity"] = routing_sensitivity(pf.model, pf.cluster, pf.workload, pf.plan)
     return rep
 
 
@@ -423,7 +427,8 @@ DEFAULT_SEQ_STEP_PER_RANK = 1024
 """``max-context`` grid step without ``--seq-step``: ``S`` grows by ``1024·D`` (1024 tokens per rank)."""
 
 
-def max_context(*, seq_step: int | None = None, max_seq_len: int = 16 * 2**20, **kwargs) -> FrontierReport:
+def max_context(*, seq_step: int | None = None, max_seq_len: int = 16 * 2**20, min_headroom: float | None = None,
+                **kwargs) -> FrontierReport:
     """``planner max-context``: scan ``S`` over the whole grid (DESIGN §3.4). ``seq_step`` and
     ``max_seq_len`` are both total context ``S``; the step is rounded up to a multiple of the
     sequence-sharding degree ``D`` (``cp`` for the baseline), default ``1024·D``."""
@@ -436,15 +441,25 @@ def max_context(*, seq_step: int | None = None, max_seq_len: int = 16 * 2**20, *
     D = plan.composed.seq_parallel if plan.stack == "composed" else plan.baseline.cp
     per_rank = DEFAULT_SEQ_STEP_PER_RANK if seq_step is None else -(-seq_step // D)
     grid = seq_len_grid(pf, per_rank, max_seq_len)
-    return FrontierReport(pf, "seq_len", scan(pf, "seq_len", grid), ref)
+    return FrontierReport(pf, "seq_len", scan(pf, "seq_len", grid, **_headroom(min_headroom)), ref)
 
 
-def max_batch(*, max_tokens: int = 16 * 2**20, **kwargs) -> FrontierReport:
+def _headroom(min_headroom: float | None) -> dict:
+    """``--min-headroom`` for the frontier scans (``None``: the default of ``budget.frontier``)."""
+    if min_headroom is None:
+        return {}
+    if not 0.0 <= min_headroom < 1.0:
+        raise InvalidPlan("--min-headroom", min_headroom, "must be in [0, 1)", "use e.g. 0.03")
+    return {"min_headroom": float(min_headroom)}
+
+
+def max_batch(*, max_tokens: int = 16 * 2**20, min_headroom: float | None = None, **kwargs) -> FrontierReport:
     """``planner max-batch``: scan sequences per micro-batch at fixed ``S`` (whole grid)."""
     from planner.budget.frontier import batch_grid, scan
 
     pf, ref = build(**kwargs)
-    return FrontierReport(pf, "seqs_per_microbatch", scan(pf, "seqs_per_microbatch", batch_grid(pf, max_tokens)), ref)
+    return FrontierReport(pf, "seqs_per_microbatch", scan(pf, "seqs_per_microbatch", batch_grid(pf, max_tokens),
+                                                          **_headroom(min_headroom)), ref)
 
 
 STACKS = ("best", "composed", "fsdp2")
@@ -503,6 +518,9 @@ class SearchReport:
     """Stack → ``Closest``, for each stack with no fitting plan."""
     cluster_ref: Any = None
     """How the plan file names the cluster (``cluster_reference``)."""
+    routing_sensitivity: dict = field(default_factory=dict)
+    """``{"composed": …, "baseline": …}``: the first-ranked plans' peaks and verdicts under
+    balanced, the named skew and worst routing (``budget.sensitivity``)."""
 
     @property
     def chosen_stack(self) -> str:
@@ -560,12 +578,14 @@ class SearchReport:
                 "gaps": r.gaps, "assumed": r.assumed, "elapsed_s": self.elapsed_s,
                 "stack": self.stack, "chosen_stack": self.chosen_stack,
                 "chosen_fits": None if ch is None else ch[1],
+                "routing_sensitivity": self.routing_sensitivity,
                 "closest": {k: c.to_json() for k, c in self.closest.items()}}
 
 
 def search(*, model: str, cluster: str | None = None, gpus: int, seq_len: int, global_batch_tokens: int | None = None,
            routing: str = "balanced", dispatch_bound: str = "guarantee", dtype: str = "bf16", top: int = 5,
-           stack: str = "best", cluster_overrides: dict | None = None, progress=None) -> SearchReport:
+           stack: str = "best", cluster_overrides: dict | None = None, progress=None,
+           min_headroom: float | None = None) -> SearchReport:
     """``planner search``: fastest fitting configurations and the fastest fitting FSDP2 baseline;
     for a stack with no fitting plan, its lowest-peak legal plan and why it fails."""
     import time
@@ -580,7 +600,7 @@ def search(*, model: str, cluster: str | None = None, gpus: int, seq_len: int, g
 
     t0 = time.perf_counter()
     res = run(pf.model, pf.cluster, pf.workload, world_size=gpus, routing=routing, dispatch_bound=dispatch_bound,
-              dtype=dtype, top=top, progress=progress)
+              dtype=dtype, top=top, progress=progress, **_headroom(min_headroom))
     closest = {}
     for st, found in (("composed", res.top), ("fsdp2", res.baseline)):
         if found:
@@ -592,7 +612,11 @@ def search(*, model: str, cluster: str | None = None, gpus: int, seq_len: int, g
         except PlanError:  # a plan check refuses cannot be offered as the closest (nor written)
             continue
     _raise_if_only_gaps(res)
-    return SearchReport(pf.model, pf.cluster, pf.workload, gpus, res, time.perf_counter() - t0, stack, closest, ref)
+    sens = {name: routing_sensitivity(pf.model, pf.cluster, pf.workload, c.plan)
+            for name, c in (("composed", res.top[0] if res.top else None), ("baseline", res.baseline)) if c}
+    rep = SearchReport(pf.model, pf.cluster, pf.workload, gpus, res, time.perf_counter() - t0, stack, closest, ref)
+    rep.routing_sensitivity = sens
+    return rep
 
 
 def _raise_if_only_gaps(res) -> None:
@@ -629,7 +653,7 @@ class SweepRow:
 
 def sweep(*, model: str, cluster: str | None = None, gpus: int, seq_lens: list[int], routing: str = "balanced",
           dtype: str = "bf16", global_batch_tokens: int | None = None, cluster_overrides: dict | None = None,
-          progress=None) -> list[SweepRow]:
+          progress=None, min_headroom: float | None = None) -> list[SweepRow]:
     """``planner sweep``: best composed plan and best baseline at each context length, with the
     verdict and the peak of every live set of each. ``global_batch_tokens`` is the same at every
     length (the tokens per optimizer step; the rest of each length's micro-steps is accumulation)."""
@@ -641,8 +665,9 @@ def sweep(*, model: str, cluster: str | None = None, gpus: int, seq_lens: list[i
                         global_batch_tokens=global_batch_tokens, cluster_overrides=cluster_overrides,
                         overrides={"routing": routing, "dtype": dtype})
     rows = []
+    _headroom(min_headroom)
     for pt in best_plans(pf.model, pf.cluster, world_size=gpus, seq_lens=seq_lens, routing=routing, dtype=dtype,
-                         global_batch_tokens=global_batch_tokens, progress=progress):
+                         global_batch_tokens=global_batch_tokens, progress=progress, min_headroom=min_headroom):
         wl = Workload(seq_len=pt.seq_len, global_batch_tokens=global_batch_tokens)
         for plan, cand in ((pt.composed, pt.composed_candidate), (pt.baseline, pt.baseline_candidate)):
             rep = check_planfile(PlanFile(model=pf.model, cluster=pf.cluster, workload=wl, plan=plan))

@@ -68,6 +68,11 @@ class BoundC(str, Enum):
     expected = "expected"
 
 
+class ResidueC(str, Enum):
+    source = "source"
+    destination = "destination"
+
+
 class DtypeC(str, Enum):
     bf16 = "bf16"
     fp32 = "fp32"
@@ -174,6 +179,9 @@ def check(
     hbm_gib: HbmGib = None, host_ram_gib: HostRamGib = None, gpus_per_node: GpusPerNode = None,
     mtp_trained: Annotated[Optional[bool], typer.Option("--mtp-trained/--no-mtp-trained", help="Whether the model's MTP layers are trained (count in Θ).", show_default="the model file's mtp_trained (true)")] = None,
     dispatch: Annotated[Optional[DispatchC], typer.Option(help="Expert dispatch operator.", show_default=_d("dispatch", "composed"))] = None,
+    dispatch_residue: Annotated[Optional[ResidueC], typer.Option(
+        help="PipelinedLLEP state across chunks: source (bounded for any router) | destination.",
+        show_default=_d("dispatch_residue", "composed"))] = None,
     expert_parallel: Annotated[Optional[int], typer.Option(help="E_p (baseline: ep).", show_default=_d("expert_parallel", "composed"))] = None,
     token_budget: Annotated[Optional[str], typer.Option(help="c: per-source tokens per chunk.", show_default=_d("token_budget", "composed"))] = None,
     max_chunks: Annotated[Optional[int], typer.Option(help="K_max.", show_default=_d("max_chunks", "composed"))] = None,
@@ -218,7 +226,7 @@ def check(
     raise typer.Exit(0 if rep.fits else 1)
 
 
-_OV_KEYS = {"dispatch", "expert_parallel", "token_budget", "max_chunks", "llep_alpha", "llep_min_tokens",
+_OV_KEYS = {"dispatch", "dispatch_residue", "expert_parallel", "token_budget", "max_chunks", "llep_alpha", "llep_min_tokens",
             "llep_lambda", "routing", "dispatch_bound", "vocab", "vocab_parallel", "vocab_blocks", "optimizer",
             "bucket_params", "staging_slots", "seq_parallel", "checkpoint", "sco_host_gib", "max_imports",
             "dtype", "baseline", "tp", "cp", "dp_shard", "ac", "cpu_offload"}
@@ -258,10 +266,13 @@ def _frontier_signature(fn):
 def max_context(
     seq_step: Annotated[Optional[str], typer.Option(help="Grid step of S (total context, like --max-seq-len), rounded up to a multiple of D.", show_default="1k × D")] = None,
     max_seq_len: Annotated[str, typer.Option(help="Largest S (total context) scanned.")] = "16m",
+    min_headroom: Annotated[Optional[float], typer.Option(
+        help="Fraction of the usable capacity a fitting point leaves free.", show_default="0.03")] = None,
     **kw,
 ) -> None:
     """Largest context length that fits (whole-grid scan; the peak is not monotone in S)."""
-    kw["extra"] = {"seq_step": _count(seq_step, "--seq-step"), "max_seq_len": parse_count(max_seq_len, "--max-seq-len")}
+    kw["extra"] = {"seq_step": _count(seq_step, "--seq-step"), "max_seq_len": parse_count(max_seq_len, "--max-seq-len"),
+                   "min_headroom": min_headroom}
     _frontier("context", None, **kw)
 
 
@@ -269,10 +280,12 @@ def max_context(
 @_frontier_signature
 def max_batch(
     max_tokens: Annotated[str, typer.Option(help="Largest tokens per sequence group scanned.")] = "16m",
+    min_headroom: Annotated[Optional[float], typer.Option(
+        help="Fraction of the usable capacity a fitting point leaves free (default 0.03).")] = None,
     **kw,
 ) -> None:
     """Largest global batch per micro-step that fits at the given S (whole-grid scan)."""
-    kw["extra"] = {"max_tokens": parse_count(max_tokens, "--max-tokens")}
+    kw["extra"] = {"max_tokens": parse_count(max_tokens, "--max-tokens"), "min_headroom": min_headroom}
     _frontier("batch", None, **kw)
 
 
@@ -303,6 +316,8 @@ def search(
     dispatch_bound: Annotated[BoundC, typer.Option(help="Dispatch size the verdicts use.")] = BoundC.guarantee,
     dtype: Annotated[DtypeC, typer.Option(help="Activation dtype.")] = DtypeC.bf16,
     top: Annotated[int, typer.Option(help="How many composed plans to list.")] = 5,
+    min_headroom: Annotated[Optional[float], typer.Option(
+        help="Fraction of the usable capacity a listed plan leaves free.", show_default="0.03")] = None,
     stack: Annotated[StackC, typer.Option(help="Which plan --out writes: the faster stack that fits (best), or one stack.")] = StackC.best,
     out_file: Annotated[Optional[str], typer.Option("--out", help="Write the chosen plan (--stack) as a plan file.", show_default="none: nothing written")] = None,
     progress: Annotated[bool, typer.Option(help="Show a progress bar.")] = True,
@@ -325,7 +340,7 @@ def search(
                          global_batch_tokens=_count(global_batch_tokens, "--global-batch-tokens"),
                          routing=routing, dispatch_bound=_v(dispatch_bound), dtype=_v(dtype), top=top,
                          stack=_v(stack), cluster_overrides=_topology(hbm_gib, host_ram_gib, gpus_per_node),
-                         progress=cb)
+                         progress=cb, min_headroom=min_headroom)
     finally:
         if prog:
             prog.stop()
@@ -351,6 +366,8 @@ def sweep(
     hbm_gib: HbmGib = None, host_ram_gib: HostRamGib = None, gpus_per_node: GpusPerNode = None,
     routing: Annotated[str, typer.Option(help="balanced | worst | R/H, for both stacks.")] = "balanced",
     dtype: Annotated[DtypeC, typer.Option(help="Activation dtype.")] = DtypeC.bf16,
+    min_headroom: Annotated[Optional[float], typer.Option(
+        help="Fraction of the usable capacity a chosen plan leaves free.", show_default="0.03")] = None,
     csv: Annotated[Optional[str], typer.Option("--csv", help="Write the sweep as CSV.", show_default="none")] = None,
     plot: Annotated[Optional[str], typer.Option("--plot", help="Write the plot; the suffix picks the format (.png, .pdf, .svg; needs the plot extra).", show_default="none")] = None,
     progress: Annotated[bool, typer.Option(help="Show a progress bar.")] = True,
@@ -375,7 +392,7 @@ def sweep(
             prog.start()
         rows = api.sweep(model=model, cluster=cluster, gpus=gpus, seq_lens=sorted(lens), routing=routing,
                          dtype=_v(dtype), global_batch_tokens=_count(global_batch_tokens, "--global-batch-tokens"),
-                         cluster_overrides=_topology(hbm_gib, host_ram_gib, gpus_per_node), progress=cb)
+                         cluster_overrides=_topology(hbm_gib, host_ram_gib, gpus_per_node), progress=cb, min_headroom=min_headroom)
     finally:
         if prog:
             prog.stop()

@@ -56,7 +56,7 @@ def make_context(model: ModelSpec, cluster: ClusterSpec, workload: Workload, pla
     if plan.stack == "composed":
         k = plan.composed
         fields = dict(
-            dispatch=k.dispatch, vocab=k.vocab, optimizer=k.optimizer, checkpoint=k.checkpoint,
+            dispatch=k.dispatch, dispatch_residue=k.dispatch_residue, vocab=k.vocab, optimizer=k.optimizer, checkpoint=k.checkpoint,
             seq_parallel=k.seq_parallel, expert_parallel=k.expert_parallel,
             vocab_parallel=k.vocab_parallel, vocab_blocks=k.vocab_blocks, token_budget=k.token_budget,
             max_chunks=k.max_chunks, llep_alpha=k.llep_alpha, llep_min_tokens=k.llep_min_tokens,

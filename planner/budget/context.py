@@ -60,6 +60,7 @@ class Ctx:
     grad_lifetime: str = "accumulate"  # "accumulate" (kept across micro-steps) | "freed" (set_to_none)
     # -- plan: composed ------------------------------------------------------------------------
     dispatch: str = "pipelined_llep"
+    dispatch_residue: str = "source"   # PipelinedLLEP: "source" | "destination"
     vocab: str = "ring_dtp"
     optimizer: str = "stream_offload"
     checkpoint: str = "sco"

@@ -14,7 +14,13 @@ Counts are the operators' tensor inventories (``planner.budget.dispatch_inventor
   slots ran out (``planner.plans.llep.unplaced_bound_routes``), so the guarantee holds for every
   routing; ``E_p·k·N_max`` (all routes of the group) caps it, ``α = inf`` included.
   LLEP's received rows have the same cap; standard EP has no launch-time bound and is sized under
-  the routing assumption (``worst``: ``E_p·N·min(k, E/E_p)`` rows to one rank).
+  the routing assumption (``worst``: ``E_p·N·min(k, E/E_p)`` rows to one rank). Per chunk, a
+  destination receives ``Q_i ≤ min(E_p·k·c_eff, ceil(L/K) + E_p·(n + n_import_max))`` rows
+  (``plans.dispatch.chunk_recv_bound``, ``L`` its layer load bound).
+- **guarantee, source residue** (``dispatch_residue = source``, the default): no residue; one
+  chunk's buffers at ``L = L_0 = ceil(max(α,λ)·k·N_max) + (E/E_p)(m−1)`` (the plan raises the chunk
+  count where LLEP leaves a rank above ``L_0``), the imports and the source-side ``k·N`` route
+  indices: the same bytes for every routing (``dispatch_inventory.pipelined_source``).
 
 Phases (``moe`` regions): inside a checkpointed region (``per_layer``/``sco``, FSDP2 ``ac=full``)
 ``forward[r]`` holds the non-saving forward and ``backward[r]`` the recompute, then the backward.
@@ -35,6 +41,16 @@ from planner.budget.work_bounds import check_expected_work
 from planner.plans import chunking, dispatch as plans_dispatch, llep, routing
 
 SOURCE = "DESIGN §3.2 Dispatch; planner/runtime dispatch operators (dispatch_inventory)"
+SOURCE_OP = "pipelined_llep_source"
+"""Inventory name of PipelinedLLEP with ``dispatch_residue = source`` (``pipelined_llep`` is the
+destination-residue variant)."""
+
+
+def plan_operator(op: str) -> tuple[str, str]:
+    """``(operator, residue)`` of ``planner.plans.dispatch.plan_layer`` for an inventory name."""
+    if op == SOURCE_OP:
+        return "pipelined_llep", plans_dispatch.SOURCE
+    return op, plans_dispatch.DESTINATION
 
 
 # ---- one rank's sizes under a plan --------------------------------------------------------------
@@ -53,6 +69,9 @@ def rank_sizes(plan: plans_dispatch.DispatchPlan, d: int) -> dict:
 def moments(op: str, shape: inv.Shape, sz: dict, n_local: int, *, standalone: bool) -> dict:
     """The inventory timelines of ``op`` for one rank (see ``dispatch_inventory``)."""
     s = inv.Shape(sz["N"], shape.H, shape.I, shape.E, shape.k, shape.b)
+    if op == SOURCE_OP:
+        return inv.pipelined_source(s, sz["C"], sz["Q"], sz["r"], sz["X"], sz["X_e"],
+                                    standalone=standalone)
     if op == "pipelined_llep":
         resid = np.cumsum(sz["Q"]).tolist()
         return inv.pipelined(s, sz["C"], sz["Q"], sz["r"], resid, sz["X"], sz["X_e"],
@@ -87,8 +106,10 @@ def expected(op: str, profile: str, N: int, H: int, I: int, E: int, k: int, b: i
              standalone: bool = False) -> dict:
     """Binding moment per phase, maximised over the ranks of the plan on ``profile``."""
     counts = routing.profile_counts(profile, N, E, k, E_p)
-    plan = plans_dispatch.plan_layer(counts, top_k=k, operator=op, token_budget=c, max_chunks=K_max,
-                                     alpha=alpha, min_tokens=m, lam=lam, max_imports=n_imp)
+    operator, residue = plan_operator(op)
+    plan = plans_dispatch.plan_layer(counts, top_k=k, operator=operator, token_budget=c,
+                                     max_chunks=K_max, alpha=alpha, min_tokens=m, lam=lam,
+                                     max_imports=n_imp, residue=residue)
     shape = inv.Shape(N, H, I, E, k, b)
     out: dict = {}
     for d in plan.rank_classes():
@@ -102,27 +123,45 @@ def expected(op: str, profile: str, N: int, H: int, I: int, E: int, k: int, b: i
 
 
 # ---- guarantee: bounds substituted ---------------------------------------------------------------
-def guarantee_sizes(ctx_like: dict) -> dict:
+def guarantee_sizes(ctx_like: dict, residue: str = plans_dispatch.DESTINATION) -> dict:
     """Bounded sizes (numpy-friendly) of PipelinedLLEP / LLEP for ``guarantee_moments``: a chunk
-    and, when ``K >= 2``, the next one (its prefetch), both at the per-chunk bounds."""
+    and, when ``K >= 2``, the next ones (prefetch; a middle chunk), all at the per-chunk bounds.
+
+    Rows received per chunk: ``Q_i ≤ min(E_p·k·c_eff, ceil(L/K) + E_p·(n + n_import_max))``
+    (``plans.dispatch.chunk_recv_bound``: strided chunks put at most ``ceil(ℓ/K)`` of each
+    source×slot segment in one chunk), with ``L`` the rank's layer load bound: the residue bound
+    (``U`` included) for the destination variant, ``L_0`` (no ``U``: the source variant raises its
+    chunk count instead, ``plans.dispatch.source_chunks``) for the source variant."""
     g = ctx_like
     N, k, E, E_p, m = g["N"], g["k"], g["E"], g["E_p"], g["m"]
     K = chunking.num_chunks(N, g["c"], g["K_max"])
     c_eff = chunking.chunk_tokens(N, K)
     resid = llep.residue_bound_routes(k, N, E, E_p, g["alpha"], g["lam"], m, g["n_imp"])
-    q = E_p * k * c_eff
-    r = np.minimum(q, chunking.expert_block_rows(k, c_eff, E_p, E, m))
     n = E // np.asarray(E_p)
+    load = (plans_dispatch.balanced_load_bound(k, N, E, E_p, g["alpha"], g["lam"], m)
+            if residue == plans_dispatch.SOURCE else resid)
+    q = np.minimum(E_p * k * c_eff,
+                   plans_dispatch.chunk_recv_bound(load, K, E_p, n + np.asarray(g["n_imp"])))
+    r = np.minimum(q, chunking.expert_block_rows(k, c_eff, E_p, E, m))
     x_e = np.minimum(n * (np.asarray(E_p) - 1), (np.asarray(E_p) - 1) * g["n_imp"])
     more = np.asarray(K) >= 2
-    return dict(N=N, C=[k * c_eff, k * c_eff * more], Q=[q, q * more], r=[r, r * more],
-                resid=[resid, resid], tok=[k * np.asarray(N)] * 2, X=g["n_imp"], X_e=x_e)
+    if residue == plans_dispatch.SOURCE:          # K' >= 2 chunks where a rank can exceed L_0
+        more = more | (np.asarray(resid) > np.asarray(load))
+    # three representative chunks: the first, a middle one (the input gradient of the later
+    # chunks accumulated beside its own scatter) and the last (zeros where K is smaller)
+    many = more & (np.asarray(K) >= 3) if residue != plans_dispatch.SOURCE else more
+    return dict(N=N, C=[k * c_eff, k * c_eff * more, k * c_eff * many], Q=[q, q * more, q * many],
+                r=[r, r * more, r * many], resid=[resid] * 3, tok=[k * np.asarray(N)] * 3,
+                X=g["n_imp"], X_e=x_e)
 
 
 def guarantee_moments(op: str, shape: inv.Shape, g: dict, *, standalone: bool) -> dict:
     """Inventory timelines at the bounds (representative chunks; arrays broadcast)."""
-    sz = guarantee_sizes(g)
+    sz = guarantee_sizes(g, plan_operator(op)[1])
     s = inv.Shape(g["N"], shape.H, shape.I, shape.E, shape.k, shape.b)
+    if op == SOURCE_OP:
+        return inv.pipelined_source(s, sz["C"], sz["Q"], sz["r"], sz["X"], sz["X_e"],
+                                    standalone=standalone)
     if op == "pipelined_llep":
         return inv.pipelined(s, sz["C"], sz["Q"], sz["r"], sz["resid"], sz["X"], sz["X_e"],
                              standalone=standalone, tokc=sz["tok"])
@@ -156,7 +195,8 @@ def unique_rows(cols: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
 
 
 # ---- terms(ctx) ---------------------------------------------------------------------------------
-OPERATOR_NAMES = {"ep": "standard EP", "llep": "LLEP", "pipelined_llep": "PipelinedLLEP"}
+OPERATOR_NAMES = {"ep": "standard EP", "llep": "LLEP", "pipelined_llep": "PipelinedLLEP",
+                  SOURCE_OP: "PipelinedLLEP (source-side)"}
 KNOBS = ("tokens_per_rank", "expert_parallel", "token_budget", "max_chunks", "llep_alpha",
          "llep_min_tokens", "llep_lambda", "max_imports")
 
@@ -185,6 +225,9 @@ FORMULAS = {
     "grad chunk outputs": "Q_i·H", "grad combined rows": "C_i·H",
     "recomputed gate|up": "Q_i·2I", "grad chunk rows": "Q_i·H", "grad chunk route weights": "Q_i fp32",
     "grad sent rows": "C_i·H",
+    "next chunk token ids": "C_{i±1} int64 (the prefetched chunk's token ids)",
+    "grad route weights": "k·N fp32 (source variant: the route-weight gradient, filled chunk by chunk)",
+    "upstream gradient": "N·H (standalone runs: the dense gradient of the output)",
     "sent rows": "R·H (R = k·N)", "received rows": "Q·H", "slot-major rows": "Q·H (saved)",
     "saved gate|up, silu, h": "Q·4I (saved by the grouped MLP)",
     "permutation indices": "Q int64 per permutation (slot-major and back)",
@@ -285,15 +328,24 @@ def terms(ctx: Ctx) -> list[Term]:
     if not ctx.model.is_moe or "moe" not in set(ctx.regions):
         return []
     op = "ep" if ctx.stack == "fsdp2" else ctx.dispatch
+    if op == "pipelined_llep" and getattr(ctx, "dispatch_residue", "source") == plans_dispatch.SOURCE:
+        op = SOURCE_OP
     reg = regime(ctx)
     bound = ctx.dispatch_bound
     if op == "ep" and ctx.routing == "worst":
         comps, how = _worst_ep(ctx, reg), "worst: E_p·N·min(k, E/E_p) rows to one rank"
+    elif bound == "guarantee" and op == SOURCE_OP:
+        comps, how = _guarantee_components(ctx, op, reg), (
+            "guarantee (source residue, routing-independent): Q_i ≤ min(E_p·k·c_eff, ceil(L_0/K) + "
+            "E_p·(E/E_p + n_import_max)) with L_0 = ceil(max(α,λ)·k·N_max) + (E/E_p)(m−1) (more chunks "
+            "where LLEP leaves unplaced excess), C_i ≤ k·c_eff, no residue across chunks, k·N route "
+            "indices on the source, X ≤ n_import_max")
     elif bound == "guarantee" and op != "ep":
         comps, how = _guarantee_components(ctx, op, reg), (
-            "guarantee: Q_i ≤ E_p·k·c_eff, C_i ≤ k·c_eff, Σ Q ≤ min(E_p·k·N_max, max(ceil(max(α,λ)·k·N_max) "
-            "+ (E/E_p)(m−1), U)) with U the rows of a rank left with unplaced excess when its import slots "
-            "run out (planner.plans.llep), X ≤ n_import_max")
+            "guarantee: Q_i ≤ min(E_p·k·c_eff, ceil(ΣQ/K) + E_p·(E/E_p + n_import_max)), C_i ≤ k·c_eff, "
+            "Σ Q ≤ min(E_p·k·N_max, max(ceil(max(α,λ)·k·N_max) + (E/E_p)(m−1), U)) with U the rows of a "
+            "rank left with unplaced excess when its import slots run out (planner.plans.llep), "
+            "X ≤ n_import_max")
     else:
         comps, how = _expected_components(ctx, op, reg), (
             f"expected: the {OPERATOR_NAMES[op]} plan on routing {profile_of(ctx)}, binding rank")

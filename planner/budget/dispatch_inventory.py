@@ -11,9 +11,11 @@ n = E/E_p own experts, X imports, X_e exports, R = k·N routes sent,
 Q_i / C_i rows received / sent in chunk ``i``, r_i rows of the largest GEMM block in chunk ``i``,
 Σ_{j≤i} Q_j the residue after chunk ``i``.
 
-``standalone=True`` models the operator as the benches and traces run it (``op(x).sum()
-.backward()``: the input gradient ``N·H·b`` appears in backward after the first chunk);
-otherwise that gradient belongs to the ``boundaries`` live set and is left out.
+``standalone=True`` models the operator as the benches and traces run it (``out = op(x);
+out.backward(torch.randn_like(out))``, as a decoder layer's backward delivers a dense ``N×H``
+gradient): the output ``N·H·b`` and that upstream gradient ``N·H·b`` stay resident through backward,
+and the input gradient ``N·H·b`` appears in backward after the first chunk; otherwise these belong
+to the ``boundaries`` live set and are left out.
 """
 
 from __future__ import annotations
@@ -136,8 +138,9 @@ def pipelined(s: Shape, C, Q, r, resid, X, X_e, *, standalone: bool,
                if i + 1 < K else {})
         nos += [_m(base_ns, cur, nxt, prefetch(i + 1), chunk), _m(base_ns, nxt, comb)]
     gx = {("input gradient", s.b): s.N * s.H} if standalone else {}
-    bbase = _m(router_saved(s), {("send order", I64): s.R, ("imported weights", s.b): X * s.w3,
-                                 ("imported weight grads", s.b): X * s.w3})
+    up = upstream(s, standalone)
+    bbase = _m(router_saved(s), up, {("send order", I64): s.R, ("imported weights", s.b): X * s.w3,
+                                     ("imported weight grads", s.b): X * s.w3})
     for i in reversed(range(K)):
         g = gx if i < K - 1 else {}
         bwd.append(_m(bbase, res(i), g, {("grad chunk outputs", s.b): Q[i] * s.H,
@@ -151,9 +154,78 @@ def pipelined(s: Shape, C, Q, r, resid, X, X_e, *, standalone: bool,
             ("grad chunk rows", s.b): Q[i] * s.H, ("grad chunk route weights", F32): Q[i],
             ("grad sent rows", s.b): C[i] * s.H}))
     bwd.append(_m(bbase, gx, {("returned expert grads", s.b): X_e * s.w3}))
-    bwd.append(_m(gx, _router_backward(s)))
+    bwd.append(_m(gx, up, _router_backward(s)))
     saved = _m(base, res(K - 1))
     del saved[("output", s.b)]
+    if standalone:
+        fwd.append(_m(saved, up))
+    return {"forward": fwd, "forward_nosave": nos or [base_ns], "backward": bwd, "saved_end": saved}
+
+
+def upstream(s: Shape, standalone: bool) -> dict:
+    """Standalone runs: the output and the dense upstream gradient, ``N·H`` each, resident through
+    the backward (module docstring)."""
+    if not standalone:
+        return {}
+    return {("output", s.b): s.N * s.H, ("upstream gradient", s.b): s.N * s.H}
+
+
+# ---- PipelinedLLEP, source-side residue --------------------------------------------------------
+def pipelined_source(s: Shape, C, Q, r, X, X_e, *, standalone: bool) -> dict[str, list[dict]]:
+    """Moments of ``pipelined_llep_source.SourceLayer``: per chunk ``C, Q, r`` (lists; the source
+    variant may run ``K' >= K`` chunks), nothing kept across chunks but ``perm_R`` (``k·N``
+    int64) and the imports. Keys as ``pipelined``."""
+    K = len(Q)
+    H, b = s.H, s.b
+    imp = {("send order", I64): s.R, ("imported weights", b): X * s.w3}
+    base = _m(router_saved(s), imp, {("output", b): s.N * s.H})
+    base_ns = _m({("router weights", F32): s.N * s.k}, imp, {("output", b): s.N * s.H})
+
+    def cur(i, pre=""):  # a chunk's received rows and weights, and its token ids
+        if i < 0 or i >= K:
+            return {}
+        return {(pre + "chunk rows", b): Q[i] * H, (pre + "chunk route weights", F32): Q[i],
+                (pre + "chunk token ids", I64): C[i]}
+
+    def send(i):
+        if i < 0 or i >= K:
+            return {}
+        return {("prefetch send rows", b): C[i] * H, ("prefetch send weights", F32): C[i]}
+
+    def fwd_moments(bs):
+        out = []
+        for i in range(K):
+            out.append(_m(bs, cur(i), cur(i + 1, "next "), send(i + 1), {
+                ("chunk index", I64): Q[i], ("chunk outputs", b): Q[i] * H,
+                ("expert block", 1): slot_forward(s, r[i])}))
+            out.append(_m(bs, {("chunk token ids", I64): C[i]}, cur(i + 1, "next "),
+                          {("chunk outputs", b): Q[i] * H, ("combined rows", b): C[i] * H}))
+        return out
+
+    fwd, nos = fwd_moments(base), fwd_moments(base_ns)
+    up = upstream(s, standalone)
+    gx = {("input gradient", b): s.N * s.H} if standalone else {}
+    bbase = _m(router_saved(s), up, gx, imp, {("imported weight grads", b): X * s.w3,
+                                               ("grad route weights", F32): s.R})
+    bwd = []
+    for i in reversed(range(K)):
+        both = _m(bbase, cur(i), cur(i - 1, "next "), send(i - 1))
+        bwd.append(_m(both, {("grad chunk outputs", b): Q[i] * H, ("grad combined rows", b): C[i] * H}))
+        grads = {("grad chunk outputs", b): Q[i] * H, ("chunk index", I64): Q[i],
+                 ("recomputed gate|up", b): Q[i] * 2 * s.I}
+        bwd.append(_m(both, grads, {("expert block", 1): r[i] * H * b}))
+        bwd.append(_m(both, grads, {("grad chunk rows", b): Q[i] * H,
+                                    ("grad chunk route weights", F32): Q[i],
+                                    ("expert block", 1): slot_backward(s, r[i])}))
+        bwd.append(_m(bbase, {("chunk token ids", I64): C[i]}, cur(i - 1, "next "), {
+            ("grad chunk rows", b): Q[i] * H, ("grad chunk route weights", F32): Q[i],
+            ("grad sent rows", b): C[i] * H}))
+    bwd.append(_m(router_saved(s), up, gx, {("imported weight grads", b): X * s.w3,
+                                            ("returned expert grads", b): X_e * s.w3}))
+    bwd.append(_m(gx, up, _router_backward(s)))
+    saved = _m(router_saved(s), imp)
+    if standalone:
+        fwd.append(_m(saved, up))
     return {"forward": fwd, "forward_nosave": nos or [base_ns], "backward": bwd, "saved_end": saved}
 
 
@@ -194,6 +266,7 @@ def unchunked(s: Shape, Q, r, X, X_e, n_local, *, standalone: bool) -> dict[str,
            _m(nb, {("combined rows", b): 2 * R * H, ("weights cast", b): wb}),
            _m(nb, {("combined rows", b): R * H, ("output", b): N * H})]
     gx = {("input gradient", b): N * H} if standalone else {}
+    up = upstream(s, standalone)
     wg = {("stacked weight grads", b): (n_local + X) * s.w3}
     # with a weight transfer, the own experts' stacked grads wait for it in the autograd buffer
     held = {("stacked weight grads", b): n_local * s.w3 * (np.asarray(X) + np.asarray(X_e) > 0)}
@@ -216,4 +289,7 @@ def unchunked(s: Shape, Q, r, X, X_e, n_local, *, standalone: bool) -> dict[str,
         _m(gx, _router_backward(s)),
     ]
     saved_end = _m(base, saved, {("combined rows", b): 2 * R * H, ("weights cast", b): wb})
+    if standalone:
+        bwd = [_m(m, up) for m in bwd]
+        fwd.append(_m(saved_end, up))
     return {"forward": fwd, "forward_nosave": nos, "backward": bwd, "saved_end": saved_end}

@@ -58,8 +58,16 @@ class FrontierScan:
         return int(self.values[bad[0]]) if bad.size else None
 
 
-def scan(pf: PlanFile, axis: str, values: np.ndarray) -> FrontierScan:
-    """Evaluate ``pf`` at each ``values`` of ``axis`` (``seq_len`` or ``seqs_per_microbatch``)."""
+MIN_HEADROOM = 0.03
+"""Default ``--min-headroom``: the fraction of the usable capacity a ranked plan leaves free. It
+covers the formula's allowed error against measurement (up to 2% above, DESIGN §8) with margin,
+so a plan chosen at the edge of the capacity does not OOM on a model error; the fragmentation
+reserve is already subtracted from the capacity."""
+
+
+def scan(pf: PlanFile, axis: str, values: np.ndarray, min_headroom: float = MIN_HEADROOM) -> FrontierScan:
+    """Evaluate ``pf`` at each ``values`` of ``axis`` (``seq_len`` or ``seqs_per_microbatch``); a
+    point fits when its peak leaves ``min_headroom`` of the usable capacity free (and the host fits)."""
     assert axis in ("seq_len", "seqs_per_microbatch"), axis
     workload = pf.workload.model_copy(update={"global_batch_tokens": None})
     plan = resolve_plan(pf.model, workload, pf.plan)
@@ -82,7 +90,7 @@ def scan(pf: PlanFile, axis: str, values: np.ndarray) -> FrontierScan:
         hb = np.broadcast_to(host.bytes, v.shape)
         peaks.append(peak)
         hosts.append(hb)
-        fits.append((peak <= cap) & (hb <= host_cap))
+        fits.append((peak <= cap * (1.0 - min_headroom)) & (hb <= host_cap))
         tokens.append(np.broadcast_to(ctx.tokens_per_rank, v.shape))
     return FrontierScan(np.asarray(values), np.concatenate(tokens), np.concatenate(peaks),
                         np.concatenate(hosts), np.concatenate(fits), cap, host_cap)

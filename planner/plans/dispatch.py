@@ -27,7 +27,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from planner.plans import chunking
+from planner.plans import llep as llep_plan
 from planner.plans.llep import Assignment, assign, standard_assignment
+from planner.units import ceil_div
 
 
 @dataclass(frozen=True)
@@ -180,15 +182,48 @@ def build(counts_WE, assignment: Assignment, *, top_k: int, num_chunks: int = 1,
                         chunk, start, block_rows)
 
 
+SOURCE, DESTINATION = "source", "destination"
+RESIDUES = (SOURCE, DESTINATION)
+"""PipelinedLLEP's residue: kept on the sending rank (token indices, re-dispatched in backward)
+or on the receiving rank (every chunk's received rows, until the layer's backward)."""
+
+
+def balanced_load_bound(top_k, n_max, num_experts, num_ranks, alpha, lam, min_tokens):
+    """``L_0 = min(E_p·k·N_max, ceil(max(α,λ)·k·N_max) + (E/E_p)·(m−1))``: the most routes one
+    rank computes under an LLEP plan that places every excess (``planner.plans.llep``)."""
+    return llep_plan.residue_bound_routes(top_k, n_max, num_experts, num_ranks, alpha, lam, min_tokens)
+
+
+def chunk_recv_bound(load_bound, num_chunks_, num_ranks, num_slots):
+    """Rows one destination receives in one strided chunk when it computes at most ``load_bound``
+    routes in the layer: each of its ``E_p·S`` segments (source × slot) of ``ℓ`` routes puts at
+    most ``ceil(ℓ/K)`` in a chunk, so ``Q_i ≤ ceil(load_bound/K) + E_p·S``. Works on numpy arrays."""
+    return ceil_div(load_bound, num_chunks_) + np.asarray(num_ranks) * num_slots
+
+
+def source_chunks(plan_counts_load_W, num_chunks_: int, load_bound: int) -> int:
+    """``K'`` of the source-side variant: ``K``, raised to ``ceil(K·max_d load_d / L_0)`` when a
+    destination computes more than ``L_0`` routes (an LLEP plan left unplaced excess because the
+    import slots ran out). Then ``Q_i ≤ ceil(L_0/K) + E_p·S`` on every rank, whatever the router
+    does: the memory stays bounded and the extra chunks cost time only."""
+    top = int(np.max(plan_counts_load_W, initial=0))
+    if top <= load_bound or load_bound <= 0:
+        return int(num_chunks_)
+    return int(max(num_chunks_, ceil_div(num_chunks_ * top, load_bound)))
+
+
 def plan_layer(counts_WE, *, top_k: int, operator: str, token_budget: int = 4096,
                max_chunks: int = 10, alpha: float = 1.0, min_tokens: int = 1024, lam: float = 1.3,
                max_imports: int = 4, membership: str = chunking.STRIDED,
-               num_chunks: int | None = None, block_rows: int | None = None) -> DispatchPlan:
+               num_chunks: int | None = None, block_rows: int | None = None,
+               residue: str = DESTINATION) -> DispatchPlan:
     """The plan of one layer for ``operator`` in {``ep``, ``llep``, ``pipelined_llep``}.
 
     ``K`` is ``min(ceil(N_max/c), K_max)`` for PipelinedLLEP (``num_chunks`` overrides it, e.g.
     with the value the runtime all-reduced) and 1 otherwise. PipelinedLLEP's expert GEMMs run in
-    blocks of ``block_rows`` (default ``chunking.expert_block_rows``).
+    blocks of ``block_rows`` (default ``chunking.expert_block_rows``). ``residue = source``
+    (PipelinedLLEP's source-side variant) raises ``K`` to ``source_chunks`` where the LLEP plan
+    leaves a rank above ``L_0`` (``block_rows`` stays that of ``K``).
     """
     counts = np.asarray(counts_WE, dtype=np.int64)
     W = counts.shape[0]
@@ -206,5 +241,9 @@ def plan_layer(counts_WE, *, top_k: int, operator: str, token_budget: int = 4096
     else:
         assert operator in ("ep", "llep"), operator
         k, block_rows = 1, None
+    assert residue in RESIDUES, residue
+    if operator == "pipelined_llep" and residue == SOURCE:
+        bound = balanced_load_bound(top_k, n_max, counts.shape[1], W, alpha, lam, min_tokens)
+        k = source_chunks(np.asarray(a.load), int(k), int(bound))
     return build(counts, a, top_k=top_k, num_chunks=int(k), membership=membership,
                  block_rows=block_rows)

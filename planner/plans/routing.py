@@ -34,6 +34,10 @@ ONE_EXPERT = "one_expert"
 ONE_RANK = "one_rank"
 ADVERSARIAL = (ONE_EXPERT, ONE_RANK)
 _SKEW = re.compile(r"^(\d+)/(\d+)$")
+NAMED_SKEW = "80/16"
+"""The skew the routing sensitivity reports beside ``balanced`` and ``worst``: the reference
+benchmark's hardest named profile (80% of the tokens on 16 hot experts; reference/paper-figures.md,
+shape A). It is a benchmark profile, not a measured production-router figure."""
 
 
 def parse_profile(profile: str) -> tuple[str, float, int]:

@@ -20,7 +20,8 @@ def _plan_line(rep) -> str:
         if rep.ctx.model.is_moe:
             disp = f"dispatch {k.dispatch}"
             if k.dispatch == "pipelined_llep":
-                disp += f" (c={d['token_budget']}, K={d['num_chunks']}, c_eff={d['chunk_tokens']})"
+                disp += (f" (c={d['token_budget']}, K={d['num_chunks']}, c_eff={d['chunk_tokens']}, "
+                         f"residue {k.dispatch_residue})")
             disp += f" · routing {p.routing}" + (f" · bound {p.dispatch_bound}" if k.dispatch != "ep" else "")
             parts.append(disp)
         parts.append(f"vocab {k.vocab}" + (f" (B_v={d['vocab_blocks']})" if k.vocab == "ring_dtp" else ""))
@@ -95,6 +96,9 @@ def render_check(rep, console: Console, explain: bool = False) -> None:
         console.print(f"dispatch live set (max over phases): guarantee {fmt_gib(db['guarantee'])}, expected "
                       f"{expected} under routing {rep.planfile.plan.routing}; the verdict uses "
                       f"the {rep.planfile.plan.dispatch_bound} (--dispatch-bound)")
+    rs = rep.extra.get("routing_sensitivity")
+    if rs and rep.ctx.model.is_moe:
+        console.print("routing sensitivity (HBM peak): " + sensitivity_text(rs))
     h = rep.host
     console.print(f"host RAM per node ({h.ranks_per_node} ranks): {fmt_gib(h.bytes)} of {fmt_gib(h.capacity_bytes)} "
                   f"usable (baseline {fmt_gib(h.baseline_bytes)}, optimizer {fmt_gib(h.optimizer_bytes)}, "
@@ -166,3 +170,9 @@ def render_frontier(rep, console: Console) -> None:
         console.print(f"scanned {len(s.values)} batch sizes; {int(s.fits.sum())} fit; first failure at {fail_txt}; "
                       f"usable HBM {fmt_gib(s.capacity_bytes)}; `planner check --seqs-per-microbatch n` shows "
                       f"what binds")
+
+
+def sensitivity_text(rs: dict) -> str:
+    """``balanced 13.27 GiB fits · 80/16 … · worst …`` (``budget.sensitivity``)."""
+    return " · ".join(f"{r} {fmt_gib(v['peak_bytes'])} {'fits' if v['fits_hbm'] else 'does not fit'}"
+                      for r, v in rs.items())

@@ -70,6 +70,13 @@ def render_search(rep, console: Console) -> None:
         name = "composed" if st == "composed" else "FSDP2"
         console.print(f"closest {name} plan: {_knobs(c.plan)}: {c.why()}", markup=False, highlight=False)
     console.print(f"--stack {rep.stack}: {describe_choice(rep)}", markup=False, highlight=False)
+    sens = getattr(rep, "routing_sensitivity", {}) or {}
+    if rep.model.is_moe:
+        from planner.report.check_view import sensitivity_text
+
+        for name, label in (("composed", "#1"), ("baseline", "base")):
+            if name in sens:
+                console.print(f"routing sensitivity of {label} (HBM peak): {sensitivity_text(sens[name])}")
     console.print(f"composed: {r.tally.text()}")
     console.print(f"FSDP2:    {r.baseline_tally.text()}")
     if r.assumed:

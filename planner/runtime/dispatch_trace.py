@@ -1,11 +1,13 @@
 """One MoE dispatch layer as the traces, tests and ``bench/dispatch.py`` run it (DESIGN §8).
 
 Legend: ``DispatchShape`` holds N, H, I, E, k, E_p and the plan knobs (c, K_max, α, m, λ,
-n_import_max); ``op`` is ``ep`` | ``llep`` | ``pipelined_llep``.
+n_import_max); ``op`` is ``ep`` | ``llep`` | ``pipelined_llep`` | ``pipelined_llep_source``.
 
 The step: a ``TopKRouter`` gives the route weights for the profile's expert ids, the operator
-runs, and ``op(x).sum().backward()`` (the output dies after ``.sum()``, as under a loss), inside a
-non-reentrant checkpoint when ``nested``. Registered inputs (``input_bytes``): ``x_NH``, the ids
+runs, and ``out.backward(torch.randn_like(out))``: a dense ``N×H`` upstream gradient, as a decoder
+layer's backward delivers (a ``.sum()`` loss would hide it behind an expanded scalar), inside a
+non-reentrant checkpoint when ``nested``. The output and that gradient stay resident through
+backward. Registered inputs (``input_bytes``): ``x_NH``, the ids
 ``N·k`` int64, the router weight ``E·H``, the rank's bf16 expert weights and their gradients
 (allocated up front), and an optional resident pad (``pad_bytes``, e.g. fp32 optimizer state).
 The plan is computed outside fake mode from the profile's counts (``make_plan``).
@@ -24,9 +26,13 @@ from planner.runtime.expert_mlp import ExpertShard
 from planner.runtime.expert_parallel import ExpertParallel
 from planner.runtime.llep import LLEP
 from planner.runtime.pipelined_llep import PipelinedLLEP
+from planner.runtime.pipelined_llep_source import PipelinedLLEPSource
 from planner.runtime.routing import TopKRouter, profile_ids
 
-OPERATORS = {"ep": ExpertParallel, "llep": LLEP, "pipelined_llep": PipelinedLLEP}
+OPERATORS = {"ep": ExpertParallel, "llep": LLEP, "pipelined_llep": PipelinedLLEP,
+             "pipelined_llep_source": PipelinedLLEPSource}
+"""Trace/bench names: ``pipelined_llep`` is the destination-residue variant,
+``pipelined_llep_source`` the source-side one (``dispatch_residue = source``)."""
 
 
 @dataclass(frozen=True)
@@ -93,10 +99,10 @@ def build_layer(op: str, s: DispatchShape, plan, profile: str, *, device, group=
 
     def run(after_forward=lambda: None):
         x.grad = None
-        loss = (checkpoint(layer, x, use_reentrant=False, context_fn=op_mod.plan_reuse) if nested
-                else layer(x)).sum()
+        out = (checkpoint(layer, x, use_reentrant=False, context_fn=op_mod.plan_reuse) if nested
+               else layer(x))
         after_forward()
-        loss.backward()
+        out.backward(torch.randn_like(out))      # a dense N×H upstream gradient, as in a decoder
 
     inputs = [x, ids, router.w_EH, shard.w_up_nHJ, shard.w_down_nIH, shard.w_up_nHJ.grad,
               shard.w_down_nIH.grad, pad]

@@ -44,12 +44,13 @@ class DispatchOp(torch.nn.Module):
     def __init__(self, shard: ExpertShard, num_experts: int, top_k: int, group=None, *,
                  token_budget: int = 4096, max_chunks: int = 10, alpha: float = 1.0,
                  min_tokens: int = 1024, lam: float = 1.3, max_imports: int = 4,
-                 membership: str = STRIDED, block_rows: int | None = None) -> None:
+                 membership: str = STRIDED, block_rows: int | None = None,
+                 residue: str = plans_dispatch.DESTINATION) -> None:
         super().__init__()
         self.shard, self.num_experts, self.top_k, self.group = shard, num_experts, top_k, group
         self.knobs = dict(token_budget=token_budget, max_chunks=max_chunks, alpha=alpha,
                           min_tokens=min_tokens, lam=lam, max_imports=max_imports,
-                          membership=membership, block_rows=block_rows)
+                          membership=membership, block_rows=block_rows, residue=residue)
         self._plans: collections.deque = collections.deque()
         self._phase: str | None = None
         self.plans_computed = 0

@@ -1,5 +1,9 @@
 """PipelinedLLEP: LLEP dispatched in ``K`` chunks with a launch-time memory bound (DESIGN §3.2, §7).
 
+This is the **destination-residue** variant (``dispatch_residue = destination``): the receiving
+rank keeps every chunk's rows until the layer's backward. The source-side variant, which keeps
+nothing on the receiver across chunks, is ``planner.runtime.pipelined_llep_source``.
+
 Legend:
     x_NH, ids_Nk, weights_Nk   this rank's tokens, expert ids, fp32 route weights
     K, c, K_max, c_eff         ``K = min(AllReduceMax(ceil(N/c)), K_max)``, ``c_eff = ceil(N_max/K)``

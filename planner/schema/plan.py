@@ -15,6 +15,7 @@ Vocab = Literal["dense", "vocab_parallel", "ring_dtp"]
 Optimizer = Literal["gpu", "cpu_offload", "stream_offload"]
 Checkpoint = Literal["none", "per_layer", "sco"]
 DispatchBound = Literal["guarantee", "expected"]
+DispatchResidue = Literal["source", "destination"]
 ActDtype = Literal["bf16", "fp32"]
 AC = Literal["full", "selective", "none"]
 RotateMethod = Literal["allgather", "alltoall"]
@@ -42,6 +43,11 @@ class ComposedKnobs(Frozen):
 
     dispatch: Dispatch = "pipelined_llep"
     """Expert dispatch operator: standard all-to-all EP, LLEP, or PipelinedLLEP."""
+    dispatch_residue: DispatchResidue = "source"
+    """PipelinedLLEP's state kept across chunks: ``source`` (token indices on the sending rank, each
+    chunk re-dispatched in backward; bounded whatever the router does) or ``destination`` (every
+    chunk's received rows until the layer's backward; one dispatch all-to-all fewer per chunk, but
+    sized by the routing)."""
     vocab: Vocab = "ring_dtp"
     """Vocabulary head: dense (ZeRO-3 head, full logits), vocab-parallel (Megatron), or Ring-DTP."""
     optimizer: Optimizer = "stream_offload"

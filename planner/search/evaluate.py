@@ -79,8 +79,9 @@ def group_plan(group: Group, W: int, routing: str, dispatch_bound: str, dtype: s
 
 
 def evaluate_group(group: Group, model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan: Plan,
-                   tally: Tally, time_fn) -> Evaluated | None:
-    """Memory for every candidate of ``group``; time (``time_fn(ctx)``) for those that fit."""
+                   tally: Tally, time_fn, min_headroom: float = 0.0) -> Evaluated | None:
+    """Memory for every candidate of ``group``; time (``time_fn(ctx)``) for those that fit and
+    leave at least ``min_headroom`` of the usable capacity free."""
     ctx = make_context(model, cluster, workload, plan, resolved=True, overrides=dict(group.numeric))
     ev = evaluate(ctx, critical=True, per_term=False)
     host = host_budget(ctx)
@@ -90,13 +91,16 @@ def evaluate_group(group: Group, model: ModelSpec, cluster: ClusterSpec, workloa
     cap = capacity_bytes(ctx)
     over_hbm = peak > cap
     over_host = ~over_hbm & (hb > host.capacity_bytes)
+    short = ~over_hbm & ~over_host & (peak > cap * (1.0 - min_headroom))
     tally.evaluated += n
     bind = np.broadcast_to(ev.binding_index, (n,))
     idx, counts = np.unique(bind[over_hbm], return_counts=True)
     for i, c in zip(idx, counts):
         tally.add(f"{Rejection.OVER_HBM.value} in {ev.phases[int(i)].label}", int(c))
     tally.add(Rejection.OVER_HOST.value, int(over_host.sum()))
-    ok = ~over_hbm & ~over_host
+    if short.any():
+        tally.add(f"under {min_headroom:.0%} headroom (--min-headroom)", int(short.sum()))
+    ok = ~over_hbm & ~over_host & ~short
     if not ok.any():
         return None
     numeric = {k: np.asarray(v)[ok] for k, v in group.numeric.items()}

@@ -11,6 +11,7 @@ from typing import Callable
 
 import numpy as np
 
+from planner.budget.frontier import MIN_HEADROOM
 from planner.schema import ClusterSpec, ModelSpec, Plan, Workload
 from planner.search.evaluate import Evaluated, Tally, evaluate_group, group_plan
 from planner.search.space import baseline_groups, composed_groups
@@ -52,6 +53,16 @@ def _plan_of(ev: Evaluated, i: int) -> Plan:
     return ev.plan.model_copy(update={part: getattr(ev.plan, part).model_copy(update=knobs)})
 
 
+def bounded_dispatch(plan: Plan) -> bool:
+    """Whether the plan's verdict holds for every routing: PipelinedLLEP under its guarantee, or any
+    operator sized under ``worst`` routing (dense models have no dispatch)."""
+    if plan.routing == "worst":
+        return True
+    return plan.stack == "composed" and plan.composed.dispatch == "pipelined_llep" and \
+        plan.dispatch_bound == "guarantee"
+
+
+
 def _rows(evs: list[Evaluated]) -> list[tuple]:
     """``(step_s, peak, host, choices, knobs, ev, i)`` for every timed candidate of ``evs``."""
     rows = []
@@ -66,10 +77,11 @@ def _rows(evs: list[Evaluated]) -> list[tuple]:
 
 
 def rank_key(row: tuple) -> tuple:
-    """The ranking: predicted step time, exactly; ties go to the lower per-rank HBM peak, then the
-    lower host bytes, then the lexicographically smaller plan (categorical choices, then the numeric
-    knobs in name order)."""
-    return row[:5]
+    """The ranking: plans whose dispatch has a launch-time bound first (``bounded_dispatch``: standard
+    EP and LLEP's routed batch are sized by the routing assumption, DESIGN §3.2); then predicted step
+    time, exactly; ties go to the lower per-rank HBM peak, then the lower host bytes, then the
+    lexicographically smaller plan (categorical choices, then the numeric knobs in name order)."""
+    return (not bounded_dispatch(row[5].plan), *row[:5])
 
 
 def collapse(rows: list[tuple]) -> list[tuple]:
@@ -105,7 +117,8 @@ def _candidates(evs: list[Evaluated], n: int) -> list[Candidate]:
 
 def search(model: ModelSpec, cluster: ClusterSpec, workload: Workload, *, world_size: int,
            routing: str = "balanced", dispatch_bound: str = "guarantee", dtype: str = "bf16", top: int = 5,
-           time_fn: Callable | None = None, progress: Callable[[int, int], None] | None = None) -> SearchResult:
+           time_fn: Callable | None = None, progress: Callable[[int, int], None] | None = None,
+           min_headroom: float = MIN_HEADROOM) -> SearchResult:
     """Search the composed space and the FSDP2 space; rank the fitting candidates by step time."""
     if time_fn is None:
         from planner.timing.step import step_time as time_fn
@@ -115,7 +128,7 @@ def search(model: ModelSpec, cluster: ClusterSpec, workload: Workload, *, world_
     for j, g in enumerate(groups):
         plan = group_plan(g, world_size, routing, dispatch_bound, dtype)
         t = tally if g.stack == "composed" else btally
-        ev = evaluate_group(g, model, cluster, workload, plan, t, time_fn)
+        ev = evaluate_group(g, model, cluster, workload, plan, t, time_fn, min_headroom)
         if ev is not None:
             (comp if g.stack == "composed" else base).append(ev)
             gaps += [x for x in ev.timing.gaps if x not in gaps]

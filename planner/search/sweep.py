@@ -26,12 +26,13 @@ class SweepPoint:
 
 def best_plans(model: ModelSpec, cluster: ClusterSpec, *, world_size: int, seq_lens: list[int],
                routing: str = "balanced", dtype: str = "bf16", global_batch_tokens: int | None = None,
-               progress=None) -> list[SweepPoint]:
+               progress=None, min_headroom: float | None = None) -> list[SweepPoint]:
     """Search each length; keep the fastest fitting plan of each stack (or its default)."""
     out = []
     for j, S in enumerate(seq_lens):
         wl = Workload(seq_len=S, global_batch_tokens=global_batch_tokens)
-        res = search(model, cluster, wl, world_size=world_size, routing=routing, dtype=dtype, top=1)
+        res = search(model, cluster, wl, world_size=world_size, routing=routing, dtype=dtype, top=1,
+                     **({} if min_headroom is None else {"min_headroom": min_headroom}))
         comp, base = (res.top[0] if res.top else None), res.baseline
 
         def fallback(stack: str) -> Plan:

@@ -109,7 +109,8 @@ def build(ctx: Ctx, lk: Lookups, micro, opt):
     if m.num_moe_layers:
         d_f, d_b = gemms_s(lk, F.moe_dense_gemms(m, N))
         op = moe_dispatch_s(lk, ctx.dispatch, N, m.num_experts, m.top_k, E_p, ctx.num_chunks, H, m.expert_ffn, b,
-                            profile=moe_profile(ctx), knobs=knobs(ctx), comm=True)
+                            profile=moe_profile(ctx), knobs=knobs(ctx), comm=True,
+                            residue=getattr(ctx, "dispatch_residue", "source"))
         elem = elementwise_s(lk, np.asarray(N, dtype=float) * (5 * H * b + 12 * m.num_experts))
         F_moe = {"compute_dense": d_f, "compute_experts": op["compute_fwd"], "elementwise": elem + op["elem_fwd"],
                  "a2a_dispatch": op["comm_fwd"], "llep_imports": op["imports"] / 2}

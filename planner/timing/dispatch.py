@@ -39,6 +39,9 @@ issues chunk ``i+1``'s dispatch while chunk ``i`` computes and the combine after
 
     forward  = d + (K−1)·max(c, d) + c + K·e        backward = K·(e' + c' + d')   (serial)
 
+The source-side variant (``residue = source``) adds the re-dispatch ``K·d`` to backward (serial:
+its prefetch may hide part of it; counted whole), and the re-gather kernels of every chunk.
+
 LLEP's imported experts (``n_imp·3HI·b`` bytes, p2p) travel once per forward and their gradients
 once per backward.
 """
@@ -79,14 +82,16 @@ def _counts_all(profile: str, N: int, E: int, k: int, E_p: int) -> np.ndarray:
 
 
 @functools.lru_cache(maxsize=256)
-def plan_loads(op: str, N: int, E: int, k: int, E_p: int, K: int, profile: str, knobs: tuple) -> dict:
+def plan_loads(op: str, N: int, E: int, k: int, E_p: int, K: int, profile: str, knobs: tuple,
+               residue: str = plans_dispatch.DESTINATION) -> dict:
     """Per rank (from the runtime's plan): ``send``/``recv`` ``[W, K]`` routes per chunk,
     ``rows``/``cnt`` ``[W, K, B]`` GEMM blocks (EP/LLEP: slots; PipelinedLLEP: each slot's chunk
     rows cut into full blocks of ``block_rows`` and a remainder), ``imports``/``exports`` ``[W]``."""
     alpha, min_tokens, lam, max_imports = knobs
     counts = _counts(profile, N, E, k, E_p)
     plan = plans_dispatch.plan_layer(counts, top_k=k, operator=op, alpha=alpha, min_tokens=min_tokens,
-                                     lam=lam, max_imports=max_imports, num_chunks=K if op == "pipelined_llep" else None)
+                                     lam=lam, max_imports=max_imports, num_chunks=K if op == "pipelined_llep" else None,
+                                     residue=residue)
     ch = plan.chunk_KWWS                                   # [K, src, dst, slot]
     slot = ch.sum(1).transpose(1, 0, 2)                    # [dst, K, slot]
     if plan.block_rows:
@@ -95,15 +100,17 @@ def plan_loads(op: str, N: int, E: int, k: int, E_p: int, K: int, profile: str, 
         cnt = np.concatenate([slot // br, (slot % br > 0)], axis=-1)
     else:
         rows, cnt = slot, (slot > 0)
-    return {"send": ch.sum((2, 3)).T, "recv": ch.sum((1, 3)).T, "rows": rows, "cnt": cnt.astype(float),
+    return {"K": np.full(ch.shape[1], plan.num_chunks, dtype=np.int64), "send": ch.sum((2, 3)).T, "recv": ch.sum((1, 3)).T, "rows": rows, "cnt": cnt.astype(float),
             "imports": plan.num_imports_W(), "exports": plan.num_exports_W()}
 
 
-def _rank_parts(lk: Lookups, op, L: dict, N, E, k, E_p, K, H, I, b, dense_grad: bool) -> dict:
+def _rank_parts(lk: Lookups, op, L: dict, N, E, k, E_p, K, H, I, b, dense_grad: bool,
+                residue: str = plans_dispatch.DESTINATION) -> dict:
     """``PARTS`` per rank ``[W]`` from ``plan_loads``."""
     kw = dict(N=N, copies=E_p == 1, dense_grad=dense_grad)
     if op == "pipelined_llep":
-        r = DK.pipelined(lk, H, I, b, k, s=L["send"], q=L["recv"], rows=L["rows"], cnt=L["cnt"], K=K,
+        r = DK.pipelined(lk, H, I, b, k, s=L["send"], q=L["recv"], rows=L["rows"], cnt=L["cnt"], K=L["K"],
+                         source=residue == plans_dispatch.SOURCE,
                          X=L["imports"], X_e=L["exports"], chunk_axis=True, **kw)
     else:
         r = DK.unchunked(lk, H, I, b, k, s=L["send"][:, 0], q=L["recv"][:, 0], rows=L["rows"][:, 0],
@@ -112,11 +119,11 @@ def _rank_parts(lk: Lookups, op, L: dict, N, E, k, E_p, K, H, I, b, dense_grad: 
     return dict(zip(PARTS, (*r["fwd"], *r["bwd"])))
 
 
-def _plan_parts(lk, op, N, E, k, E_p, K, profile, knobs, H, I, b, rank, dense_grad):
+def _plan_parts(lk, op, N, E, k, E_p, K, profile, knobs, H, I, b, rank, dense_grad, residue):
     """The binding (or the given) rank's parts and the traffic, for one scalar configuration; kept
     across evaluations for the same curves (with the assumptions they used, replayed on a hit)."""
     cache = shared_memo(("dispatch_plan", lk.curves))
-    key = (op, N, E, k, E_p, K, profile, knobs, H, I, b, rank, dense_grad)
+    key = (op, N, E, k, E_p, K, profile, knobs, H, I, b, rank, dense_grad, residue)
     hit = cache.get(key)
     if hit is not None:
         for a in hit[1]:
@@ -125,21 +132,21 @@ def _plan_parts(lk, op, N, E, k, E_p, K, profile, knobs, H, I, b, rank, dense_gr
     notes: list[str] = []
     lk.recorders.append(notes)
     try:
-        L = plan_loads(op, N, E, k, E_p, K, profile, knobs)
-        parts = _rank_parts(lk, op, L, N, E, k, E_p, K, H, I, b, dense_grad)
+        L = plan_loads(op, N, E, k, E_p, K, profile, knobs, residue)
+        parts = _rank_parts(lk, op, L, N, E, k, E_p, K, H, I, b, dense_grad, residue)
     finally:
         lk.recorders.pop()
     total = sum(np.asarray(v, dtype=float) for v in parts.values())
     r = rank if rank is not None else (int(np.nanargmax(total)) if np.isfinite(total).any() else 0)
     out = {w: float(np.asarray(v).reshape(-1)[r] if np.ndim(v) else v) for w, v in parts.items()}
-    out.update(send=float(L["send"].sum(1).max()), recv=float(L["recv"].sum(1).max()),
+    out.update(K=float(L["K"].max()), send=float(L["send"].sum(1).max()), recv=float(L["recv"].sum(1).max()),
                imports=float(L["imports"].max(initial=0)))
     if all(np.isfinite(v) for v in out.values()):
         cache[key] = (out, notes)
     return out
 
 
-def _balanced_parts(lk, op, N, E, k, E_p, K, H, I, b, dense_grad) -> dict:
+def _balanced_parts(lk, op, N, E, k, E_p, K, H, I, b, dense_grad, residue) -> dict:
     """``PARTS`` of balanced routing, vectorised: ``k·N`` routes sent and received, ``n = E/E_p``
     slots of ``k·N·E_p/E`` routes, one GEMM block per slot and chunk."""
     routes = k * N.astype(float)
@@ -150,18 +157,19 @@ def _balanced_parts(lk, op, N, E, k, E_p, K, H, I, b, dense_grad) -> dict:
                   "plan's strided-chunk jitter can add a remainder block of a few rows; a given rank or a skewed "
                   "profile is timed from the plan's exact blocks)")
         r = DK.pipelined(lk, H, I, b, k, s=routes / K, q=routes / K, rows=(routes / n / K)[:, None],
-                         cnt=n[:, None].astype(float), K=K, mult=K, **kw)
+                         cnt=n[:, None].astype(float), K=K, mult=K, source=residue == plans_dispatch.SOURCE, **kw)
     else:
         r = DK.unchunked(lk, H, I, b, k, s=routes, q=routes, rows=(routes / n)[:, None],
                          cnt=n[:, None].astype(float), n_own=n, **kw)
     parts = dict(zip(PARTS, (*r["fwd"], *r["bwd"])))
-    parts.update(send=routes, recv=routes, imports=np.zeros_like(routes))
+    parts.update(K=K.astype(float), send=routes, recv=routes, imports=np.zeros_like(routes))
     return parts
 
 
 def moe_dispatch_s(lk: Lookups, op: str, N, E: int, k: int, E_p, K, H: int, I: int, b: int, *,
                    profile: str = "balanced", knobs: tuple = (1.0, 1024, 1.3, 4), comm: bool = True,
-                   rank: int | None = None, dense_grad: bool = True) -> dict:
+                   rank: int | None = None, dense_grad: bool = True,
+                   residue: str = plans_dispatch.DESTINATION) -> dict:
     """One MoE layer's dispatch operator on the binding rank (module docstring).
 
     ``rank``: time that rank of the plan instead of the slowest (per-rank emulation).
@@ -172,6 +180,9 @@ def moe_dispatch_s(lk: Lookups, op: str, N, E: int, k: int, E_p, K, H: int, I: i
     kernels + host launch time not hidden behind the GPU), ``host_fwd``/``host_bwd`` (that
     exposed launch time alone), ``comm_fwd``/``comm_bwd`` (exposed all-to-all seconds),
     ``imports`` (LLEP weight traffic).
+    ``residue``: PipelinedLLEP's variant; ``source`` re-dispatches every chunk in backward (one
+    more dispatch all-to-all per chunk, and the re-gather kernels) and may run ``K' >= K`` chunks
+    where the LLEP plan leaves unplaced excess (the plan's ``K'`` is used).
     """
     assert op in OPERATORS, op
     N, E_p, K = np.broadcast_arrays(np.asarray(N, dtype=np.int64), np.asarray(E_p, dtype=np.int64),
@@ -179,11 +190,12 @@ def moe_dispatch_s(lk: Lookups, op: str, N, E: int, k: int, E_p, K, H: int, I: i
     shape = N.shape
     N, E_p, K = N.reshape(-1), E_p.reshape(-1), K.reshape(-1)
     if profile == "balanced" and rank is None:
-        cp = _balanced_parts(lk, op, N, E, k, E_p, K, H, I, b, dense_grad)
+        cp = _balanced_parts(lk, op, N, E, k, E_p, K, H, I, b, dense_grad, residue)
     else:
         combos, inv = np.unique(np.stack([N, E_p, K], axis=1), axis=0, return_inverse=True)
         inv = np.asarray(inv).reshape(-1)
-        per = [_plan_parts(lk, op, int(n), E, k, int(e), int(kk), profile, knobs, H, I, b, rank, dense_grad)
+        per = [_plan_parts(lk, op, int(n), E, k, int(e), int(kk), profile, knobs, H, I, b, rank, dense_grad,
+                           residue)
                for n, e, kk in combos]
         cp = {w: np.array([r[w] for r in per])[inv] for w in per[0]}
     one = np.ones(N.shape)
@@ -197,6 +209,7 @@ def moe_dispatch_s(lk: Lookups, op: str, N, E: int, k: int, E_p, K, H: int, I: i
         out.update(fwd=c_f, bwd=c_b, comm_fwd=zero, comm_bwd=zero, imports=zero)
     else:
         send, recv, imports = cp["send"] * one, cp["recv"] * one, cp["imports"] * one
+        K = np.asarray(cp.get("K", K), dtype=float) * one   # the plan's K' (source variant) where planned
         per_chunk = np.maximum(send, recv) / K             # routes through the busiest rank per chunk
         d = collective_s(lk, "all_to_all", E_p, per_chunk * (H * b + 4))
         e = collective_s(lk, "all_to_all", E_p, per_chunk * H * b)
@@ -206,6 +219,8 @@ def moe_dispatch_s(lk: Lookups, op: str, N, E: int, k: int, E_p, K, H: int, I: i
         else:
             fwd = c_f + d + e
         bwd = c_b + K * (d + e)
+        if op == "pipelined_llep" and residue == plans_dispatch.SOURCE:
+            bwd = bwd + K * d                              # the re-dispatch of every chunk
         local = E_p == 1
         assert all(np.all(np.broadcast_to(x, local.shape)[local] == 0) for x in (d, e, imp)), \
             "E_p = 1 must move no dispatch traffic"

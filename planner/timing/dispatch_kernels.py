@@ -205,8 +205,12 @@ def unchunked(lk: Lookups, H: int, I: int, b: int, k: int, *, N, s, q, rows, cnt
 
 
 def pipelined(lk: Lookups, H: int, I: int, b: int, k: int, *, N, s, q, rows, cnt, K, mult=1.0, X=0,
-              X_e=0, copies=False, dense_grad=True, chunk_axis: bool = False, raw: bool = False) -> dict:
-    """PipelinedLLEP on one rank (``run_pipelined`` + ``ExpertChunk``): ``{fwd, bwd}`` →
+              X_e=0, copies=False, dense_grad=True, chunk_axis: bool = False, raw: bool = False,
+              source: bool = False) -> dict:
+    """PipelinedLLEP on one rank (``run_pipelined`` + ``ExpertChunk``; ``source``: the source-side
+    variant ``pipelined_llep_source.SourceLayer``, which re-gathers every chunk's rows and weights in
+    backward, fills one ``N×H`` / ``N·k`` gradient instead of one per chunk, and leaves the engine
+    no ``K`` input gradients to sum): ``{fwd, bwd}`` →
     ``(gemm, mem, host)`` seconds (``raw``: see ``_finish``). ``s``, ``q``, ``rows``/``cnt``
     (blocks, last axis) describe a chunk, ``mult`` times over (balanced: ``mult = K``); with
     ``chunk_axis`` the last axis of ``s``/``q`` (second last of ``rows``) runs over the ``K``
@@ -221,7 +225,7 @@ def pipelined(lk: Lookups, H: int, I: int, b: int, k: int, *, N, s, q, rows, cnt
           other=s * 16, gather_dup=s * (2 * hb + IDX), gather_perm=s * 16 + q * (2 * hb + IDX + 16),
           index_add_bf16=s * (3 * hb + IDX), silu=q * 2 * ib, mul_strided=q * 3 * ib, copy=q * 6
           + cp * ((2 * hb + IDX) * s + 2 * hb * q), route_weight=q * (2 * hb + b), index_copy=q * (2 * hb + IDX))
-    per_chunk = np.ones_like(s)                            # N-sized terms repeat in every chunk
+    per_chunk = np.zeros_like(s) if source else np.ones_like(s)   # N-sized terms repeat per chunk
     g = Phase().gemms(up + down + block_gemm_s(lk, rows, cnt, H, I, "bwd"))
     g.loop("chunk_recompute", nb).loop("chunk_bwd", nb)
     g.mem(LAUNCH["pl_bwd_chunk"] + cp * LAUNCH["pl_copies"],
@@ -230,12 +234,17 @@ def pipelined(lk: Lookups, H: int, I: int, b: int, k: int, *, N, s, q, rows, cnt
           mul_strided=q * 6 * ib, copy=q * 12 + cp * (2 * hb * q + (2 * hb + IDX) * s), add=q * (3 * hb + 3 * ib)
           + 3 * w3b * nb, row_sum=q * (hb + b), route_weight=q * (2 * hb + b), silu_bwd=q * 3 * ib, cat=q * 4 * ib,
           index_copy=q * (2 * hb + IDX + 16))
+    if source:                                             # the re-dispatch's gathers
+        g.mem(3, other=s * 16, gather_dup=s * (2 * hb + IDX), gather_perm=s * 16,
+              copy=cp * (2 * hb + IDX) * s)
 
     X, X_e = np.asarray(X, dtype=float), np.asarray(X_e, dtype=float)
     lf = Phase().mem(LAUNCH["send_order"] + 1, sort=N * k * SORT_BYTES,
                      other=N * k * (SEND_ORDER_BYTES - SORT_BYTES), zero=N * hb)
-    lb = Phase().mem(2 * (K - 1) + 4 * (X > 0) + 2 * X_e, add=(K - 1) * (3 * N * hb + 12 * N * k) + 3 * w3b * X_e,
-                     zero=2 * X * w3b)
+    engine = 0.0 if source else 1.0
+    lb = Phase().mem(2 * (K - 1) * engine + 4 * (X > 0) + 2 * X_e,
+                     add=engine * (K - 1) * (3 * N * hb + 12 * N * k) + 3 * w3b * X_e,
+                     zero=2 * X * w3b + (1.0 - engine) * N * (hb + 4 * k))
     return _finish(lk, {"fwd": [(f, mult, chunk_axis), (lf, 1.0, False)],
                         "bwd": [(g, mult, chunk_axis), (lb, 1.0, False)]}, raw)
 

@@ -5,8 +5,9 @@ worker runs every case and sends back, per case and quantity, the norm-wise erro
 and of torch's own fp32 reference against a float64 reference MoE that holds every expert locally.
 DESIGN §7: error <= max(2·err_torch, 4·eps·‖ref‖). Quantities: the output, the input gradient, the
 router-weight gradient (this rank's tokens) and the expert-weight gradients (this rank's shard).
-K1_CASES compare PipelinedLLEP at K = 1 with LLEP, LLEP standing in for torch's reference: norm-wise,
-not bitwise, as the two run different GEMM call sites whose blocking may differ between CPUs.
+K1_CASES compare PipelinedLLEP at K = 1, both residue variants, with LLEP, LLEP standing in for
+torch's reference: norm-wise, not bitwise, as they run different GEMM call sites whose blocking may
+differ between CPUs. The backward is driven by a dense random ``N×H`` upstream gradient.
 """
 
 from __future__ import annotations
@@ -33,11 +34,15 @@ TOKENS = {"uneven": (37, 23, 29, 31), "zero_rank": (26, 0, 33, 19), "tiny": (5, 
 """Tokens per rank (first W entries). 37 tokens at c=7, K_max=5: K=5 does not divide N."""
 PROFILES = ("balanced", "30/16", "80/16", "95/16", "one_expert", "one_rank", "router")
 """``router``: the router's own top-k choice; the others fix the ids (weights still from it)."""
-OPS = ("ep", "llep", "pipelined_llep", "pipelined_llep_contiguous")
+OPS = ("ep", "llep", "pipelined_llep", "pipelined_llep_contiguous", "pipelined_llep_source")
+"""``pipelined_llep``: the destination-residue variant; ``pipelined_llep_source``: source-side state."""
+CHUNKED = ("pipelined_llep", "pipelined_llep_source")
 CASES = {f"{op}|{prof}|{tok}": (op, prof, tok) for op in OPS for prof in PROFILES for tok in TOKENS
-         if tok != "tiny" or op == "pipelined_llep"}
-CASES.update({f"pipelined_llep|{p}|uneven|nested{'_reuse' if r else ''}": ("pipelined_llep", p, "uneven", r)
-              for p in ("80/16", "one_rank") for r in (False, True)})
+         if tok != "tiny" or op in CHUNKED}
+CASES.update({f"{op}|{p}|uneven|nested{'_reuse' if r else ''}": (op, p, "uneven", r)
+              for op in CHUNKED for p in ("80/16", "one_rank") for r in (False, True)})
+CASES.update({f"pipelined_llep_source|{p}|zero_rank|nested_reuse": ("pipelined_llep_source", p, "zero_rank", True)
+              for p in ("balanced", "one_expert")})
 K1_CASES = {f"{p}|{t}": (p, t) for p in ("balanced", "80/16", "one_expert", "router")
            for t in ("uneven", "zero_rank")}
 QUANTITIES = ("out", "gx", "g_router", "g_up", "g_down")
@@ -101,6 +106,7 @@ def _run_op(op_name, profile, rank, W, xs, wr, up, down, gys, nested=None, group
     from planner.runtime.expert_parallel import ExpertParallel
     from planner.runtime.llep import LLEP
     from planner.runtime.pipelined_llep import PipelinedLLEP
+    from planner.runtime.pipelined_llep_source import PipelinedLLEPSource
     from planner.runtime.routing import TopKRouter
 
     dtype = xs[0].dtype
@@ -113,9 +119,11 @@ def _run_op(op_name, profile, rank, W, xs, wr, up, down, gys, nested=None, group
         router.w_EH.copy_(wr)
     knobs = dict(KNOBS)
     cls = {"ep": ExpertParallel, "llep": LLEP}.get(op_name, PipelinedLLEP)
+    if op_name.startswith("pipelined_llep_source"):
+        cls = PipelinedLLEPSource
     if op_name == "pipelined_llep_contiguous":
         knobs["membership"] = "contiguous"
-    if op_name == "pipelined_llep_k1":              # one chunk, no expert split into blocks
+    if op_name in ("pipelined_llep_k1", "pipelined_llep_source_k1"):   # one chunk, unsplit experts
         knobs.update(token_budget=10**6, block_rows=10**6)
     op = cls(shard, E, K_TOP, group, **knobs)
     x = xs[rank].clone().requires_grad_()
@@ -156,7 +164,9 @@ def _errs(ours, torch_ref, ref64, eps):
 
 def _case(name, W, rank):
     op_name, profile, tok, *rest = CASES[name]
-    xs, wr, up, down, gys = _inputs(zlib.crc32(name.encode()), W, TOKENS[tok], torch.float32)
+    # the source-side variant gets its destination counterpart's inputs (same seed)
+    seed = zlib.crc32(name.replace("pipelined_llep_source", "pipelined_llep").encode())
+    xs, wr, up, down, gys = _inputs(seed, W, TOKENS[tok], torch.float32)
     got = _run_op(op_name, profile, rank, W, xs, wr, up, down, gys, nested=rest[0] if rest else None)
     r64 = _reference(xs, wr, up, down, gys, profile, W, torch.float64)
     r32 = _reference(xs, wr, up, down, gys, profile, W, torch.float32)
@@ -180,14 +190,17 @@ def _k1_vs_llep(name, W, rank):
     profile, tok = K1_CASES[name]
     xs, wr, up, down, gys = _inputs(zlib.crc32(name.encode()), W, TOKENS[tok], torch.float32)
     a = _run_op("llep", profile, rank, W, xs, wr, up, down, gys)
-    b = _run_op("pipelined_llep_k1", profile, rank, W, xs, wr, up, down, gys)
-    assert b[5].plans_computed == 1
     r64 = _reference(xs, wr, up, down, gys, profile, W, torch.float64)
     n = E // W
     sl = slice(rank * n, (rank + 1) * n)
     pick = lambda ref, i: ref[i][rank] if i < 3 else ref[i][sl]  # noqa: E731 - per rank / shard
     eps = torch.finfo(torch.float32).eps
-    return {q: _errs(b[i], a[i], pick(r64, i), eps) for i, q in enumerate(QUANTITIES)}
+    out = {}
+    for variant in ("pipelined_llep_k1", "pipelined_llep_source_k1"):
+        b = _run_op(variant, profile, rank, W, xs, wr, up, down, gys)
+        assert b[5].plans_computed == 1
+        out.update({f"{variant}:{q}": _errs(b[i], a[i], pick(r64, i), eps) for i, q in enumerate(QUANTITIES)})
+    return out
 
 
 def _worker(rank: int, W: int, store_path: str, queue) -> None:

@@ -251,8 +251,12 @@ def test_guarantee_terms_cover_expected_terms(routing_, ckpt):
 def test_checkpointed_forward_keeps_no_residue():
     names = {t.name for t in bd.terms(_ctx()) if "forward" in t.phases}
     assert not any("residue" in n for n in names)
-    names = {t.name for t in bd.terms(_ctx(checkpoint="none")) if "forward" in t.phases}
+    names = {t.name for t in bd.terms(_ctx(checkpoint="none", dispatch_residue="destination"))
+             if "forward" in t.phases}
     assert any("residue rows" in n for n in names)
+    # the source-side variant (the default) keeps no residue in any phase or regime
+    for ckpt in ("none", "sco"):
+        assert not any("residue" in t.name for t in bd.terms(_ctx(checkpoint=ckpt)))
 
 
 def test_standard_ep_worst_routes_to_one_rank():

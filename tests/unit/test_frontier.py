@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -30,7 +31,7 @@ def test_max_context_equals_brute_force(h200, hbm, c, dispatch, vocab):
     pf = _planfile(h200, hbm, composed={"token_budget": c, "dispatch": dispatch, "vocab": vocab,
                                         "optimizer": "gpu"})
     grid = seq_len_grid(pf, 1024, 160 * 1024)
-    fast = scan(pf, "seq_len", grid)
+    fast = scan(pf, "seq_len", grid, min_headroom=0.0)     # check's verdict has no headroom
     slow = []
     for S in grid:
         one = pf.model_copy(update={"workload": pf.workload.model_copy(update={"seq_len": int(S)})})
@@ -43,7 +44,7 @@ def test_max_context_equals_brute_force(h200, hbm, c, dispatch, vocab):
 def test_max_batch_equals_brute_force(h200):
     pf = _planfile(h200, 4.0, composed={"optimizer": "gpu"})
     seqs = np.arange(1, 25)
-    rep = api.FrontierReport(pf, "seqs_per_microbatch", scan(pf, "seqs_per_microbatch", seqs))
+    rep = api.FrontierReport(pf, "seqs_per_microbatch", scan(pf, "seqs_per_microbatch", seqs, min_headroom=0.0))
     slow = []
     for n in seqs:
         one = pf.model_copy(update={"workload": pf.workload.model_copy(update={"seqs_per_microbatch": int(n)})})
@@ -54,3 +55,16 @@ def test_max_batch_equals_brute_force(h200):
     assert j["max_seqs_per_microbatch"] == best
     D = 4  # tiny_moe has 4 KV heads and W = 4: D defaults to 4
     assert j["max_global_batch_tokens"] == (None if best is None else 4 // D * best * 4096)
+
+
+@pytest.mark.parametrize("headroom", [0.03, 0.2])
+def test_min_headroom_is_a_capacity_fraction(h200, headroom):
+    from planner.budget.frontier import MIN_HEADROOM
+
+    pf = _planfile(h200, 4.0, composed={"optimizer": "gpu"})
+    seqs = np.arange(1, 25)
+    s = scan(pf, "seqs_per_microbatch", seqs, min_headroom=headroom)
+    want = (s.peak_bytes <= s.capacity_bytes * (1 - headroom)) & (s.host_bytes <= s.host_capacity_bytes)
+    assert s.fits.tolist() == want.tolist() and 0 < MIN_HEADROOM < 0.1
+    assert scan(pf, "seqs_per_microbatch", seqs).fits.tolist() == \
+        scan(pf, "seqs_per_microbatch", seqs, min_headroom=MIN_HEADROOM).fits.tolist()
