@@ -16,6 +16,7 @@ from planner.budget.context import Ctx
 from planner.budget.host import host_budget
 from planner.budget.peak import Evaluation, assumed_used, capacity_bytes, evaluate, outside_allocator_bytes
 from planner.budget.resolve import resolve_plan, seq_parallel_note
+from planner.budget.work_bounds import TooCostly
 from planner.budget.terms import LIVE_SETS, PHASE_KINDS
 from planner.errors import InvalidPlan
 from planner.schema import PlanFile, Workload
@@ -264,9 +265,7 @@ def dispatch_bounds(ctx: Ctx, ev: Evaluation) -> dict[str, int]:
     other = "expected" if ctx.dispatch_bound == "guarantee" else "guarantee"
     try:
         rows = [_rows(t, ev.phases) for t in dispatch.terms(dataclasses.replace(ctx, dispatch_bound=other))]
-    except InvalidPlan as e:          # the expected bound's plan is too costly at this E_p: not shown
-        if e.field != "--dispatch-bound":
-            raise
+    except TooCostly:                 # the expected bound's plan is too costly at this E_p: not shown
         return out
     out[other] = int(np.sum(rows, axis=0).max()) if rows else 0
     return out
