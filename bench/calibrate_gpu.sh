@@ -5,8 +5,8 @@
 #   bash bench/calibrate_gpu.sh --smoke            # any machine: tiny shapes, gloo, code paths only
 #
 # Writes into $OUT (default bench/results/calibration):
-#   h200-measured.yaml/.md  one-GPU curves and constants (python3 -m calibration, GPU 0 only)
-#   coll.yaml/.md           collectives at W = all GPUs (torchrun -m calibration.collectives), if W >= 2
+#   h200-measured.yaml/.summary.md one-GPU curves and constants (python3 -m calibration, GPU 0 only)
+#   coll.yaml/.summary.md  collectives at W = all GPUs (torchrun -m calibration.collectives), if W >= 2
 #   h200.yaml               planner/profiles/clusters/h200.yaml with both merged in (declared topology kept)
 #   calibrate.log           everything printed
 # Pydantic wheels, when the machine lacks pydantic, are installed from .whl (see

@@ -166,7 +166,7 @@ def main(argv: list[str] | None = None) -> int:
                 frag = None
         if dist.get_rank() == 0 and frag is not None:
             path = write_yaml_atomic(args.out, frag)
-            write_text_atomic(Path(args.out).with_suffix(".md"), summary_markdown(
+            write_text_atomic(Path(args.out).with_name(Path(args.out).stem + ".summary.md"), summary_markdown(
                 f"Collectives at W={dist.get_world_size()} on {prov['device']}", prov,
                 parse_curves(frag["curves"]), frag.get("memory"),
                 {"total": time.perf_counter() - t0}, failed))

@@ -21,6 +21,8 @@ from pathlib import Path
 
 from calibration import config
 from calibration.io import write_text_atomic, write_yaml_atomic
+from planner.errors import InvalidPlan, PlanError
+from planner.schema.io import check_writable
 
 ASSUMED = {
     "cuda_context_bytes": (0.0, "not measured (no CUDA device on the measuring machine)"),
@@ -205,7 +207,7 @@ def run(out_path, *, quick: bool, progress: bool = True, command: str, smoke: bo
     """Calibrate this machine and write its cluster profile to ``out_path`` (atomically).
 
     Args:
-        out_path: the profile YAML to write; a markdown summary goes next to it (``.md``).
+        out_path: the profile YAML to write; a markdown summary goes next to it (``<stem>.summary.md``).
         quick: a coarse grid on a GPU; on a machine without CUDA, the small CPU profile CI uses.
         progress: show a rich progress bar.
         command: the command line recorded in every curve's provenance.
@@ -218,6 +220,7 @@ def run(out_path, *, quick: bool, progress: bool = True, command: str, smoke: bo
         planner.errors.InvalidPlan: a full calibration without CUDA, or measurements that do not
         validate (nothing is written then).
     """
+    out, summary = output_paths(out_path)
     _ensure_alloc_conf()
     import torch
 
@@ -257,12 +260,62 @@ def run(out_path, *, quick: bool, progress: bool = True, command: str, smoke: bo
         except Exception as err:  # noqa: BLE001 - keep the rest of the profile
             st.failed.append(f"cuda_context_bytes: {type(err).__name__}: {err}")
     st.timings["total"] = time.perf_counter() - t_all
-    spec = _assemble(name or Path(out_path).stem, prov, st)
-    write_yaml_atomic(out_path, spec.model_dump(mode="json"))
+    spec = _assemble(name or out.stem, prov, st)
     from calibration.report import summary_markdown
 
-    write_text_atomic(Path(out_path).with_suffix(".md"), summary_markdown(
+    text = summary_markdown(
         f"Calibration ({grid.name}) of {prov['device']}", prov, spec.curves,
         {k: v.model_dump(mode="json") if hasattr(v, "model_dump") else v
-         for k, v in dict(spec.memory).items()}, st.timings, st.skipped + st.failed))
+         for k, v in dict(spec.memory).items()}, st.timings, st.skipped + st.failed)
+    _write_outputs(out, summary, spec.model_dump(mode="json"), text)
     return spec
+
+
+class Interrupted(PlanError):
+    """An interrupt after the profile was replaced: the profile is complete, the summary is not."""
+
+    exit_code = 130
+
+
+def output_paths(out_path) -> tuple[Path, Path]:
+    """(profile, summary) paths, both checked writable before anything is measured. The summary is
+    ``<stem>.summary.md`` beside the profile, so it never replaces the profile or a ``<stem>.md``.
+
+    Raises:
+        planner.errors.InvalidPlan: ``--out`` ends in ``.md`` (the summary's extension), or a path
+            cannot be written.
+    """
+    out = Path(out_path)
+    if out.suffix.lower() == ".md":
+        raise InvalidPlan("--out", str(out), "ends in .md, the extension of the calibration summary",
+                          "give the profile a .yaml name (its summary goes to <stem>.summary.md)")
+    summary = out.with_name(f"{out.stem}.summary.md")
+    check_writable(out, "--out")
+    check_writable(summary, "--out (its summary)")
+    return out, summary
+
+
+def _write_outputs(out: Path, summary: Path, profile: dict, text: str) -> None:
+    """Profile then summary, each atomically; SIGTERM during the writes raises ``SystemExit`` so
+    the temp file is removed (``write_bytes_atomic``'s ``finally``)."""
+    import signal
+    import threading
+
+    def _term(signum, frame):
+        raise SystemExit(128 + signum)
+
+    main = threading.current_thread() is threading.main_thread()
+    old = signal.signal(signal.SIGTERM, _term) if main else None
+    written = False
+    try:
+        write_yaml_atomic(out, profile, "--out")
+        written = True
+        write_text_atomic(summary, text, "--out (its summary)")
+    except (KeyboardInterrupt, SystemExit):
+        if written:
+            raise Interrupted(f"interrupted after {out} was written (the profile is complete); its summary "
+                              f"{summary} was not written") from None
+        raise
+    finally:
+        if main:
+            signal.signal(signal.SIGTERM, old)

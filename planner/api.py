@@ -18,6 +18,7 @@ from planner.budget.host import host_budget
 from planner.budget.peak import Evaluation, assumed_used, capacity_bytes, evaluate, outside_allocator_bytes
 from planner.budget.resolve import resolve_plan, seq_parallel_note
 from planner.budget.sensitivity import routing_sensitivity
+from planner.budget.work_bounds import TooCostly
 from planner.budget.terms import LIVE_SETS, PHASE_KINDS
 from planner.errors import InvalidPlan, PlanError
 from planner.schema.cluster_ref import planfile_doc
@@ -371,9 +372,7 @@ def dispatch_bounds(ctx: Ctx, ev: Evaluation) -> dict[str, int]:
     other = "expected" if ctx.dispatch_bound == "guarantee" else "guarantee"
     try:
         rows = [_rows(t, ev.phases) for t in dispatch.terms(dataclasses.replace(ctx, dispatch_bound=other))]
-    except InvalidPlan as e:          # the expected bound's plan is too costly at this E_p: not shown
-        if e.field != "--dispatch-bound":
-            raise
+    except TooCostly:                 # the expected bound's plan is too costly at this E_p: not shown
         return out
     out[other] = int(np.sum(rows, axis=0).max()) if rows else 0
     return out

@@ -303,6 +303,8 @@ def _progress(label: str, enabled: bool):
 
 MAX_TOP = 1000
 """Most plans ``search --top`` lists."""
+MAX_SWEEP_LENGTHS = 64
+"""Most lengths one ``sweep`` runs (each is a search)."""
 
 
 @app.command()
@@ -381,6 +383,9 @@ def sweep(
     lens = [parse_count(x, "--seq-lens") for x in seq_lens.split(",") if x.strip()]
     if not lens:
         raise InvalidPlan("--seq-lens", seq_lens, "must list at least one length", "write e.g. 32k,64k,128k")
+    if len(lens) > MAX_SWEEP_LENGTHS:
+        raise InvalidPlan("--seq-lens", f"{len(lens)} lengths", f"must list at most {MAX_SWEEP_LENGTHS}",
+                          "sweep fewer lengths (each runs a search)")
     for path, field in ((csv, "--csv"), (plot, "--plot")):
         if path:
             check_writable(path, field)

@@ -264,7 +264,7 @@ def _expected_components(ctx: Ctx, op: str, reg: str) -> dict:
     uniq, inv_idx = unique_rows([arrs[n].reshape(-1) for n in KNOBS])
     col = {n: np.asarray([row[i] for row in uniq]) for i, n in enumerate(KNOBS)}
     K = np.minimum(-(-col["tokens_per_rank"] // col["token_budget"]), col["max_chunks"]) if op == "pipelined_llep" else 1
-    check_expected_work(col["expert_parallel"], K, ctx.num_experts, col["max_imports"])
+    check_expected_work(col["expert_parallel"], K, ctx.num_experts, col["max_imports"], op)
     prof = profile_of(ctx)
     per_phase: dict = {}
     for u, row in enumerate(uniq):

@@ -26,17 +26,26 @@ def expected_work(E_p, K, E: int, n_imp) -> int:
     return int(sum(int(x) for x in per))
 
 
-def check_expected_work(E_p, K, E: int, n_imp) -> None:
-    """Refuse an expected dispatch bound whose work exceeds ``MAX_EXPECTED_WORK``.
+class TooCostly(InvalidPlan):
+    """The expected dispatch size would take minutes to plan (the search skips such candidates)."""
+
+
+def check_expected_work(E_p, K, E: int, n_imp, op: str = "pipelined_llep") -> None:
+    """Refuse an expected dispatch size whose work exceeds ``MAX_EXPECTED_WORK``.
 
     Raises:
-        InvalidPlan: naming ``--dispatch-bound`` and the fixes.
+        TooCostly: naming ``--dispatch-bound`` (LLEP, PipelinedLLEP) or ``--dispatch`` (standard EP,
+            which is only sized on the routing profile) and the fixes.
     """
     work = expected_work(E_p, K, E, n_imp)
     if work > MAX_EXPECTED_WORK:
         shapes, top = int(np.asarray(E_p).size), int(np.max(np.asarray(E_p)))
-        raise InvalidPlan("--dispatch-bound", "expected",
-                          f"needs the integer dispatch plan of {shapes} shape(s) at E_p up to {top} "
-                          f"(work {work:.3g} > {MAX_EXPECTED_WORK:.3g}, minutes of planning)",
-                          "use --dispatch-bound guarantee (it holds for every routing), a smaller "
-                          "--expert-parallel, or fewer grid points")
+        what = (f"needs the integer dispatch plan of {shapes} shape(s) at E_p up to {top} "
+                f"(work {work:.3g} > {MAX_EXPECTED_WORK:.3g}, minutes of planning)")
+        if op == "ep":
+            raise TooCostly("--dispatch", "ep", f"is sized on the routing profile, which {what}",
+                            "use --dispatch pipelined_llep (its guarantee needs no plan), a smaller "
+                            "--expert-parallel, or fewer grid points")
+        raise TooCostly("--dispatch-bound", "expected", what,
+                        "use --dispatch-bound guarantee (it holds for every routing), a smaller "
+                        "--expert-parallel, or fewer grid points")

@@ -23,6 +23,7 @@ import contextlib
 import torch
 
 from planner.runtime.pinned import PinnedBuffer
+from planner.runtime.validation import check_adamw_hyper, check_param_groups
 
 
 @contextlib.contextmanager
@@ -51,8 +52,12 @@ class CPUOffloadAdamW(torch.optim.Optimizer):
     def __init__(self, params, lr: float = 1e-3, betas=(0.9, 0.999), eps: float = 1e-8,
                  weight_decay: float = 1e-2, *, maximize: bool = False, threads: int | None = None,
                  register: bool | None = None) -> None:
+        check_adamw_hyper(lr, betas, eps, weight_decay)
         super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
                                       maximize=maximize))
+        check_param_groups(self.param_groups)
+        for g in self.param_groups:
+            check_adamw_hyper(g["lr"], g["betas"], g["eps"], g["weight_decay"])
         self._params = [p for g in self.param_groups for p in g["params"]]
         if not all(p.is_contiguous() for p in self._params):
             raise ValueError("CPUOffloadAdamW needs contiguous parameters")

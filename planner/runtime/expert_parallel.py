@@ -34,6 +34,7 @@ from planner.runtime import shim
 from planner.runtime.exchange import AllToAll, Depend, send_order
 from planner.runtime.expert_mlp import ExpertShard, GroupedMLP, SlotWeights
 from planner.runtime.routing import gather_counts
+from planner.runtime.validation import check_dispatch_inputs, check_dispatch_knobs, check_dispatch_shard
 
 
 class DispatchOp(torch.nn.Module):
@@ -47,6 +48,10 @@ class DispatchOp(torch.nn.Module):
                  membership: str = STRIDED, block_rows: int | None = None,
                  residue: str = plans_dispatch.DESTINATION) -> None:
         super().__init__()
+        check_dispatch_knobs(num_experts, top_k, token_budget=token_budget, max_chunks=max_chunks, alpha=alpha,
+                             min_tokens=min_tokens, lam=lam, max_imports=max_imports, block_rows=block_rows)
+        if shard is not None:
+            check_dispatch_shard(shard, num_experts, shim.group_size(group))
         self.shard, self.num_experts, self.top_k, self.group = shard, num_experts, top_k, group
         self.knobs = dict(token_budget=token_budget, max_chunks=max_chunks, alpha=alpha,
                           min_tokens=min_tokens, lam=lam, max_imports=max_imports,
@@ -102,6 +107,9 @@ class DispatchOp(torch.nn.Module):
         """``out_NH``. ``plan``: a precomputed ``DispatchPlan`` (required in trace mode)."""
         if plan is None and shim.is_tracing():
             raise ValueError("trace mode needs the plan computed outside fake mode (plan=...)")
+        check_dispatch_inputs(x_NH, ids_Nk, weights_Nk,
+                              hidden_size=x_NH.shape[-1] if self.shard is None else self.shard.w_up_nHJ.shape[1],
+                              num_experts=self.num_experts, top_k=self.top_k)
         self.last_plan = self._plan_for(ids_Nk, plan)
         return self._run(x_NH, ids_Nk, weights_Nk, self.last_plan)
 

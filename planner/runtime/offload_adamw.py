@@ -59,6 +59,7 @@ from planner.plans.buckets import partition
 from planner.runtime import shim
 from planner.runtime.offload_adamw_state import OffloadStateMixin
 from planner.runtime.pinned import PinnedBuffer
+from planner.runtime.validation import check_adamw_hyper, check_param_groups
 
 RACE_SLEEP_CYCLES = {"h2d": 0, "update": 0, "d2h": 0}
 """Cycles of ``torch.cuda._sleep`` injected at the head of each stream's work per bucket."""
@@ -101,9 +102,13 @@ class OffloadStreamAdamW(OffloadStateMixin, torch.optim.Optimizer):
                  staging_slots: int = 2, register: bool | None = None, host: PinnedBuffer | None = None) -> None:
         if staging_slots < 1:
             raise ValueError(f"staging_slots ({staging_slots}) must be >= 1")
+        check_adamw_hyper(lr, betas, eps, weight_decay)
         self._ready = self._closed = False
         super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
                                       maximize=maximize))
+        check_param_groups(self.param_groups)
+        for g in self.param_groups:
+            check_adamw_hyper(g["lr"], g["betas"], g["eps"], g["weight_decay"])
         self.bucket_params, self.staging_slots = int(bucket_params), int(staging_slots)
         self._register, self._owns_host, self.host = register, False, None
         self._params: list = []
@@ -167,6 +172,14 @@ class OffloadStreamAdamW(OffloadStateMixin, torch.optim.Optimizer):
                 is not added).
         """
         self._check_open()
+        if self._ready:
+            group = dict(param_group)
+            ps = group["params"]
+            group["params"] = [ps] if isinstance(ps, torch.Tensor) else list(ps)
+            g = {**self.defaults, **group}
+            check_adamw_hyper(g["lr"], g["betas"], g["eps"], g["weight_decay"])
+            check_param_groups(self.param_groups, group)
+            param_group = group
         super().add_param_group(param_group)
         if not self._ready:
             return

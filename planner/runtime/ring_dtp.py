@@ -65,6 +65,7 @@ from planner.errors import InvalidPlan
 from planner.plans.ring import ring_plan, shard_bounds
 from planner.runtime import shim
 from planner.runtime import ring_dtp_passes as R
+from planner.runtime.validation import check_targets
 
 FP32 = torch.float32
 
@@ -116,7 +117,7 @@ def _n_max_checking_targets(t_N: torch.Tensor, V: int, ignore_index: int, n_rows
     if n_rows:
         lo, hi = torch.aminmax(t_N.masked_fill(t_N == ignore_index, 0))
         n_ = t_N.new_full((), n_rows, dtype=torch.int64)     # a fill kernel, no host copy
-        vals = torch.stack([n_, hi.long(), lo.long().neg()])
+        vals = torch.stack([n_, hi.long(), lo.long().clamp(min=-(1 << 62)).neg()])   # -2**63 negates to itself
     else:
         vals = torch.tensor([0, 0, 0], dtype=torch.int64)
     if shim.group_size(group) > 1 and shim.dist.get_backend(group) == "nccl":
@@ -167,6 +168,7 @@ def ring_dtp_cross_entropy(x_NH: torch.Tensor, targets_N: torch.Tensor, w_VpH: t
     if x_NH.dim() != 2 or w_VpH.dim() != 2 or x_NH.shape[1] != w_VpH.shape[1]:
         raise InvalidPlan("x_NH/w_VpH", (tuple(x_NH.shape), tuple(w_VpH.shape)),
                           "must be N×H and V_r×H with the same H", "flatten the batch to N×H")
+    check_targets(targets_N)
     if targets_N.shape != (x_NH.shape[0],):
         raise InvalidPlan("targets_N", tuple(targets_N.shape), f"must have shape ({x_NH.shape[0]},)",
                           "flatten the targets like x_NH")

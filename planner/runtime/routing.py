@@ -61,8 +61,18 @@ def profile_ids(profile: str, num_tokens: int, num_experts: int, top_k: int, exp
 
 
 def local_counts(ids_Nk: torch.Tensor, num_experts: int) -> torch.Tensor:
-    """Routes of this rank to each expert (``[E]`` int64, on the ids' device)."""
-    return torch.bincount(ids_Nk.reshape(-1), minlength=num_experts)
+    """Routes of this rank to each expert (``[E]`` int64, on the ids' device).
+
+    Raises:
+        ValueError: an id outside ``[0, E)`` (found by ``bincount`` itself: no extra kernel).
+    """
+    try:
+        counts = torch.bincount(ids_Nk.reshape(-1), minlength=num_experts)
+    except RuntimeError as e:
+        raise ValueError(f"ids_Nk must lie in [0, {num_experts}): {e}") from None
+    if counts.shape[0] > num_experts:
+        raise ValueError(f"ids_Nk must lie in [0, {num_experts}): found {counts.shape[0] - 1}")
+    return counts
 
 
 def gather_counts(ids_Nk: torch.Tensor, num_experts: int, group=None) -> np.ndarray:

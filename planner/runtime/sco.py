@@ -59,6 +59,7 @@ import torch.utils.checkpoint as tuc
 from planner.plans.sco import offloaded_indices, pinned_bytes_per_boundary
 from planner.runtime import shim
 from planner.runtime.pinned import PinnedBuffer
+from planner.runtime.validation import check_sco
 
 RACE_SLEEP_CYCLES = {"copy": 0, "compute": 0}
 """Cycles of ``torch.cuda._sleep`` injected before each copy and on the compute stream (race tests)."""
@@ -127,6 +128,7 @@ class SCO:
     def __init__(self, *, num_boundaries: int, boundary_shape: tuple[int, ...], dtype: torch.dtype,
                  device: torch.device | str, host_budget_bytes: int, register: bool | None = None,
                  keep_log: bool = False) -> None:
+        check_sco(num_boundaries, boundary_shape, host_budget_bytes)
         self.num_boundaries = int(num_boundaries)
         self.shape = tuple(int(s) for s in boundary_shape)
         self.dtype = dtype

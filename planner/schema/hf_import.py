@@ -288,10 +288,11 @@ def import_hf(config: dict, name: str) -> tuple[ModelSpec, list[str]]:
 
     mla = None
     if v.get("kv_lora_rank") is not None:
-        mla = MLASpec(q_lora_rank=v.integer("q_lora_rank", 0, lo=0) or None,
-                      kv_lora_rank=v.integer("kv_lora_rank"), qk_nope_head_dim=v.integer("qk_nope_head_dim"),
-                      qk_rope_head_dim=v.integer("qk_rope_head_dim", lo=0),
-                      v_head_dim=v.integer("v_head_dim"))
+        mla = validate(MLASpec, dict(q_lora_rank=v.integer("q_lora_rank", 0, lo=0) or None,
+                                     kv_lora_rank=v.integer("kv_lora_rank"),
+                                     qk_nope_head_dim=v.integer("qk_nope_head_dim"),
+                                     qk_rope_head_dim=v.integer("qk_rope_head_dim", lo=0),
+                                     v_head_dim=v.integer("v_head_dim")), "config")
         head_dim, v_dim, nkv, kind = mla.qk_nope_head_dim + mla.qk_rope_head_dim, mla.v_head_dim, nh, "mla"
         if v.flag("attention_bias"):
             warnings.append("attention_bias on MLA projections is not counted (a few parameters per layer)")

@@ -15,6 +15,8 @@ import numpy as np
 from planner.budget.build import make_context
 from planner.budget.host import host_budget
 from planner.budget.peak import capacity_bytes, evaluate
+from planner.budget.work_bounds import TooCostly
+from planner.errors import InvalidPlan
 from planner.schema import ClusterSpec, ModelSpec, Plan, Workload
 from planner.search.space import Group
 
@@ -82,8 +84,20 @@ def evaluate_group(group: Group, model: ModelSpec, cluster: ClusterSpec, workloa
                    tally: Tally, time_fn, min_headroom: float = 0.0) -> Evaluated | None:
     """Memory for every candidate of ``group``; time (``time_fn(ctx)``) for those that fit and
     leave at least ``min_headroom`` of the usable capacity free."""
-    ctx = make_context(model, cluster, workload, plan, resolved=True, overrides=dict(group.numeric))
-    ev = evaluate(ctx, critical=True, per_term=False)
+    try:
+        ctx = make_context(model, cluster, workload, plan, resolved=True, overrides=dict(group.numeric))
+    except InvalidPlan as e:     # N this large is past 2^58 B per rank: far over any HBM, not bad input
+        if e.field != "workload.seq_len":
+            raise
+        tally.evaluated += group.size
+        tally.add(f"{Rejection.OVER_HBM.value} (per-rank bytes past 2^58)", group.size)
+        return None
+    try:
+        ev = evaluate(ctx, critical=True, per_term=False)
+    except TooCostly:            # a routing-profile dispatch plan too costly to build at this E_p
+        tally.evaluated += group.size
+        tally.add("not sized (dispatch plan on the routing profile too costly at this E_p)", group.size)
+        return None
     host = host_budget(ctx)
     n = group.size
     peak = np.broadcast_to(ev.peak_bytes, (n,))

@@ -149,16 +149,25 @@ def lowest_peak(model: ModelSpec, cluster: ClusterSpec, workload: Workload, *, w
     from planner.budget.build import make_context
     from planner.budget.host import host_budget
     from planner.budget.peak import capacity_bytes, evaluate
+    from planner.budget.work_bounds import TooCostly
+    from planner.errors import InvalidPlan
 
     groups = composed_groups(model, workload, world_size) if stack == "composed" else \
         baseline_groups(model, workload, world_size)
     best: tuple | None = None
     least_host: tuple | None = None
     fitting = 0
+    skipped = None
     for g in groups:
         plan = group_plan(g, world_size, routing, dispatch_bound, dtype)
-        ctx = make_context(model, cluster, workload, plan, resolved=True, overrides=dict(g.numeric))
-        peak = np.broadcast_to(evaluate(ctx, critical=True, per_term=False).peak_bytes, (g.size,))
+        try:
+            ctx = make_context(model, cluster, workload, plan, resolved=True, overrides=dict(g.numeric))
+            peak = np.broadcast_to(evaluate(ctx, critical=True, per_term=False).peak_bytes, (g.size,))
+        except InvalidPlan as e:  # past 2^58 B per rank, or too costly to plan: never the closest
+            if not isinstance(e, TooCostly) and e.field != "workload.seq_len":
+                raise
+            skipped = skipped or e
+            continue
         host = host_budget(ctx)
         ok_host = np.broadcast_to(host.bytes <= host.capacity_bytes, (g.size,))
         fitting += int(((peak <= capacity_bytes(ctx)) & ok_host).sum())
@@ -172,6 +181,8 @@ def lowest_peak(model: ModelSpec, cluster: ClusterSpec, workload: Workload, *, w
             least_host = ((int(hb[j]), int(peak[j])), g, plan, j)
     if best is None and host_fallback and least_host is not None:
         best = (least_host[0][1], *least_host[1:])
+    if best is None and skipped is not None:
+        raise skipped
     assert best is not None, "no candidate fits the host"
     peak, g, plan, i = best
     knobs = {k: int(np.asarray(v)[i]) for k, v in g.numeric.items()}

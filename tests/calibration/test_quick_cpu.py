@@ -54,7 +54,7 @@ def test_quick_cpu_profile_end_to_end(quick):
     with pytest.raises(ProfileGap):
         C.gemm_time_s(spec.curves, 4096, 256, 256)
     assert C.cpu_adamw_time_s(spec.curves, 10**9, 1) > 0
-    assert "| gemm | measured | cpu |" in out.with_suffix(".md").read_text()
+    assert "| gemm | measured | cpu |" in out.with_name(out.stem + ".summary.md").read_text()
 
 
 def test_full_calibration_without_cuda_is_invalid(tmp_path, capsys):
@@ -117,7 +117,7 @@ def test_failed_section_is_reported_and_exit_code_1(tmp_path, monkeypatch, capsy
     spec = load_cluster(str(out))
     assert spec.curves.gemm is None and spec.curves.cpu_adamw is not None
     assert "gemm: RuntimeError: no kernel" in capsys.readouterr().err
-    assert "gemm: RuntimeError: no kernel" in out.with_suffix(".md").read_text()
+    assert "gemm: RuntimeError: no kernel" in out.with_name(out.stem + ".summary.md").read_text()
 
 
 def test_smoke_runs_every_section_on_cpu(tmp_path):

@@ -320,3 +320,49 @@ def test_seq_len_that_forces_d1_warns_in_one_line(capsys):
     err = capsys.readouterr().err
     warns = [ln for ln in err.splitlines() if ln.startswith("warning:")]
     assert code == 0 and len(warns) == 1 and "D = 1" in warns[0], err
+
+
+# ---- 3f. calibrate --out ---------------------------------------------------------------------------
+@pytest.mark.parametrize("case", range(8))
+def test_calibrate_out_is_refused_before_measuring(case, tmp_path, capsys):
+    pytest.importorskip("torch")
+    rng = random.Random(SEED * 6000 + case)
+    kind = case % 4
+    if kind == 0:
+        out = str(tmp_path / rng.choice(["prof.md", "x.MD", "a.b.md"]))
+    elif kind == 1:
+        (tmp_path / "d.yaml").mkdir()
+        out = str(tmp_path / "d.yaml")
+    elif kind == 2:
+        (tmp_path / "f").write_text("")
+        out = str(tmp_path / "f" / "prof.yaml")                 # parent is a file
+    else:
+        (tmp_path / "p.summary.md").mkdir()                    # the summary's path is a folder
+        out = str(tmp_path / "p.yaml")
+    line = _refused(["calibrate", "--quick", "--no-progress", "--out", out], capsys)
+    assert "--out" in line
+
+
+def test_calibrate_outputs_never_clobber_and_interrupts_say_what_was_written(tmp_path, monkeypatch):
+    pytest.importorskip("torch")
+    from calibration import runner
+
+    out = tmp_path / "prof.yaml"
+    (tmp_path / "prof.md").write_text("unrelated notes")
+    o, summary = runner.output_paths(out)
+    assert summary.name == "prof.summary.md"
+    runner._write_outputs(o, summary, {"a": 1}, "# summary")
+    assert (tmp_path / "prof.md").read_text() == "unrelated notes"
+    assert yaml.safe_load(out.read_text()) == {"a": 1} and summary.read_text() == "# summary"
+
+    def interrupt(*a, **k):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(runner, "write_text_atomic", interrupt)     # after the profile's rename
+    with pytest.raises(runner.Interrupted, match="was written .* summary .* was not written"):
+        runner._write_outputs(o, summary, {"a": 2}, "# new")
+    assert yaml.safe_load(out.read_text()) == {"a": 2}
+    monkeypatch.setattr(os, "fsync", interrupt)                       # during the profile's write
+    with pytest.raises(KeyboardInterrupt):
+        runner._write_outputs(o, summary, {"a": 3}, "# new")
+    assert yaml.safe_load(out.read_text()) == {"a": 2}                 # old profile intact
+    assert not [p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")]

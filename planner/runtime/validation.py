@@ -1,0 +1,123 @@
+"""Argument checks at the operators' entry points (their Python API), in torch's wording where torch
+has one: a malformed argument raises at construction or at the first call instead of returning a
+wrong result.
+
+- ``check_dispatch_knobs`` / ``check_dispatch_shard``: a dispatch operator's construction;
+- ``check_dispatch_inputs``: each call (shapes and dtypes; the id range where routes are counted);
+- ``check_targets``: Ring-DTP's targets dtype;
+- ``check_sco``: SCO's construction;
+- ``check_adamw_hyper`` / ``check_param_groups``: the offloaded AdamWs' hyper-parameters and
+  parameter lists (``torch.optim.AdamW``'s messages).
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+
+import torch
+
+
+def _int_at_least(name: str, v, lo: int, allow_none: bool = False) -> None:
+    if v is None and allow_none:
+        return
+    if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < lo:
+        raise ValueError(f"{name} ({v!r}) must be an integer >= {lo}")
+
+
+def check_dispatch_knobs(num_experts, top_k, *, token_budget, max_chunks, alpha, min_tokens, lam,
+                         max_imports, block_rows) -> None:
+    """The knobs of a dispatch operator (DESIGN §1): counts are integers in range, ``α`` and ``λ``
+    are numbers ``>= 1`` (``α = inf`` means no cap; NaN is refused)."""
+    _int_at_least("num_experts", num_experts, 1)
+    _int_at_least("top_k", top_k, 1)
+    if top_k > num_experts:
+        raise ValueError(f"top_k ({top_k}) must be <= num_experts ({num_experts})")
+    _int_at_least("token_budget", token_budget, 1)
+    _int_at_least("max_chunks", max_chunks, 1)
+    _int_at_least("min_tokens", min_tokens, 1)
+    _int_at_least("max_imports", max_imports, 0)
+    _int_at_least("block_rows", block_rows, 1, allow_none=True)
+    for name, v, finite in (("alpha", alpha, False), ("lam", lam, True)):
+        if isinstance(v, bool) or not isinstance(v, numbers.Real) or math.isnan(v) or v < 1 \
+                or (finite and math.isinf(v)):
+            raise ValueError(f"{name} ({v!r}) must be a number >= 1" + (" and finite" if finite else ""))
+
+
+def check_dispatch_shard(shard, num_experts: int, group_size: int) -> None:
+    """The shard holds ``E / W`` experts: ``num_experts`` must split evenly over the group."""
+    if num_experts % group_size or shard.num_local != num_experts // group_size:
+        raise ValueError(f"num_experts ({num_experts}) must equal the group size ({group_size}) times the "
+                         f"shard's experts ({shard.num_local})")
+
+
+def check_dispatch_inputs(x_NH: torch.Tensor, ids_Nk: torch.Tensor, weights_Nk: torch.Tensor, *,
+                          hidden_size: int, num_experts: int, top_k: int) -> None:
+    """``x_NH`` is ``N×H``; ``ids_Nk`` integer and ``weights_Nk`` floating, both ``N×k`` (shapes and
+    dtypes only: no kernel, no sync). The id range is checked where the plan counts the routes
+    (``planner.runtime.routing.local_counts``)."""
+    if x_NH.dim() != 2 or x_NH.shape[1] != hidden_size:
+        raise ValueError(f"x_NH has shape {tuple(x_NH.shape)}, must be (N, {hidden_size})")
+    n = x_NH.shape[0]
+    if tuple(ids_Nk.shape) != (n, top_k):
+        raise ValueError(f"ids_Nk has shape {tuple(ids_Nk.shape)}, must be ({n}, {top_k}) (one row per token "
+                         f"of x_NH, top_k columns)")
+    if tuple(weights_Nk.shape) != (n, top_k):
+        raise ValueError(f"weights_Nk has shape {tuple(weights_Nk.shape)}, must be ({n}, {top_k})")
+    if ids_Nk.dtype.is_floating_point or ids_Nk.dtype.is_complex or ids_Nk.dtype == torch.bool:
+        raise ValueError(f"ids_Nk must be an integer tensor, got {ids_Nk.dtype}")
+    if not weights_Nk.dtype.is_floating_point:
+        raise ValueError(f"weights_Nk must be a floating-point tensor, got {weights_Nk.dtype}")
+
+
+def check_targets(targets_N: torch.Tensor) -> None:
+    """Class-index targets are integers (torch's ``cross_entropy`` reads floating targets as
+    probabilities; truncating them to ids would give a wrong loss)."""
+    dt = targets_N.dtype
+    if dt.is_floating_point or dt.is_complex or dt == torch.bool:
+        raise ValueError(f"targets_N must hold class indices of an integer dtype (expected scalar type Long), "
+                         f"got {dt}")
+
+
+def check_sco(num_boundaries, boundary_shape, host_budget_bytes) -> None:
+    """SCO's construction: ``L_b >= 1`` boundaries of a non-empty shape, a budget ``>= 0``."""
+    _int_at_least("num_boundaries", num_boundaries, 1)
+    shape = tuple(boundary_shape)
+    if not shape or any(isinstance(s, bool) or not isinstance(s, numbers.Integral) or s < 1 for s in shape):
+        raise ValueError(f"boundary_shape ({shape!r}) must be positive integers")
+    if isinstance(host_budget_bytes, bool) or not isinstance(host_budget_bytes, numbers.Real) \
+            or not host_budget_bytes >= 0:
+        raise ValueError(f"host_budget_bytes ({host_budget_bytes!r}) must be a number >= 0")
+
+
+def check_adamw_hyper(lr, betas, eps, weight_decay) -> None:
+    """``torch.optim.AdamW``'s checks, with its messages (NaN fails them too)."""
+    if isinstance(lr, torch.Tensor) and lr.numel() != 1:
+        raise ValueError("Tensor lr must be 1-element")
+    if not 0.0 <= lr:
+        raise ValueError(f"Invalid learning rate: {lr}")
+    if not 0.0 <= eps:
+        raise ValueError(f"Invalid epsilon value: {eps}")
+    if not 0.0 <= betas[0] < 1.0:
+        raise ValueError(f"Invalid beta parameter at index 0: {betas[0]}")
+    if not 0.0 <= betas[1] < 1.0:
+        raise ValueError(f"Invalid beta parameter at index 1: {betas[1]}")
+    if not 0.0 <= weight_decay:
+        raise ValueError(f"Invalid weight_decay value: {weight_decay}")
+
+
+def check_param_groups(groups, new: dict | None = None) -> None:
+    """No parameter listed twice, within a group or across groups. torch warns on the first (its
+    result is still right, ours would not be) and raises on the second; both raise here."""
+    seen: set[int] = set()
+    for g in groups:
+        ids = [id(p) for p in g["params"]]
+        if len(ids) != len(set(ids)):
+            raise ValueError("optimizer contains a parameter group with duplicate parameters")
+        seen |= set(ids)
+    if new is not None:
+        ids = [id(p) for p in new["params"]]
+        if len(ids) != len(set(ids)):
+            raise ValueError("optimizer contains a parameter group with duplicate parameters")
+        if seen & set(ids):
+            raise ValueError("some parameters appear in more than one parameter group")
