@@ -14,6 +14,7 @@ from typing import Annotated, Optional
 import typer
 from rich.console import Console
 
+from planner.budget.frontier import MIN_HEADROOM
 from planner.errors import InvalidPlan, PlanError
 from planner.units import GiB, parse_count, parse_params
 
@@ -267,7 +268,7 @@ def max_context(
     seq_step: Annotated[Optional[str], typer.Option(help="Grid step of S (total context, like --max-seq-len), rounded up to a multiple of D.", show_default="1k × D")] = None,
     max_seq_len: Annotated[str, typer.Option(help="Largest S (total context) scanned.")] = "16m",
     min_headroom: Annotated[Optional[float], typer.Option(
-        help="Fraction of the usable capacity a fitting point leaves free.", show_default="0.03")] = None,
+        help="Fraction of the usable capacity a fitting point leaves free.", show_default=f"{MIN_HEADROOM}")] = None,
     **kw,
 ) -> None:
     """Largest context length that fits (whole-grid scan; the peak is not monotone in S)."""
@@ -281,7 +282,7 @@ def max_context(
 def max_batch(
     max_tokens: Annotated[str, typer.Option(help="Largest tokens per sequence group scanned.")] = "16m",
     min_headroom: Annotated[Optional[float], typer.Option(
-        help="Fraction of the usable capacity a fitting point leaves free (default 0.03).")] = None,
+        help="Fraction of the usable capacity a fitting point leaves free.", show_default=f"{MIN_HEADROOM}")] = None,
     **kw,
 ) -> None:
     """Largest global batch per micro-step that fits at the given S (whole-grid scan)."""
@@ -319,7 +320,7 @@ def search(
     dtype: Annotated[DtypeC, typer.Option(help="Activation dtype.")] = DtypeC.bf16,
     top: Annotated[int, typer.Option(help="How many composed plans to list.")] = 5,
     min_headroom: Annotated[Optional[float], typer.Option(
-        help="Fraction of the usable capacity a listed plan leaves free.", show_default="0.03")] = None,
+        help="Fraction of the usable capacity a listed plan leaves free.", show_default=f"{MIN_HEADROOM}")] = None,
     stack: Annotated[StackC, typer.Option(help="Which plan --out writes: the faster stack that fits (best), or one stack.")] = StackC.best,
     out_file: Annotated[Optional[str], typer.Option("--out", help="Write the chosen plan (--stack) as a plan file.", show_default="none: nothing written")] = None,
     progress: Annotated[bool, typer.Option(help="Show a progress bar.")] = True,
@@ -369,7 +370,7 @@ def sweep(
     routing: Annotated[str, typer.Option(help="balanced | worst | R/H, for both stacks.")] = "balanced",
     dtype: Annotated[DtypeC, typer.Option(help="Activation dtype.")] = DtypeC.bf16,
     min_headroom: Annotated[Optional[float], typer.Option(
-        help="Fraction of the usable capacity a chosen plan leaves free.", show_default="0.03")] = None,
+        help="Fraction of the usable capacity a chosen plan leaves free.", show_default=f"{MIN_HEADROOM}")] = None,
     csv: Annotated[Optional[str], typer.Option("--csv", help="Write the sweep as CSV.", show_default="none")] = None,
     plot: Annotated[Optional[str], typer.Option("--plot", help="Write the plot; the suffix picks the format (.png, .pdf, .svg; needs the plot extra).", show_default="none")] = None,
     progress: Annotated[bool, typer.Option(help="Show a progress bar.")] = True,

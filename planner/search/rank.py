@@ -81,7 +81,7 @@ def rank_key(row: tuple) -> tuple:
     EP and LLEP's routed batch are sized by the routing assumption, DESIGN §3.2); then predicted step
     time, exactly; ties go to the lower per-rank HBM peak, then the lower host bytes, then the
     lexicographically smaller plan (categorical choices, then the numeric knobs in name order)."""
-    return (not bounded_dispatch(row[5].plan), *row[:5])
+    return (row[5] is not None and not bounded_dispatch(row[5].plan), *row[:5])
 
 
 def collapse(rows: list[tuple]) -> list[tuple]:

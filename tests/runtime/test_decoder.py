@@ -76,7 +76,7 @@ def _tiny(name):
 
     from planner.schema import ModelSpec
 
-    path = os.path.join(os.path.dirname(__file__), "..", "..", "profiles", "models", f"{name}.yaml")
+    path = os.path.join(os.path.dirname(__file__), "..", "..", "planner", "profiles", "models", f"{name}.yaml")
     with open(path) as f:
         d = yaml.safe_load(f)
     L = 3
