@@ -192,7 +192,10 @@ def plan_dispatch(model, ctx) -> None:
     """Give every MoE layer's dispatcher the integer plan of the plan's routing profile, and the
     Ring-DTP head its ``N_max`` (computed here, as ``dispatch_trace`` does): the step then routes as
     the budget's ``expected`` size assumes, under a fake process group (whose collectives cannot
-    exchange real counts) and in a trace (which cannot read them) alike."""
+    exchange real counts) and in a trace (which cannot read them) alike. The FSDP2 baseline's
+    dispatchers too: under the fake process group the other ranks' counts never arrive, and a
+    rank's own (randomly initialised, far from balanced) routing replicated over the expert group
+    puts up to ``ep`` times its routes on one rank, a load the plan's profile does not describe."""
     import functools
 
     from planner.budget.dispatch import profile_of
@@ -200,11 +203,11 @@ def plan_dispatch(model, ctx) -> None:
 
     counts = routing.profile_counts(profile_of(ctx), int(ctx.tokens_per_rank), ctx.num_experts, ctx.top_k,
                                     int(ctx.expert_parallel))
-    for blk in model.layers:
-        if blk.is_moe:
-            disp = blk.ffn.experts
-            disp.forward = functools.partial(type(disp).forward, disp, plan=disp.plan_from_counts(counts))
-    head = model.head
+    from planner.runtime.expert_parallel import DispatchOp
+
+    for disp in (m for m in model.modules() if isinstance(m, DispatchOp)):   # composed and FSDP2 alike
+        disp.forward = functools.partial(type(disp).forward, disp, plan=disp.plan_from_counts(counts))
+    head = getattr(model, "head", None)
     if head is not None and "n_max" in type(head).forward.__code__.co_varnames:  # every rank holds N
         head.forward = functools.partial(type(head).forward, head, n_max=int(ctx.tokens_per_rank))
 
@@ -222,8 +225,7 @@ def measure(planfile, ctx, *, rank: int, steps: int, grad_lifetime: str) -> Meas
         torch.manual_seed(SEED)
         composed = build_step(planfile, device=device, grad_lifetime=grad_lifetime, rank=rank)
         try:
-            if planfile.plan.stack == "composed":   # the FSDP2 baseline routes by its own counts
-                plan_dispatch(composed.model, ctx)
+            plan_dispatch(composed.model, ctx)
             tokens, targets = synthetic_batch(ctx, device, torch)
             rec = PhaseRecorder(CudaSource(device))
             samples, start, times, losses = run_steps(composed, rec, tokens, targets, steps=steps,
