@@ -12,7 +12,8 @@ FSDP2 baseline (``reshard_after_forward=True``, prefetch 1, ``MixedPrecisionPoli
 
     layer params (bf16)        2·Θ_layer/tp      current + prefetched layer
     unsharded layer grads      Θ_layer/tp        bf16, backward
-    fp32 reduce-scatter input  Θ_layer/tp        4 B, backward (reduce_dtype = fp32)
+    fp32 reduce-scatter input  Θ_layer/tp        4 B, backward (reduce_dtype = fp32); backward[L]:
+                               max(Θ_layer, V·H)/tp (FSDP2 holds the head's until the layer reduces)
     embedding / head units     V·H/tp            their own FSDP units (+ fp32 grad before RS)
 """
 
@@ -31,12 +32,22 @@ runtime here yet, so these counts come from the layouts alone."""
 SOURCE = "DESIGN §2 MoP layout / FSDP2 layout, §3.2 Gathered"
 
 
+def _rs_input(n, head_rs, L):
+    """Elements of fp32 reduce-scatter input live in ``backward[r]``: this layer's, or in the last
+    layer the head unit's, which FSDP2 holds until this layer's own reduce-scatter frees it."""
+    def at(phase):
+        return np.maximum(n, head_rs) if phase.region == L else n
+    return at
+
+
 def _fsdp2_terms(ctx: Ctx) -> list[Term]:
     m, tp, b = ctx.model, ctx.tp, ctx.act_bytes
     VH = ctx.vocab_size * ctx.hidden_size
     VH_tp = ceil_div(VH, tp)
     out: list[Term] = []
     kinds = [("moe", True)] if m.num_moe_layers else []
+    L = ctx.num_boundaries                       # one region per layer
+    head_rs = VH_tp + ctx.hidden_size            # [norm, head] unit's fp32 reduce-scatter input
     if m.num_dense_layers:
         kinds.append(("dense_mlp", False))
     for kind, moe in kinds:
@@ -46,8 +57,12 @@ def _fsdp2_terms(ctx: Ctx) -> list[Term]:
                  "2·Θ_layer/tp", FWD_BWD, regions=(kind,), source=SOURCE, provisional=PROVISIONAL),
             Term(f"{kind} layer unsharded grads (bf16)", "gathered", n, b, "Θ_layer/tp", ("backward",),
                  regions=(kind,), source=SOURCE, provisional=PROVISIONAL),
-            Term(f"{kind} layer fp32 reduce-scatter input", "gathered", n, 4, "Θ_layer/tp",
-                 ("backward",), regions=(kind,), source=SOURCE, provisional=PROVISIONAL),
+            Term(f"{kind} layer fp32 reduce-scatter input", "gathered", np.maximum(n, head_rs), 4,
+                 "Θ_layer/tp; backward[L]: max(Θ_layer, V·H)/tp (the head's, held until this layer reduces)",
+                 ("backward",), regions=(kind,), at=_rs_input(n, head_rs, L),
+                 source=SOURCE + "; FSDP2 keeps the last reduce-scatter input alive until the next unit's "
+                 "post-backward (reduce_scatter_max_input_buffers = 1): in backward[L] the head's fp32 "
+                 "gradient (trace: tests/trace/test_fsdp2_trace.py, bf16 cases)", provisional=PROVISIONAL),
         ]
     out += [
         Term("embedding unit (bf16)", "gathered", VH_tp, b, "V·H/tp", FWD_BWD, first_region_only=True,
