@@ -188,6 +188,24 @@ def build_step(planfile, *, device, grad_lifetime: str, rank: int = 0):
     return build_composed_step(planfile, device=device, set_to_none=grad_lifetime == "freed")
 
 
+def _profile_plans(disp, profile: str) -> None:
+    """``disp`` plans from ``profile``'s integer counts at the tokens it is given (every rank of the
+    expert group drawing them), instead of all-gathering the ranks' counts; the checkpoint's
+    recompute still reuses the forward's plan."""
+    import types
+
+    from planner.plans import routing
+    from planner.runtime import shim
+
+    def make_plan(self, ids_Nk):
+        counts = routing.profile_counts(profile, int(ids_Nk.shape[0]), self.num_experts, self.top_k,
+                                        shim.group_size(self.group))
+        self.plans_computed += 1
+        return self.plan_from_counts(counts, self._num_chunks(ids_Nk.shape[0]))
+
+    disp.make_plan = types.MethodType(make_plan, disp)
+
+
 def plan_dispatch(model, ctx) -> None:
     """Give every MoE layer's dispatcher the integer plan of the plan's routing profile, and the
     Ring-DTP head its ``N_max`` (computed here, as ``dispatch_trace`` does): the step then routes as
@@ -200,14 +218,19 @@ def plan_dispatch(model, ctx) -> None:
 
     from planner.budget.dispatch import profile_of
     from planner.plans import routing
-
-    counts = routing.profile_counts(profile_of(ctx), int(ctx.tokens_per_rank), ctx.num_experts, ctx.top_k,
-                                    int(ctx.expert_parallel))
     from planner.runtime.expert_parallel import DispatchOp
 
-    for disp in (m for m in model.modules() if isinstance(m, DispatchOp)):   # composed and FSDP2 alike
-        disp.forward = functools.partial(type(disp).forward, disp, plan=disp.plan_from_counts(counts))
-    head = getattr(model, "head", None)
+    if ctx.stack == "fsdp2":   # the tokens a layer routes (N, or N/tp under sequence parallel) are its own
+        for disp in (m for m in model.modules() if isinstance(m, DispatchOp)):
+            _profile_plans(disp, profile_of(ctx))
+        return
+    counts = routing.profile_counts(profile_of(ctx), int(ctx.tokens_per_rank), ctx.num_experts, ctx.top_k,
+                                    int(ctx.expert_parallel))
+    for blk in model.layers:
+        if blk.is_moe:
+            disp = blk.ffn.experts
+            disp.forward = functools.partial(type(disp).forward, disp, plan=disp.plan_from_counts(counts))
+    head = model.head
     if head is not None and "n_max" in type(head).forward.__code__.co_varnames:  # every rank holds N
         head.forward = functools.partial(type(head).forward, head, n_max=int(ctx.tokens_per_rank))
 
