@@ -100,8 +100,30 @@ def saved_per_token(ctx: Ctx, kind: str, selective: bool = False) -> tuple[int, 
     """Saved activations of one region of ``kind`` per token: (elements of ``b`` bytes, fp32 elements).
 
     ``selective``: torch op-level SAC keeping matmul and SDPA outputs (FSDP2 baseline), else every
-    tensor autograd saves (no checkpointing).
+    tensor autograd saves (no checkpointing). FSDP2 baseline without checkpointing adds what its
+    whole-step trace shows autograd saving beyond that inventory (``_fsdp2_extra``).
     """
+    b, f = _saved_per_token(ctx, kind, selective)
+    if ctx.stack == "fsdp2" and not selective:
+        db, df = _fsdp2_extra(ctx, kind)
+        return b + db, f + df
+    return b, f
+
+
+def _fsdp2_extra(ctx: Ctx, kind: str) -> tuple[int, int]:
+    """FSDP2 ``ac = none``, per token, read off the saved tensors of the whole-step trace
+    (``tests/trace/test_fsdp2_trace.py``): each RMSNorm keeps its fp32 input copy ``H`` (fp32)
+    beside its normed input and output; a MoE layer keeps, beside the grouped MLP's saved rows,
+    both the combined rows and the weighted rows ``2·k·H`` (the inventory has one ``k·H`` beyond
+    the slot-major rows), and its route indices as int64 (top-k ids and four route permutations,
+    ``5k`` int64 = ``10k`` fp32 units)."""
+    H, k = ctx.hidden_size, ctx.top_k
+    if kind == "moe":
+        return k * H, H + 10 * k
+    return 0, H
+
+
+def _saved_per_token(ctx: Ctx, kind: str, selective: bool = False) -> tuple[int, int]:
     m, H = ctx.model, ctx.hidden_size
     nh, nkv, dqk, dv = m.num_heads, m.num_kv_heads, m.head_dim, m.v_dim
     if kind == "attention":
@@ -170,8 +192,9 @@ def terms(ctx: Ctx) -> list[Term]:
         tp = ctx.tp
         N_tp = ceil_div(N, tp)
         NH = N_tp * H
+        final = _final_norm(ctx, N_tp, H)   # outside the layer checkpoints, as in the composed stack
         if ctx.ac == "full":
-            return _checkpointed(ctx, NH, ctx.num_boundaries, 0, sco=False, provisional=True)
+            return _checkpointed(ctx, NH, ctx.num_boundaries, 0, sco=False, provisional=True) + final
         kinds = tuple(("attention", k) for k in ctx.regions)
         selective = ctx.ac == "selective"
         out = _saved(ctx, N_tp, kinds, selective,
@@ -183,7 +206,7 @@ def terms(ctx: Ctx) -> list[Term]:
                                ctx.num_boundaries * NH, ctx.act_bytes, "r·N·H/tp (head: L·N·H/tp)", ALL_STEP,
                                at=lambda ph: (ctx.num_boundaries if ph.kind == "head" else ph.region) * NH,
                                provisional=True, source=SAVED_SOURCE))
-        return out + [
+        return out + final + [
             Term("layer output", "boundaries", NH, ctx.act_bytes, "N·H/tp", ("forward",), provisional=True,
                  source=SOURCE),
             Term("boundary grad in/out", "boundaries", 2 * NH, ctx.act_bytes, "2·N·H/tp", ("backward",),

@@ -19,6 +19,9 @@ fp32 weight-gradient accumulator ``V·H·4``; then
     grad downcast     the chunk's fp32 logit gradient C·V·4 and its b-byte copy C·V·b [b<4]
     weight-grad GEMM  the b-byte logit gradient C·V·b and the chunk's gw product V·H·b
     gw cast           the accumulator's b-byte copy V·H·b [b<4] (saved for the backward)
+
+Both heads end with the sub-step ``head grad reduce-scatter``: the head's unsharded gradient
+``V·H·b/tp``, FSDP2's fp32 reduce-scatter input ``V·H·4/tp`` and the input gradient ``N·H·b``.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from planner.budget.context import Ctx
 from planner.budget.terms import Term
 from planner.budget.vocab import Item, binding_terms, dense_substeps
 from planner.plans.ring import max_shard_rows
+from planner.units import ceil_div
 
 SRC_CHUNKED = "tensor inventory of planner/runtime/chunked_ce.py (chunked linear cross-entropy)"
 SRC_DENSE = "tensor inventory of the FSDP2 dense head (cross_entropy of fp32 logits; loss_parallel under tp)"
@@ -50,16 +54,27 @@ def chunked_substeps(N, H, V, C, b: int) -> dict[str, list[Item]]:
     }
 
 
+def reduce_substep(N, H, VH_tp, b: int) -> list[Item]:
+    """The head's backward end: its unsharded gradient, FSDP2's fp32 copy of it for the
+    reduce-scatter and the input gradient (the logits and their gradients are gone by then)."""
+    return [Item("head unsharded grad (param dtype)", VH_tp, b, "V·H/tp"),
+            Item("head grad, fp32 reduce-scatter input", VH_tp, 4, "V·H/tp"),
+            Item("head input gradient", N * H, b, "N·H")]
+
+
 def terms(ctx: Ctx) -> list[Term]:
     N, H, V, b = ctx.tokens_per_rank, ctx.hidden_size, ctx.vocab_size, ctx.act_bytes
+    tp = np.asarray(ctx.tp)
+    red = reduce_substep(N, H, ceil_div(V * H, tp), b)
     if ctx.head == "chunked":
         C = np.minimum(ctx.head_chunk_tokens, N)
-        return binding_terms(chunked_substeps(N, H, V, C, b), SRC_CHUNKED, provisional=True)
-    tp = np.asarray(ctx.tp)
+        return binding_terms({**chunked_substeps(N, H, V, C, b), "head grad reduce-scatter": red},
+                             SRC_CHUNKED, provisional=True)
     if np.all(tp == 1):
-        return binding_terms(dense_substeps(N, H, V, V, b), SRC_DENSE)
+        return binding_terms({**dense_substeps(N, H, V, V, b), "head grad reduce-scatter": red}, SRC_DENSE)
     cols = max_shard_rows(V, tp)
     sub = dense_substeps(N, H, cols, cols, b)
+    sub["head grad reduce-scatter"] = red
     sub["log-softmax bwd"] = sub["log-softmax bwd"][:2] + [
         Item("log-softmax, target grad, exp, their sum (fp32)", 4 * N * cols, 4, "4·N·c")]
     return binding_terms(sub, SRC_DENSE, provisional=True)

@@ -14,7 +14,9 @@ Live buffers (counted in ``planner.budget.fsdp2_vocab``):
 
 - saved from forward to backward: ``gx_NH`` (``N·H·b``) and ``gw_VH`` (fp32 accumulator
   ``V·H·4``, cast to ``b`` at the end of the forward);
-- per chunk: ``z_CV`` fp32 (turned into the gradient in place), its ``b``-byte copy for the
+- per chunk: ``z_CV`` fp32 (turned into the softmax and then the gradient in place: the
+  log-sum-exp is computed in place too, as ``torch.logsumexp`` would hold a second ``C×V`` fp32
+  temporary), its ``b``-byte copy for the
   GEMMs [b<4], the ``b``-byte matmul output before the upcast [b<4], the chunk's ``gw``
   product ``V·H·b`` [b<4] before it is added into the accumulator.
 """
@@ -60,13 +62,16 @@ class _ChunkedLinearCE(torch.autograd.Function):
             z_CV = torch.mm(x_CH, w_VH.t())
             if z_CV.dtype != acc:
                 z_CV = z_CV.to(acc)
-            lse_C = torch.logsumexp(z_CV, 1)
             idx_C1 = torch.where(v_C, t_C, 0).unsqueeze(1)
             y_C = z_CV.gather(1, idx_C1).squeeze(1)
+            # log-sum-exp in place (``torch.logsumexp`` would allocate a C×V temporary for z − max)
+            m_C1 = z_CV.amax(1, keepdim=True)
+            s_C1 = z_CV.sub_(m_C1).exp_().sum(1, keepdim=True)        # z_CV = exp(z − max)
+            lse_C = (s_C1.log() + m_C1).squeeze(1)
             loss += torch.where(v_C, lse_C - y_C, 0.0).sum()
             if not needs:
                 continue
-            z_CV.sub_(lse_C.unsqueeze(1)).exp_()                       # softmax, in place
+            z_CV.div_(s_C1)                                            # softmax, in place
             z_CV.scatter_add_(1, idx_C1, v_C.to(acc).neg().unsqueeze(1))
             z_CV.mul_((v_C.to(acc) / denom).unsqueeze(1))            # d loss / d z for the chunk
             g_CV = z_CV if x_NH.dtype == acc else z_CV.to(x_NH.dtype)

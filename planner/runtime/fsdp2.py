@@ -129,6 +129,7 @@ class BaselineLM(nn.Module):
         for unit in d.layers:
             h = unit(h, positions_T)
         x = d.norm(h)
+        del h   # the norm saved its own fp32 copy: the last layer's output need not live through the head
         if self.head_kind == "chunked":
             return d.head(x, targets_BT, divisor)
         logits = d.head(x).flatten(0, 1).float()   # vocabulary-sharded DTensor under tp (loss_parallel)

@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 
 from planner.runtime.phase_recorder import PhaseRecorder, TrackerSource
-from planner.runtime.validate import run_steps, synthetic_batch
+from planner.runtime.validate import plan_dispatch, run_steps, synthetic_batch
 from planner.runtime.validate_compare import compare
 from planner.runtime.validate_plan import predict
 
@@ -39,6 +39,7 @@ def trace_fsdp2(planfile, *, rank: int = 0, grad_lifetime: str = "freed", steps:
     try:
         torch.manual_seed(0)
         step = build_from_planfile(planfile, device=torch.device("cpu"), rank=rank, grad_lifetime=grad_lifetime)
+        plan_dispatch(step.model, pred.ctx)   # the plan's routing profile, as `planner validate` runs it
         tokens, targets = synthetic_batch(pred.ctx, "cpu", torch)
         for _ in range(steps - 1):   # untracked: creates AdamW's state (MemTracker traces one iteration)
             step.step(tokens, targets)

@@ -188,16 +188,42 @@ def build_step(planfile, *, device, grad_lifetime: str, rank: int = 0):
     return build_composed_step(planfile, device=device, set_to_none=grad_lifetime == "freed")
 
 
+def _profile_plans(disp, profile: str) -> None:
+    """``disp`` plans from ``profile``'s integer counts at the tokens it is given (every rank of the
+    expert group drawing them), instead of all-gathering the ranks' counts; the checkpoint's
+    recompute still reuses the forward's plan."""
+    import types
+
+    from planner.plans import routing
+    from planner.runtime import shim
+
+    def make_plan(self, ids_Nk):
+        counts = routing.profile_counts(profile, int(ids_Nk.shape[0]), self.num_experts, self.top_k,
+                                        shim.group_size(self.group))
+        self.plans_computed += 1
+        return self.plan_from_counts(counts, self._num_chunks(ids_Nk.shape[0]))
+
+    disp.make_plan = types.MethodType(make_plan, disp)
+
+
 def plan_dispatch(model, ctx) -> None:
     """Give every MoE layer's dispatcher the integer plan of the plan's routing profile, and the
     Ring-DTP head its ``N_max`` (computed here, as ``dispatch_trace`` does): the step then routes as
     the budget's ``expected`` size assumes, under a fake process group (whose collectives cannot
-    exchange real counts) and in a trace (which cannot read them) alike."""
+    exchange real counts) and in a trace (which cannot read them) alike. The FSDP2 baseline's
+    dispatchers too: under the fake process group the other ranks' counts never arrive, and a
+    rank's own (randomly initialised, far from balanced) routing replicated over the expert group
+    puts up to ``ep`` times its routes on one rank, a load the plan's profile does not describe."""
     import functools
 
     from planner.budget.dispatch import profile_of
     from planner.plans import routing
+    from planner.runtime.expert_parallel import DispatchOp
 
+    if ctx.stack == "fsdp2":   # the tokens a layer routes (N, or N/tp under sequence parallel) are its own
+        for disp in (m for m in model.modules() if isinstance(m, DispatchOp)):
+            _profile_plans(disp, profile_of(ctx))
+        return
     counts = routing.profile_counts(profile_of(ctx), int(ctx.tokens_per_rank), ctx.num_experts, ctx.top_k,
                                     int(ctx.expert_parallel))
     for blk in model.layers:
@@ -222,8 +248,7 @@ def measure(planfile, ctx, *, rank: int, steps: int, grad_lifetime: str) -> Meas
         torch.manual_seed(SEED)
         composed = build_step(planfile, device=device, grad_lifetime=grad_lifetime, rank=rank)
         try:
-            if planfile.plan.stack == "composed":   # the FSDP2 baseline routes by its own counts
-                plan_dispatch(composed.model, ctx)
+            plan_dispatch(composed.model, ctx)
             tokens, targets = synthetic_batch(ctx, device, torch)
             rec = PhaseRecorder(CudaSource(device))
             samples, start, times, losses = run_steps(composed, rec, tokens, targets, steps=steps,
