@@ -24,19 +24,17 @@ per case) and the plan files under ``--out``.
 
 from __future__ import annotations
 
-import argparse
-import gc
-import json
-import os
 import sys
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from _validate_runner import finish, parser, run_case, write_plan  # noqa: E402
 
 from planner.api import build_planfile  # noqa: E402
 from planner.runtime.validate_plan import predict, truncate  # noqa: E402
-from planner.schema.io import write_text_atomic  # noqa: E402
 from planner.units import GiB  # noqa: E402
 
 LAYERS = 2
@@ -99,20 +97,10 @@ def summary_line(c: dict) -> str:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--out", default=os.environ.get("OUT", "bench/results/validate_fsdp2"))
-    ap.add_argument("--dry-run", action="store_true", help="List the cases and predictions; run nothing.")
-    ap.add_argument("--budget-s", type=float, default=BUDGET_S)
-    ap.add_argument("--steps", type=int, default=STEPS)
-    args = ap.parse_args(argv)
+    args = parser(__doc__, "bench/results/validate_fsdp2", BUDGET_S, STEPS).parse_args(argv)
     out = Path(args.out)
     (out / "plans").mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
-    run = None
-    if not args.dry_run:
-        from planner.runtime import validate as run
-    import yaml
-
     results = []
     for name, model, W, S, knobs, lt, pf, pred, note in planned():
         c = {"name": name, "model": model, "W": W, "S": S, "knobs": knobs, "lifetime": lt, "layers": LAYERS}
@@ -121,28 +109,11 @@ def main(argv=None) -> int:
             results.append(c)
             print(f"{name}: {note}", flush=True)
             continue
-        plan_path = out / "plans" / f"{name}.yaml"
-        write_text_atomic(plan_path, yaml.safe_dump(pf.model_dump(mode="json"), sort_keys=False))
-        c.update(command=f"planner validate {plan_path} --steps {args.steps} --grad-lifetime {lt} --json",
+        c.update(command=write_plan(out, name, pf, lt, args.steps),
                  N=int(pred.ctx.tokens_per_rank), predicted_peak_bytes=pred.peak_bytes,
                  predicted_binding_phase=pred.binding_phase, capacity_bytes=pred.capacity_bytes,
                  predicted_phases={lab: pred.phase_bytes(lab) for lab in pred.labels})
-        if args.dry_run:
-            c["status"] = "dry run"
-        elif time.perf_counter() - t0 > args.budget_s:
-            c["status"] = "skipped (time budget)"
-        else:
-            t1 = time.perf_counter()
-            try:
-                o = run.validate(pf, steps=args.steps, grad_lifetime=lt)
-                c.update(status="ran", result=o.to_json())
-            except Exception as e:  # noqa: BLE001 - record and go on (an OOM is a miss)
-                c.update(status=f"error: {type(e).__name__}: {' '.join(str(e).split())[:300]}")
-            c["wall_s"] = time.perf_counter() - t1
-            import torch
-
-            gc.collect()
-            torch.cuda.empty_cache()
+        run_case(c, pf, lt, args, t0)
         results.append(c)
         print(f"{name} ({lt}): {c['status']}" + (f" ({c['wall_s']:.1f} s)" if "wall_s" in c else "")
               + f"  predicted peak {pred.peak_bytes / GiB:.2f} GiB at {pred.binding_phase}", flush=True)
@@ -151,24 +122,10 @@ def main(argv=None) -> int:
                 m = ph["measured"]
                 mtxt = f"{m['peak_bytes'] / GiB:8.3f}" if m else "       -"
                 print(f"    {lab:14s} predicted {ph['predicted_bytes'] / GiB:8.3f} GiB  measured {mtxt} GiB", flush=True)
-    prov = {}
-    if not args.dry_run:
-        from planner.runtime.measure import provenance
-
-        prov = provenance()
-    doc = {"provenance": prov, "wall_s": time.perf_counter() - t0, "dry_run": args.dry_run, "cases": results}
-    write_text_atomic(out / "validate_fsdp2.json", json.dumps(doc, indent=1, default=str) + "\n")
-    md = ["# planner validate on the FSDP2 baseline, one GPU", "",
-          f"Command: `python3 bench/validate_fsdp2.py --out $OUT` ({doc['wall_s']:.0f} s). W = 1 runs for "
-          "real; larger W run one rank under the fake process group.", "",
-          "| case | W | S | gradients | verdict | peak GiB pred / meas | worst row (pred/meas) |",
-          "|---|---|---|---|---|---|---|"]
-    md += [summary_line(c) for c in results]
-    write_text_atomic(out / "validate_fsdp2.md", "\n".join(md) + "\n")
-    ran = [c for c in results if c["status"] == "ran"]
-    print(f"{len(ran)} of {len(results)} cases ran, {sum(c['result']['ok'] for c in ran)} within tolerance; "
-          f"wrote {out / 'validate_fsdp2.json'} and {out / 'validate_fsdp2.md'}")
-    return 0 if args.dry_run or (ran and all(c["result"]["ok"] for c in ran)) else 1
+    return finish(out, "validate_fsdp2", "planner validate on the FSDP2 baseline, one GPU",
+                  "W = 1 runs for real; larger W run one rank under the fake process group.",
+                  ["| case | W | S | gradients | verdict | peak GiB pred / meas | worst row (pred/meas) |",
+                   "|---|---|---|---|---|---|---|"], [summary_line(c) for c in results], results, args, t0)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,76 @@
+"""What ``bench/validate.py`` and ``bench/validate_fsdp2.py`` share: their options, running one case
+through ``planner.runtime.validate.validate`` (the command's code path) inside the wall-clock budget,
+and writing ``<stem>.json`` / ``<stem>.md`` with the exit code of the whole matrix."""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import time
+from pathlib import Path
+
+from planner.schema.io import write_text_atomic
+
+
+def parser(doc: str, default_out: str, budget_s: float, steps: int) -> argparse.ArgumentParser:
+    """``--out``, ``--dry-run``, ``--budget-s`` (no case starts after it) and ``--steps``."""
+    ap = argparse.ArgumentParser(description=doc.split("\n")[0])
+    ap.add_argument("--out", default=os.environ.get("OUT", default_out))
+    ap.add_argument("--dry-run", action="store_true", help="List the cases and predictions; run nothing.")
+    ap.add_argument("--budget-s", type=float, default=budget_s)
+    ap.add_argument("--steps", type=int, default=steps)
+    return ap
+
+
+def write_plan(out: Path, name: str, pf, lifetime: str, steps: int) -> str:
+    """Write the case's plan file under ``out/plans``; return the ``planner validate`` command."""
+    import yaml
+
+    path = out / "plans" / f"{name}.yaml"
+    write_text_atomic(path, yaml.safe_dump(pf.model_dump(mode="json"), sort_keys=False))
+    return f"planner validate {path} --steps {steps} --grad-lifetime {lifetime} --json"
+
+
+def run_case(c: dict, pf, lifetime: str, args, t0: float) -> None:
+    """Fill ``c["status"]`` (``dry run``, ``skipped (time budget)``, ``ran`` with ``result``, or
+    ``error: …``: a CUDA out-of-memory is recorded as a miss) and ``c["wall_s"]``."""
+    if args.dry_run:
+        c["status"] = "dry run"
+        return
+    if time.perf_counter() - t0 > args.budget_s:
+        c["status"] = "skipped (time budget)"
+        return
+    import torch
+
+    from planner.runtime import validate as run
+
+    t1 = time.perf_counter()
+    try:
+        c.update(status="ran", result=run.validate(pf, steps=args.steps, grad_lifetime=lifetime).to_json())
+    except Exception as e:  # noqa: BLE001 - record and go on (an OOM is a miss)
+        c.update(status=f"error: {type(e).__name__}: {' '.join(str(e).split())[:300]}")
+    c["wall_s"] = time.perf_counter() - t1
+    gc.collect()
+    torch.cuda.empty_cache()
+
+
+def finish(out: Path, stem: str, title: str, note: str, header: list[str], lines: list[str],
+           results: list[dict], args, t0: float) -> int:
+    """Write ``stem.json`` (provenance and every case) and ``stem.md`` (one line per case); exit 0
+    when every case that ran is within tolerance (or on a dry run), else 1."""
+    prov = {}
+    if not args.dry_run:
+        from planner.runtime.measure import provenance
+
+        prov = provenance()
+    doc = {"provenance": prov, "wall_s": time.perf_counter() - t0, "dry_run": args.dry_run, "cases": results}
+    write_text_atomic(out / f"{stem}.json", json.dumps(doc, indent=1, default=str) + "\n")
+    md = [f"# {title}", "", f"Command: `python3 bench/{stem}.py --out $OUT` ({doc['wall_s']:.0f} s). {note}", "",
+          *header, *lines]
+    write_text_atomic(out / f"{stem}.md", "\n".join(md) + "\n")
+    ran = [c for c in results if c["status"] == "ran"]
+    print(f"{len(ran)} of {len(results)} cases ran, {sum(c['result']['ok'] for c in ran)} within tolerance; "
+          f"wrote {out / (stem + '.json')} and {out / (stem + '.md')}")
+    return 0 if args.dry_run or (ran and all(c["result"]["ok"] for c in ran)) else 1
