@@ -11,7 +11,8 @@ heads (``n_kv = n_h`` for MHA and MLA, whose keys are decompressed per head).
                  both layouts (the two all-to-all buffers travel both ways)
 
 Kernel workspaces invisible to fake tensors (FlashAttention's fp32 ``dq_accum``) are in
-``workspace``. A sliding window changes no memory under Ulysses.
+``workspace``. A sliding window adds the block copies of ``planner.runtime.sdpa._sliding`` in the
+local layers' forward (``attention_sliding``).
 
 FSDP2 baseline (per-layer regions): heads over ``tp`` (sequence-parallel input all-gathered to
 ``N·H``), tokens ``N = S/cp``; context parallelism adds the ring's K/V send/receive buffers.
@@ -21,13 +22,15 @@ from __future__ import annotations
 
 import dataclasses
 
+from planner.budget.attention_sliding import excess_term
 from planner.budget.context import Ctx
 from planner.budget.terms import FWD_BWD, Term
 from planner.units import ceil_div
 
 PROVISIONAL = True
-"""Not yet traced: MLA, sliding-window layers and the FSDP2 baseline's attention come from the
-layouts alone. The composed GQA/MHA forward of global layers is confirmed by the region trace."""
+"""Not yet traced: MLA, the backward of every layer and the FSDP2 baseline's attention come from the
+layouts alone. The composed GQA/MHA forward of global and sliding-window layers is confirmed by the
+region trace."""
 SRC_DECODER = ("tensor inventory of planner/runtime/attention.py + model_layers.py (RMSNorm, RoPE in "
                "fp32) in a region checkpoint; region trace, tests/trace/test_step_trace.py")
 SOURCE = "DESIGN §3.2 Attention (Ulysses); FlashAttention-2 forward/backward tensors"
@@ -131,8 +134,7 @@ def _gqa_terms(ctx: Ctx, N, H, b, n_h, n_kv, d_qk, d_v) -> list[Term]:
     ex_b = N * H + 2 * qkv + 2 * o + N * H
     ex_f = N * n_h
     rope_wins = np.asarray(rope_b * b + rope_f * 4) > np.asarray(ex_b * b + ex_f * 4)
-    sliding = bool(m.local_layers) and m.sliding_window is not None
-    prov = PROVISIONAL if sliding else False
+    prov = False
 
     def pick(a, c):
         v = np.where(rope_wins, a, c)
@@ -170,6 +172,10 @@ def _gqa_terms(ctx: Ctx, N, H, b, n_h, n_kv, d_qk, d_v) -> list[Term]:
 
     bw = ("backward",)
     out = [t if t.phases != FWD_BWD else dataclasses.replace(t, phases=fw) for t in out]
+    glob_fw = np.maximum(rope_b * b + rope_f * 4, ex_b * b + ex_f * 4) // b
+    swa = excess_term(ctx, n_kv, glob_fw, provisional=False)
+    if swa is not None:
+        out.append(swa)
     out += [
         Term("backward: normed input, q, k, v both layouts, outputs, lse", "attention",
              pick_b(0, N * H + N * n_h * d_qk + N * n_kv * (d_qk + d_v) + qkv + 2 * o + N * H + 2 * N * n_h), b,

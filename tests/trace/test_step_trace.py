@@ -91,9 +91,10 @@ def test_step_phases_formula_vs_trace(model, W):
     assert res.ok, _table(res)
 
 
-REGIONS = [("qwen3-30b-a3b", 1), ("gpt-oss-20b", 3), ("deepseek-v2-lite", 2)]
+REGIONS = [("qwen3-30b-a3b", 1), ("gpt-oss-20b", 3), ("gpt-oss-20b", 1), ("deepseek-v2-lite", 2)]
 """(model, region): Qwen3's attention (QK-norm, global), gpt-oss's global attention layer (sinks),
-DeepSeek-V2-Lite's dense FFN region (layer 0)."""
+gpt-oss's sliding-window layer 0 (sinks, block copies), DeepSeek-V2-Lite's dense FFN region
+(layer 0)."""
 
 
 @pytest.mark.parametrize("W", WORLDS)
