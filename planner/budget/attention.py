@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from planner.budget.attention_sliding import excess_term
+from planner.budget.attention_sliding import excess_terms
 from planner.budget.context import Ctx
 from planner.budget.terms import FWD_BWD, Term
 from planner.units import ceil_div
@@ -173,9 +173,7 @@ def _gqa_terms(ctx: Ctx, N, H, b, n_h, n_kv, d_qk, d_v) -> list[Term]:
     bw = ("backward",)
     out = [t if t.phases != FWD_BWD else dataclasses.replace(t, phases=fw) for t in out]
     glob_fw = np.maximum(rope_b * b + rope_f * 4, ex_b * b + ex_f * 4) // b
-    swa = excess_term(ctx, n_kv, glob_fw, provisional=False)
-    if swa is not None:
-        out.append(swa)
+    out += excess_terms(ctx, n_kv, glob_fw)
     out += [
         Term("backward: normed input, q, k, v both layouts, outputs, lse", "attention",
              pick_b(0, N * H + N * n_h * d_qk + N * n_kv * (d_qk + d_v) + qkv + 2 * o + N * H + 2 * N * n_h), b,

@@ -18,9 +18,11 @@ ceil(S/w)`` query blocks of ``w``; block ``t`` sees the keys of blocks ``t-1`` a
 
 The peak is the larger of the pad step (``held + qb + kv + pad``) and the kernel step (``held + qb
 + pad + mask + out``); the region also holds the normed input ``N·H`` and q, k, v in both Ulysses
-layouts ``2·N·(n_h·d_qk + n_kv·(d_qk+d_v))`` (one layout at ``D = 1``). The term is the excess of that sub-step over the
-global layer's forward, in the local layers' regions only. Checked against the region trace
-(``tests/trace/test_step_trace.py``, gpt-oss layer 0).
+layouts ``2·N·(n_h·d_qk + n_kv·(d_qk+d_v))`` (one layout at ``D = 1``). The terms are the excess of
+that sub-step over the global layer's forward, in the local layers' regions only: in the forward
+(checked against the region trace, ``tests/trace/test_step_trace.py``, gpt-oss layer 0) and in the
+backward, where the region checkpoint recomputes the forward (provisional: the H200 run's gpt-oss
+backward[1] needs it; the region trace's backward is above it, 635 vs 595 MiB at N = 4096).
 """
 
 from __future__ import annotations
@@ -80,12 +82,13 @@ def sliding_peak(ctx: Ctx, n_kv: int):
     return peak, N * H + layouts * qkv + peak
 
 
-def excess_term(ctx: Ctx, n_kv: int, global_forward, provisional: bool) -> Term | None:
+def excess_terms(ctx: Ctx, n_kv: int, global_forward) -> list[Term]:
     """The sliding sub-step's excess over ``global_forward`` (elements of the global layer's
-    forward at b bytes), in the forward of local layers' regions; ``None`` without local layers."""
+    forward at b bytes) in local layers' regions: forward (traced) and the backward's recompute
+    (provisional). Empty without local layers."""
     regions = local_regions(ctx)
     if not regions:
-        return None
+        return []
     _, total = sliding_peak(ctx, n_kv)
     extra = np.maximum(np.asarray(total) - np.asarray(global_forward), 0)
     extra = int(extra) if np.ndim(extra) == 0 else extra
@@ -93,8 +96,12 @@ def excess_term(ctx: Ctx, n_kv: int, global_forward, provisional: bool) -> Term 
     def at(ph: Phase):
         return extra if ph.region in regions else 0
 
-    return Term("sliding window: block copies of q, k, v (excess over a global layer)", "attention", extra,
-                ctx.act_bytes,
-                "max(0, N·H + (2 if D > 1 else 1)·N·(n_h·d_qk + n_kv·(d_qk+d_v)) + max(held + qb + kv + pad, held + qb + pad + "
-                "mask + 2·R·w_v) − global forward)  [local layers; planner/budget/attention_sliding.py]",
-                ("forward",), regions=("attention",), at=at, source=SOURCE, provisional=provisional)
+    text = ("max(0, N·H + (2 if D > 1 else 1)·N·(n_h·d_qk + n_kv·(d_qk+d_v)) + max(held + qb + kv + pad, "
+            "held + qb + pad + mask + 2·R·w_v) − global forward)  [local layers; planner/budget/attention_sliding.py]")
+    return [
+        Term("sliding window: block copies of q, k, v (excess over a global layer)", "attention", extra,
+             ctx.act_bytes, text, ("forward",), regions=("attention",), at=at, source=SOURCE),
+        Term("sliding window: block copies in the backward's recompute", "attention", extra, ctx.act_bytes,
+             text, ("backward",), regions=("attention",), at=at, provisional=True,
+             source=SOURCE + "; the H200 validate run's backward[1] (gpt-oss)"),
+    ]
