@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import dataclasses
 
+import numpy as np
+
 from planner.budget.attention_sliding import excess_terms
 from planner.budget.context import Ctx
 from planner.budget.terms import FWD_BWD, Term
@@ -111,6 +113,32 @@ def terms(ctx: Ctx) -> list[Term]:
     return out
 
 
+def _backward_substeps(ctx: Ctx):
+    """Bytes of the composed GQA backward's two sub-steps: the layouts and their gradients (where
+    FlashAttention's backward runs, with its workspace), and QK-norm's fp32 RMSNorm backward over q
+    (after it: the kernel's workspace is freed by then)."""
+    m, N, H, b = ctx.model, ctx.tokens_per_rank, ctx.hidden_size, ctx.act_bytes
+    n_h, n_kv, d_qk, d_v = _head_dims(ctx)
+    qkv = N * (n_h * d_qk + n_kv * (d_qk + d_v))
+    o = N * n_h * d_v
+    lay_b = qkv + 2 * o + N * H + 2 * N * n_h + 2 * qkv + 2 * o
+    qkn_f = 6 * N * n_h * d_qk if m.qk_norm else 0
+    qkn_b = 2 * N * n_kv * d_qk if m.qk_norm else 0
+    return np.asarray(lay_b * b), np.asarray(qkn_f * 4 + qkn_b * b)
+
+
+def qk_norm_lead(ctx: Ctx):
+    """How far QK-norm's backward sub-step exceeds the layouts' (bytes, ≥ 0; 0 without QK-norm,
+    for MLA and for the FSDP2 baseline): the part of FlashAttention's backward workspace that sits
+    under it, which ``workspace`` leaves out (DESIGN §3.1: a phase holds its larger sub-step)."""
+    m = ctx.model
+    if ctx.stack == "fsdp2" or m.attention == "mla" or not m.qk_norm:
+        return 0
+    lay, qkn = _backward_substeps(ctx)
+    v = np.maximum(qkn - lay, 0)
+    return int(v) if np.ndim(v) == 0 else v
+
+
 def _gqa_terms(ctx: Ctx, N, H, b, n_h, n_kv, d_qk, d_v) -> list[Term]:
     """Composed GQA/MHA attention region: the forward holds the larger of two sub-steps.
 
@@ -161,10 +189,10 @@ def _gqa_terms(ctx: Ctx, N, H, b, n_h, n_kv, d_qk, d_v) -> list[Term]:
              fw, regions=R, source=SRC_DECODER, provisional=prov),
     ]
     # backward: the layouts and their gradients, or (QK-norm) RMSNorm's fp32 backward over q
-    lay_b = qkv + 2 * o + N * H + 2 * N * n_h + 2 * qkv + 2 * o
     qkn_f = 6 * N * n_h * d_qk if m.qk_norm else 0
     qkn_b = 2 * N * n_kv * d_qk if m.qk_norm else 0
-    qkn_wins = np.asarray(qkn_f * 4 + qkn_b * b) > np.asarray(lay_b * b)
+    lay_bytes, qkn_bytes = _backward_substeps(ctx)
+    qkn_wins = qkn_bytes > lay_bytes
 
     def pick_b(a, c):
         v = np.where(qkn_wins, a, c)
