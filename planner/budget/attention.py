@@ -11,7 +11,8 @@ heads (``n_kv = n_h`` for MHA and MLA, whose keys are decompressed per head).
                  both layouts (the two all-to-all buffers travel both ways)
 
 Kernel workspaces invisible to fake tensors (FlashAttention's fp32 ``dq_accum``) are in
-``workspace``. A sliding window changes no memory under Ulysses.
+``workspace``. A sliding window adds the block copies of ``planner.runtime.sdpa._sliding`` in the
+local layers' forward (``attention_sliding``).
 
 FSDP2 baseline (per-layer regions): heads over ``tp`` (sequence-parallel input all-gathered to
 ``N·H``), tokens ``N = S/cp``; context parallelism adds the ring's K/V send/receive buffers.
@@ -21,13 +22,17 @@ from __future__ import annotations
 
 import dataclasses
 
+import numpy as np
+
+from planner.budget.attention_sliding import excess_terms
 from planner.budget.context import Ctx
 from planner.budget.terms import FWD_BWD, Term
 from planner.units import ceil_div
 
 PROVISIONAL = True
-"""Not yet traced: MLA, sliding-window layers and the FSDP2 baseline's attention come from the
-layouts alone. The composed GQA/MHA forward of global layers is confirmed by the region trace."""
+"""Not yet traced: MLA, the backward of every layer and the FSDP2 baseline's attention come from the
+layouts alone. The composed GQA/MHA forward of global and sliding-window layers is confirmed by the
+region trace."""
 SRC_DECODER = ("tensor inventory of planner/runtime/attention.py + model_layers.py (RMSNorm, RoPE in "
                "fp32) in a region checkpoint; region trace, tests/trace/test_step_trace.py")
 SOURCE = "DESIGN §3.2 Attention (Ulysses); FlashAttention-2 forward/backward tensors"
@@ -108,6 +113,32 @@ def terms(ctx: Ctx) -> list[Term]:
     return out
 
 
+def _backward_substeps(ctx: Ctx):
+    """Bytes of the composed GQA backward's two sub-steps: the layouts and their gradients (where
+    FlashAttention's backward runs, with its workspace), and QK-norm's fp32 RMSNorm backward over q
+    (after it: the kernel's workspace is freed by then)."""
+    m, N, H, b = ctx.model, ctx.tokens_per_rank, ctx.hidden_size, ctx.act_bytes
+    n_h, n_kv, d_qk, d_v = _head_dims(ctx)
+    qkv = N * (n_h * d_qk + n_kv * (d_qk + d_v))
+    o = N * n_h * d_v
+    lay_b = qkv + 2 * o + N * H + 2 * N * n_h + 2 * qkv + 2 * o
+    qkn_f = 6 * N * n_h * d_qk if m.qk_norm else 0
+    qkn_b = 2 * N * n_kv * d_qk if m.qk_norm else 0
+    return np.asarray(lay_b * b), np.asarray(qkn_f * 4 + qkn_b * b)
+
+
+def qk_norm_lead(ctx: Ctx):
+    """How far QK-norm's backward sub-step exceeds the layouts' (bytes, ≥ 0; 0 without QK-norm,
+    for MLA and for the FSDP2 baseline): the part of FlashAttention's backward workspace that sits
+    under it, which ``workspace`` leaves out (DESIGN §3.1: a phase holds its larger sub-step)."""
+    m = ctx.model
+    if ctx.stack == "fsdp2" or m.attention == "mla" or not m.qk_norm:
+        return 0
+    lay, qkn = _backward_substeps(ctx)
+    v = np.maximum(qkn - lay, 0)
+    return int(v) if np.ndim(v) == 0 else v
+
+
 def _gqa_terms(ctx: Ctx, N, H, b, n_h, n_kv, d_qk, d_v) -> list[Term]:
     """Composed GQA/MHA attention region: the forward holds the larger of two sub-steps.
 
@@ -131,8 +162,7 @@ def _gqa_terms(ctx: Ctx, N, H, b, n_h, n_kv, d_qk, d_v) -> list[Term]:
     ex_b = N * H + 2 * qkv + 2 * o + N * H
     ex_f = N * n_h
     rope_wins = np.asarray(rope_b * b + rope_f * 4) > np.asarray(ex_b * b + ex_f * 4)
-    sliding = bool(m.local_layers) and m.sliding_window is not None
-    prov = PROVISIONAL if sliding else False
+    prov = False
 
     def pick(a, c):
         v = np.where(rope_wins, a, c)
@@ -159,10 +189,10 @@ def _gqa_terms(ctx: Ctx, N, H, b, n_h, n_kv, d_qk, d_v) -> list[Term]:
              fw, regions=R, source=SRC_DECODER, provisional=prov),
     ]
     # backward: the layouts and their gradients, or (QK-norm) RMSNorm's fp32 backward over q
-    lay_b = qkv + 2 * o + N * H + 2 * N * n_h + 2 * qkv + 2 * o
     qkn_f = 6 * N * n_h * d_qk if m.qk_norm else 0
     qkn_b = 2 * N * n_kv * d_qk if m.qk_norm else 0
-    qkn_wins = np.asarray(qkn_f * 4 + qkn_b * b) > np.asarray(lay_b * b)
+    lay_bytes, qkn_bytes = _backward_substeps(ctx)
+    qkn_wins = qkn_bytes > lay_bytes
 
     def pick_b(a, c):
         v = np.where(qkn_wins, a, c)
@@ -170,6 +200,8 @@ def _gqa_terms(ctx: Ctx, N, H, b, n_h, n_kv, d_qk, d_v) -> list[Term]:
 
     bw = ("backward",)
     out = [t if t.phases != FWD_BWD else dataclasses.replace(t, phases=fw) for t in out]
+    glob_fw = np.maximum(rope_b * b + rope_f * 4, ex_b * b + ex_f * 4) // b
+    out += excess_terms(ctx, n_kv, glob_fw)
     out += [
         Term("backward: normed input, q, k, v both layouts, outputs, lse", "attention",
              pick_b(0, N * H + N * n_h * d_qk + N * n_kv * (d_qk + d_v) + qkv + 2 * o + N * H + 2 * N * n_h), b,

@@ -4,11 +4,13 @@
 and the ``optimizer`` step. ``critical_phases`` keeps only the phases that can hold the peak:
 forward[1] and backward[1] (the embedding gather and its dense gradient), the last forward and
 backward region of each region kind (retained boundaries grow with ``r``; every other term depends
-only on the region kind), the head and the optimizer. A test checks the two agree.
+only on the region kind), the last sliding-window attention region (its block copies), the head and
+the optimizer. A test checks the two agree.
 """
 
 from __future__ import annotations
 
+from planner.budget.attention_sliding import local_regions
 from planner.budget.context import Ctx
 from planner.budget.terms import Phase
 
@@ -27,6 +29,9 @@ def critical_phases(ctx: Ctx) -> list[Phase]:
     keep = {1}
     for kind in set(kinds):
         keep.add(max(r for r in range(1, len(kinds) + 1) if kinds[r - 1] == kind))
+    local = [r for r in local_regions(ctx) if r <= len(kinds)]
+    if local:
+        keep.add(max(local))
     rs = sorted(keep)
     return ([Phase("forward", r, kinds[r - 1]) for r in rs] + [Phase("head")]
             + [Phase("backward", r, kinds[r - 1]) for r in reversed(rs)] + [Phase("optimizer")])

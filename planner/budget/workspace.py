@@ -1,20 +1,38 @@
 """Live set ``workspace``: in-allocator kernel workspaces (DESIGN §3.1), measured per cluster.
 
-    cuBLAS + cuBLASLt workspaces   profile constants          every phase with matmuls
+    cuBLAS + cuBLASLt workspaces   n_hd · profile constants   every phase (the optimizer's too), from the first step on
+                                   (n_hd = 2 handles: the forward's thread and autograd's
+                                   backward thread; cuBLAS keys a workspace by handle and stream,
+                                   and the allocator keeps both)
     FlashAttention backward        w_fa · N·n_h·d_qk bytes    backward of attention regions
                                    (fp32 dq_accum + softmax_d, per element of q)
     GQA dk/dv expansion            N·n_h·(d_qk+d_v)·b         backward, when n_kv < n_h
+
+With QK-norm (composed stack) the attention backward's larger sub-step may be RMSNorm's fp32
+backward over q, which runs after the kernel (its workspace freed): the two FlashAttention terms
+lose that sub-step's lead over the layouts' (``attention.qk_norm_lead``), so the phase holds
+``max(layouts + workspace, QK-norm backward)``.
 
 Each value comes from the cluster profile and is marked ``assumed`` there until measured.
 """
 
 from __future__ import annotations
 
+import numpy as np
+
+from planner.budget.attention import qk_norm_lead
 from planner.budget.context import Ctx
-from planner.budget.terms import ALL_STEP, Term
+from planner.budget.terms import PHASE_KINDS, Term
 from planner.units import ceil_div
 
 SOURCE = "cluster profile memory constants (DESIGN §3.1 workspace)"
+BLAS_HANDLES = 2
+"""``n_hd``: cuBLAS handles that run matmuls in a step, one per thread (the forward's and autograd's
+CUDA backward thread), each with its own workspace on the compute stream. The H200 validate run
+measured 2 × (32 + 1) MiB allocated at every step start beyond the persistent state."""
+EVERY_PHASE = PHASE_KINDS
+"""The allocator never frees a cuBLAS workspace: it is allocated in the optimizer phase and at the
+step start too (the H200 run: optimizer phase 66.5 MiB above a budget that left it out)."""
 
 
 def terms(ctx: Ctx) -> list[Term]:
@@ -28,15 +46,22 @@ def terms(ctx: Ctx) -> list[Term]:
     regions = ("attention",) if ctx.stack == "composed" else tuple(
         k for k in ("moe", "dense_mlp") if k in set(ctx.regions))
     w_fa = mem.flash_workspace_bytes_per_elem.value
+    fa = N * hq * m.head_dim * int(w_fa)
+    exp = N * hq * (m.head_dim + m.v_dim) * b if hkv < hq else 0
+    lead = qk_norm_lead(ctx)                    # QK-norm's backward sub-step above FlashAttention's
+    fa_net = np.maximum(fa - lead, 0)
+    exp_net = np.maximum(exp - np.maximum(lead - fa, 0), 0)
+    fa_net, exp_net = (int(v) if np.ndim(v) == 0 else v for v in (fa_net, exp_net))
+    under = "; less the lead of QK-norm's backward sub-step over the layouts'" if m.qk_norm else ""
     out = [
-        Term("cuBLAS workspace", "workspace", int(mem.cublas_workspace_bytes.value), 1,
-             "memory.cublas_workspace_bytes", ALL_STEP, source=SOURCE),
-        Term("cuBLASLt workspace", "workspace", int(mem.cublaslt_workspace_bytes.value), 1,
-             "memory.cublaslt_workspace_bytes", ALL_STEP, source=SOURCE),
-        Term("FlashAttention backward dq_accum/softmax_d", "workspace", N * hq * m.head_dim * int(w_fa), 1,
-             "w_fa·N·n_h·d_qk (bytes)", ("backward",), regions=regions, source=SOURCE),
+        Term("cuBLAS workspace", "workspace", BLAS_HANDLES * int(mem.cublas_workspace_bytes.value), 1,
+             "n_hd·memory.cublas_workspace_bytes", EVERY_PHASE, source=SOURCE),
+        Term("cuBLASLt workspace", "workspace", BLAS_HANDLES * int(mem.cublaslt_workspace_bytes.value), 1,
+             "n_hd·memory.cublaslt_workspace_bytes", EVERY_PHASE, source=SOURCE),
+        Term("FlashAttention backward dq_accum/softmax_d", "workspace", fa_net, 1,
+             "w_fa·N·n_h·d_qk (bytes)" + under, ("backward",), regions=regions, source=SOURCE),
     ]
     if hkv < hq:
-        out.append(Term("FlashAttention GQA dk/dv expansion", "workspace", N * hq * (m.head_dim + m.v_dim), b,
-                        "N·n_h·(d_qk+d_v)", ("backward",), regions=regions, source=SOURCE))
+        out.append(Term("FlashAttention GQA dk/dv expansion", "workspace", exp_net, 1,
+                        "N·n_h·(d_qk+d_v)·b (bytes)" + under, ("backward",), regions=regions, source=SOURCE))
     return out

@@ -4,7 +4,8 @@ Rows:
 
 - one per phase: the phase's peak allocated bytes against the budget's phase total (judged);
 - ``persistent``: the bytes allocated when the step begins (weights, kept gradients, device
-  optimizer state) against the ``persistent`` live set in ``forward[1]`` (judged);
+  optimizer state, and the kernel workspaces the allocator keeps from the step before) against the
+  ``persistent`` live set in ``forward[1]`` plus the workspace every phase holds (judged);
 - ``optimizer_step``: the optimizer phase's peak above its start against the ``optimizer_step``
   live set (judged);
 - the step time against the time model, judged only where communication is real (``W = 1``).
@@ -74,7 +75,8 @@ def compare(pred: Prediction, samples: dict, step_start_bytes: int, *, step_s: f
             continue
         rows.append(Row(label, "phase total", p, s.peak_bytes, True, memory_ok(p, s.peak_bytes, under, over)))
     first = pred.labels[0]
-    p = pred.live_set_bytes(first, "persistent")
+    p = pred.live_set_bytes(first, "persistent") + (
+        0 if "workspace" in exclude else pred.step_start_workspace_bytes())
     rows.append(Row("step start", "persistent", p, step_start_bytes, True,
                     memory_ok(p, step_start_bytes, under, over)))
     s = samples.get("optimizer")

@@ -89,6 +89,11 @@ class Prediction:
     def live_set_bytes(self, label: str, live_set: str) -> int:
         return int(self.evaluation.live_set_bytes(live_set)[self.labels.index(label)])
 
+    def step_start_workspace_bytes(self) -> int:
+        """The ``workspace`` bytes held in every phase (the cuBLAS workspaces): allocated at the
+        step's start, from the step before."""
+        return int(self.evaluation.live_set_bytes("workspace").min())
+
     def term_bytes(self, label: str, names: tuple[str, ...], live_set: str | None = None) -> int:
         """Sum of the named terms (of ``live_set``, if given) in phase ``label``."""
         i = self.labels.index(label)
