@@ -39,7 +39,7 @@ FILL = 0.85
 """Cases whose predicted peak exceeds this share of the usable capacity are left out (headroom for
 the measurement to exceed the prediction without an out-of-memory)."""
 BUDGET_S = 390.0
-"""Wall-clock budget: no case starts after it (the lead's limit is 8 minutes)."""
+"""Wall-clock budget: no case starts after it (the GPU machine's per-command limit is 10 minutes)."""
 STEPS = 3
 
 
