@@ -29,19 +29,32 @@ def frame(rows):
                "capacity_gib": r.capacity_bytes / GiB, "binding_live_set": r.binding_live_set,
                "tokens_per_s_per_gpu": r.tokens_per_s_per_gpu}
         rec.update({f"{ls}_gib": r.live_set_max_bytes[ls] / GiB for ls in LIVE_SETS})
+        for routing, v in r.routing_sensitivity.items():   # routing sensitivity: peak and HBM verdict
+            key = routing.replace("/", "_")
+            rec[f"peak_gib_{key}"] = v["peak_bytes"] / GiB
+            rec[f"fits_hbm_{key}"] = v["fits_hbm"]
         recs.append(rec)
     return pd.DataFrame.from_records(recs)
 
 
 def render_sweep(rows, console: Console) -> None:
     t = Table(title="sweep: best composed plan vs best FSDP2 baseline")
-    for col in ("S", "stack", "plan", "verdict", "peak GiB", "binding live set", "tok/s/GPU"):
+    sens = any(r.routing_sensitivity for r in rows)
+    cols = ("S", "stack", "plan", "verdict", "peak GiB", "binding live set", "tok/s/GPU") + (
+        ("peak GiB by routing",) if sens else ())
+    for col in cols:
         t.add_column(col, justify="right" if col in ("S", "peak GiB", "tok/s/GPU") else "left")
     for r in rows:
         t.add_row(fmt_count(r.seq_len), "composed" if r.stack == "composed" else "FSDP2", plan_summary(r.plan),
                   "[green]fits[/]" if r.fits else "[red]no fit[/]", f"{gib(r.peak_bytes):.1f}", r.binding_live_set,
-                  f"{r.tokens_per_s_per_gpu:,.0f}" if r.tokens_per_s_per_gpu else "·")
+                  f"{r.tokens_per_s_per_gpu:,.0f}" if r.tokens_per_s_per_gpu else "·",
+                  *((_sensitivity_cell(r.routing_sensitivity),) if sens else ()))
     console.print(t)
+
+
+def _sensitivity_cell(rs: dict) -> str:
+    """``balanced 13.3 · 80/16 13.3 · worst 28.9✗``: the peak under each routing, ✗ where it does not fit."""
+    return " · ".join(f"{k} {gib(v['peak_bytes']):.1f}{'' if v['fits_hbm'] else '✗'}" for k, v in rs.items())
 
 
 def write_csv(rows, path: str) -> None:
