@@ -32,12 +32,9 @@ import numpy as np
 
 from planner.budget.context import Ctx
 from planner.budget.terms import Phase, Term
+from planner.plans.sdpa_layout import MASK_ALIGN, SINK_PAD
 from planner.units import ceil_div
 
-SINK_PAD = 8
-"""Extra q/k channels that carry the sink logit (``planner.runtime.sdpa.SINK_PAD``)."""
-MASK_ALIGN = 16
-"""Key-length alignment of the explicit mask (``planner.runtime.sdpa.MASK_ALIGN``)."""
 CHUNKED_LOCAL_TYPES = ("llama4",)
 """Model types whose local layers are chunked (``planner.runtime.model_layers.FAMILIES``: reshaped
 into ``w``-chunks, no block copies); a unit test checks the two lists agree."""

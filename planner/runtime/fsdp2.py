@@ -33,6 +33,11 @@ from torch import nn
 
 from planner.runtime.fsdp2_layout import (FP32, Layout, Meshes, apply_ac,
                                           apply_tp, build_meshes, is_moe, tp_replicated_params)
+from planner.schema.plan import BaselineKnobs
+
+HEAD_CHUNK_TOKENS = BaselineKnobs.model_fields["head_chunk_tokens"].default
+"""The chunked head's tokens per chunk, as the plan schema declares it."""
+
 
 @dataclass
 class FSDPOptions:
@@ -227,7 +232,7 @@ def check_knobs(layout: Layout, ac: str, head: str, cp_rotate: str, grad_lifetim
 
 
 def build_fsdp2_step(spec, layout: Layout, rank: int, *, num_layers: int | None = None, device=None,
-                     ac: str = "full", head: str = "dense", head_chunk_tokens: int = 4096,
+                     ac: str = "full", head: str = "dense", head_chunk_tokens: int = HEAD_CHUNK_TOKENS,
                      cpu_offload: bool = False, cp_rotate: str = "allgather", grad_lifetime: str = "accumulate",
                      param_dtype: torch.dtype = torch.bfloat16, master_dtype: torch.dtype = FP32,
                      lr: float = 1e-3, seed: int = 0, on_phase: Callable | None = None) -> BaselineStep:

@@ -28,14 +28,12 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from planner.plans.sdpa_layout import MASK_ALIGN, SINK_PAD
+
 CUDA_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION]
 """The kernels allowed on CUDA (never the math backend)."""
 CPU_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 """On the CPU (tests) the math backend is allowed."""
-SINK_PAD = 8
-"""Extra query/key channels that carry the sink logit (keeps ``d`` a multiple of 8)."""
-MASK_ALIGN = 16
-"""Key-length alignment of an explicit mask for the memory-efficient kernel."""
 
 
 def _no_kernel(e: RuntimeError) -> bool:

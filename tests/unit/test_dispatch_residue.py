@@ -17,7 +17,7 @@ from __future__ import annotations
 import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from test_guarantee_property import _draw_case, cases
+from test_guarantee_property import cases, draw_import_limited
 
 from planner.budget import dispatch as bd
 from planner.budget import dispatch_inventory as inv
@@ -63,11 +63,7 @@ def test_source_raises_chunks_only_where_llep_leaves_a_rank_above_l0():
     rng = np.random.default_rng(20261201)
     raised = 0
     for _ in range(SWEEP_CASES):
-        E_p = int(rng.choice([2, 4, 8]))
-        n = int(rng.integers(2, 9))
-        k = int(rng.integers(1, min(6, E_p * n) + 1))
-        counts, n_max = _draw_case(rng, E_p, n, k, str(rng.choice(["one_rank", "few_ranks"])))
-        knobs = dict(alpha=1.0, min_tokens=int(rng.integers(1, 8)), lam=1.0, max_imports=int(rng.integers(0, 3)))
+        E_p, n, k, counts, n_max, knobs = draw_import_limited(rng)
         c = int(rng.integers(4, 200))
         K = chunking.num_chunks(n_max, c, 10)
         src = _plan(counts, k, knobs, c, 10, "source")

@@ -112,15 +112,22 @@ def test_guarantee_is_at_least_expected_for_every_routing(case, op, reg, c, K_ma
         assert bd.peak(gm[kind])[0] >= pk, kind
 
 
+def draw_import_limited(rng):
+    """One random import-limited case of the sweeps: ``(E_p, n, k, counts, n_max, knobs)``, the
+    routing concentrated on one rank or a few, with LLEP knobs that can leave routes unplaced."""
+    E_p = int(rng.choice([2, 4, 8]))
+    n = int(rng.integers(2, 9))
+    k = int(rng.integers(1, min(6, E_p * n) + 1))
+    counts, n_max = _draw_case(rng, E_p, n, k, str(rng.choice(["one_rank", "few_ranks"])))
+    knobs = dict(alpha=1.0, min_tokens=int(rng.integers(1, 8)), lam=1.0, max_imports=int(rng.integers(0, 3)))
+    return E_p, n, k, counts, n_max, knobs
+
+
 def test_import_limited_sweep_leaves_routes_unplaced_and_stays_bounded():
     rng = np.random.default_rng(20261129)
     unplaced = 0
     for _ in range(SWEEP_CASES):
-        E_p = int(rng.choice([2, 4, 8]))
-        n = int(rng.integers(2, 9))
-        k = int(rng.integers(1, min(6, E_p * n) + 1))
-        counts, n_max = _draw_case(rng, E_p, n, k, str(rng.choice(["one_rank", "few_ranks"])))
-        knobs = dict(alpha=1.0, min_tokens=int(rng.integers(1, 8)), lam=1.0, max_imports=int(rng.integers(0, 3)))
+        E_p, n, k, counts, n_max, knobs = draw_import_limited(rng)
         a = llep.assign(counts.sum(0), E_p, **knobs)
         unplaced += a.unplaced > 0
         assert int(a.load.max()) <= _bound(counts, n_max, k, knobs)
