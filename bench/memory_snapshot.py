@@ -83,7 +83,11 @@ def _install_markers(torch) -> None:
 
 def _site(frames: list[dict]) -> str:
     mine = [f for f in frames if "/planner/" in f.get("filename", "")]
-    if not mine:
+    if not mine:  # an autograd-thread allocation has C++ frames only (``--stacks all``)
+        op = next((f["name"] for f in frames if "Backward" in f.get("name", "") and "apply" in f.get("name", "")),
+                  None) or next((f["name"] for f in frames if "at::native::" in f.get("name", "")), None)
+        if op is not None:
+            return f"<c++> {op[:160]}"
         top = frames[0] if frames else {}
         return f"<torch> {Path(top.get('filename', '?')).name}:{top.get('line', 0)} {top.get('name', '?')}"
     return " < ".join(f"{f['filename'].split('/planner/')[-1]}:{f['line']} {f['name']}" for f in mine[:3])
@@ -124,17 +128,22 @@ def analyse(snap: dict, labels: list[str]) -> dict:
     for i, _, live, total in _replay(events, free_action):
         if i in peaks:
             groups: dict[str, list[int]] = defaultdict(lambda: [0, 0])
+            sizes: dict[str, list[int]] = defaultdict(list)
             for size, frames in live.values():
-                g = groups[_site(frames)]
+                site = _site(frames)
+                g = groups[site]
                 g[0] += size
                 g[1] += 1
+                sizes[site].append(size)
             top = sorted(groups.items(), key=lambda kv: -kv[1][0])[:TOP]
             out[peaks[i]] = {"peak_bytes": total, "event": i,
-                             "groups": [{"site": s, "bytes": b, "blocks": n} for s, (b, n) in top]}
+                             "groups": [{"site": s, "bytes": b, "blocks": n,
+                                         "largest_blocks": sorted(sizes[s], reverse=True)[:4]}
+                                        for s, (b, n) in top]}
     return out
 
 
-def run(name: str, out: Path) -> dict:
+def run(name: str, out: Path, stacks: str = "python") -> dict:
     import torch
 
     from planner.runtime import validate as v
@@ -143,7 +152,7 @@ def run(name: str, out: Path) -> dict:
     pf = truncate(build_planfile(model=model, gpus=W, seq_len=S, overrides=ov or None), LAYERS).planfile
     _labels.clear()
     _install_markers(torch)
-    torch.cuda.memory._record_memory_history(max_entries=MAX_ENTRIES, context="alloc", stacks="python")
+    torch.cuda.memory._record_memory_history(max_entries=MAX_ENTRIES, context="alloc", stacks=stacks)
     t0 = time.perf_counter()
     try:
         o = v.validate(pf, steps=STEPS, grad_lifetime=lt)
@@ -164,6 +173,8 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default=os.environ.get("OUT", "/tmp/snapshots"))
     ap.add_argument("--case", action="append", choices=sorted(CASES))
     ap.add_argument("--budget-s", type=float, default=400.0)
+    ap.add_argument("--stacks", choices=("python", "all"), default="python",
+                    help="all: C++ frames too, which name the autograd node of a backward allocation (slower)")
     args = ap.parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -173,7 +184,7 @@ def main(argv=None) -> int:
             print(f"{name}: skipped (time budget)", flush=True)
             continue
         try:
-            r = run(name, out)
+            r = run(name, out, args.stacks)
             print(f"{name}: {r['wall_s']:.1f} s, phases {len(r['phases'])}", flush=True)
         except Exception as e:  # noqa: BLE001 - record and go on
             print(f"{name}: error {type(e).__name__}: {str(e)[:300]}", flush=True)
