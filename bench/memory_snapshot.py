@@ -113,7 +113,7 @@ def analyse(snap: dict, labels: list[str]) -> dict:
     marks, totals = [], []
     for i, e, _, total in _replay(events, free_action):
         totals.append(total)
-        if e["action"] == "alloc" and any(f.get("name") == "_phase_marker" for f in e.get("frames", [])[:4]):
+        if e["action"] == "alloc" and any(f.get("name") == "_phase_marker" for f in e.get("frames", [])):
             marks.append(i)
     if len(marks) != len(labels):
         return {"error": f"{len(marks)} markers for {len(labels)} labels"}
