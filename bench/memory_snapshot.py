@@ -49,12 +49,13 @@ CASES = {
                            {"stack": "fsdp2", "cp": 8, "cpu_offload": True, "cp_rotate": "allgather"}, "freed"),
 }
 
-_labels: list[str] = []
+_labels: list[tuple[str, int]] = []
+"""(phase label, address of its marker block) in call order."""
 
 
 def _phase_marker(torch, label: str) -> None:
-    _labels.append(label)
     t = torch.empty(1, dtype=torch.uint8, device="cuda")
+    _labels.append((label, t.data_ptr()))
     del t
 
 
@@ -106,19 +107,20 @@ def _replay(events, free_action):
         yield i, e, live, total
 
 
-def analyse(snap: dict, labels: list[str]) -> dict:
+def analyse(snap: dict, labels: list[tuple[str, int]]) -> dict:
     """Replay the allocator's trace; per phase of the last step, the live bytes at its peak by site."""
     events = [e for dev in snap["device_traces"] for e in dev]
     free_action = "free_requested" if any(e["action"] == "free_requested" for e in events) else "free_completed"
     marks, totals = [], []
     for i, e, _, total in _replay(events, free_action):
         totals.append(total)
-        if e["action"] == "alloc" and any(f.get("name") == "_phase_marker" for f in e.get("frames", [])):
+        if (e["action"] == "alloc" and len(marks) < len(labels) and e["addr"] == labels[len(marks)][1]
+                and e["size"] <= 512):
             marks.append(i)
     if len(marks) != len(labels):
         return {"error": f"{len(marks)} markers for {len(labels)} labels"}
-    last = max(i for i, lab in enumerate(labels) if lab == "step_start")
-    bounds = list(zip(labels[last:], marks[last:]))
+    last = max(i for i, (lab, _) in enumerate(labels) if lab == "step_start")
+    bounds = [(lab, m) for (lab, _), m in zip(labels[last:], marks[last:])]
     peaks = {}
     for j in range(len(bounds) - 1):
         lab, lo, hi = bounds[j][0], bounds[j][1], bounds[j + 1][1]
