@@ -129,7 +129,7 @@ def analyse(snap: dict, labels: list[tuple[str, int]]) -> dict:
     peaks = {}
     for j in range(len(bounds) - 1):
         lab, lo, hi = bounds[j][0], bounds[j][1], bounds[j + 1][1]
-        k = max(range(lo, hi), key=totals.__getitem__)
+        k = max(range(lo + 2, hi) if hi > lo + 2 else range(lo, hi), key=totals.__getitem__)  # after the marker
         peaks[k] = lab
     out = {}
     for i, _, live, total in _replay(events, free_action):
