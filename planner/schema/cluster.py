@@ -13,6 +13,8 @@ from pydantic import Field, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
 from planner.schema.base import SCHEMA_VERSION, Frozen, check_name, check_schema_version
+from planner.schema.curves import Curves
+from planner.schema.provenance import Provenance
 
 MAX_DEVICE_BYTES = 1 << 50
 """Largest per-GPU or per-process byte constant (HBM, workspaces, host baseline): 1 PiB, so that
@@ -25,28 +27,6 @@ MAX_SECONDS = 1e6
 """Largest time constant (seconds per GiB and the like)."""
 MAX_BANDWIDTH = 1e16
 """Largest bandwidth in bytes/s (10 PB/s)."""
-
-
-class Provenance(Frozen):
-    """Where and how a number was measured."""
-
-    device: str
-    """Device name as the driver reports it, e.g. ``NVIDIA H200``."""
-    torch: str = ""
-    """torch version that measured it."""
-    cuda: str = ""
-    """CUDA runtime version."""
-    nccl: str = ""
-    """NCCL version (collective curves)."""
-    date: str
-    """ISO date of the measurement."""
-    command: str
-    """The exact command that produced the number."""
-    gpus_on_machine: int = Field(default=1, ge=0)
-    """How many GPUs the measuring machine had."""
-    host_instance: str = ""
-    """The measuring machine's boot id (``/proc/sys/kernel/random/boot_id``): host-CPU rates are
-    comparable only between measurements that share it (virtual machines differ by ~20%)."""
 
 
 class Constant(Frozen):
@@ -189,10 +169,3 @@ class ClusterSpec(Frozen):
             out.append("topology")
         out += [f"curves.{name}" for name, c in self.curves.named() if c.status == "assumed"]
         return out
-
-
-# ``planner.schema.curves`` imports ``Provenance`` from this module, so ``Curves`` is imported last
-# and the forward reference of ``ClusterSpec.curves`` is resolved here.
-from planner.schema.curves import Curves  # noqa: E402
-
-ClusterSpec.model_rebuild()
