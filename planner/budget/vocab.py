@@ -46,7 +46,7 @@ import numpy as np
 
 from planner.budget import fsdp2_vocab
 from planner.budget.context import Ctx
-from planner.budget.head_substeps import HEAD, Item, binding_terms, dense_substeps  # noqa: F401 - HEAD re-exported
+from planner.budget.head_substeps import Item, binding_terms, dense_substeps
 from planner.budget.terms import Term
 from planner.plans.ring import max_shard_rows, moves_activations, strip_cols
 

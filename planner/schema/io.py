@@ -18,7 +18,7 @@ from typing import Any
 
 import yaml
 
-from planner.errors import InvalidPlan, UnwritableOutput
+from planner.errors import UnwritableOutput
 from planner.schema.cluster_ref import read_plan_document
 from planner.schema.documents import read_structured, validate, validation_error  # noqa: F401 - re-exported
 from planner.schema.planfile import PlanFile

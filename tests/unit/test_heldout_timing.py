@@ -57,7 +57,6 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
-from test_timing_profiles import flat  # noqa: F401
 
 from planner.errors import ProfileGap
 from planner.plans.chunking import num_chunks
