@@ -50,9 +50,12 @@ def test_used_by_matches_the_code():
 
 
 def test_measured_by_names_a_real_function():
+    """A policy is never measured; a measured constant names the function that measures it (empty:
+    no measurement yet, the constant stays assumed)."""
     for c in reg.CONSTANTS:
         if c.default_status == "policy":
             assert not c.measured_by, c.name
+        if not c.measured_by:
             continue
         mod, fn = c.measured_by.split(":")
         tree = ast.parse((ROOT / Path(*mod.split("."))).with_suffix(".py").read_text())
