@@ -15,7 +15,7 @@ on the rank, ``d_qk``/``d_v`` query-key and value head widths, ``w`` a sliding w
   FLOPs actually done: ``(d_qk + d_v)/(2·d_qk)`` (MLA's value width differs from the measured
   ``d_v = d_qk``), and for a sliding window ``w < S`` by the band's share of the causal work,
   ``2w/S − (w/S)²`` (assumed: the causal rate at the same ``S``). ``S`` above the table follows the
-  curves' ``beyond_max_seq`` rule (``∝ S²``, listed).
+  ``beyond_max_seq`` rule of ``attention_time_s`` below (``∝ S²``, listed).
 - **Elementwise passes** (norms, activations, permutations, softmax) are memory-bound: bytes /
   the HBM stream rate, which is derived from the measured fused GPU AdamW curve (its largest-size
   marginal rate × ``HBM_BYTES_PER_ADAMW_PARAM`` = 28 B per parameter: it reads p, g, m, v and writes
