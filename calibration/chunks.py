@@ -1,6 +1,7 @@
 """PipelinedLLEP chunk-count curve: step time against the chunk count ``K`` (DESIGN §4).
 
-The operator lives in ``planner/runtime/pipelined_llep.py``, imported lazily here. The
+The operator lives in ``planner/runtime/pipelined_llep.py``; its hook in
+``planner/runtime/pipelined_llep_calibration.py``, imported lazily here. The
 hook it must offer::
 
     calibration_case(num_chunks: int, *, smoke: bool, device: torch.device)
@@ -28,7 +29,7 @@ from planner.timing.curves import ChunkCurve
 
 CHUNK_COUNTS = (1, 2, 3, 5, 10, 20)
 SMOKE_CHUNK_COUNTS = (1, 2)
-MODULE = "planner.runtime.pipelined_llep"
+MODULE = "planner.runtime.pipelined_llep_calibration"
 HOOK = "calibration_case"
 
 
@@ -46,7 +47,7 @@ def load_hook():
         mod = importlib.import_module(MODULE)
     except ModuleNotFoundError as err:
         if err.name == MODULE:
-            raise Skipped(f"{MODULE} is not there yet (planner/runtime/pipelined_llep.py); "
+            raise Skipped(f"{MODULE} is not there yet ({MODULE.replace('.', '/')}.py); "
                           "chunk-count curve skipped") from None
         raise Skipped(f"{MODULE} cannot be imported ({err}); chunk-count curve skipped") from None
     except Exception as err:  # noqa: BLE001 - a half-written module must not stop calibration

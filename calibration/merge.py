@@ -27,12 +27,14 @@ from pathlib import Path
 
 from calibration.io import read_yaml, write_yaml_atomic
 from planner.errors import InvalidPlan, PlanError
+from planner.schema import cluster_constants
 from planner.timing.curves import parse_cluster
 
 
-KEEP_LARGER = ("host_baseline_bytes_per_rank", "cuda_context_bytes")
-"""Constants a smaller measurement never replaces: the host baseline (a bare process is a floor of a
-training process) and the CUDA context (it grows with the kernels a run has loaded)."""
+KEEP_LARGER = cluster_constants.keep_larger()
+"""Constants a smaller measurement never replaces (registry rule ``merge="keep_larger"``,
+``planner.schema.cluster_constants``): the host baseline (a bare process is a floor of a training
+process) and the CUDA context (it grows with the kernels a run has loaded)."""
 
 
 def merge_data(base: dict, measured: dict) -> dict:

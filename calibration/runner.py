@@ -22,24 +22,16 @@ from pathlib import Path
 from calibration import config
 from calibration.io import write_text_atomic, write_yaml_atomic
 from planner.errors import InvalidPlan, PlanError
+from planner.schema import cluster_constants
 from planner.schema.io import check_writable
 
-ASSUMED = {
-    "cuda_context_bytes": (0.0, "not measured (no CUDA device on the measuring machine)"),
-    "nccl_buffer_bytes": (0.0, "not measured: run `torchrun -m calibration.collectives` and merge it"),
-    "reserve_fraction": (0.02, "policy: DESIGN §3.1 floor of the fragmentation reserve"),
-    "fragmentation_fraction": (0.0, "not measured (needs CUDA)"),
-    "cublas_workspace_bytes": (0.0, "not measured (needs CUDA)"),
-    "cublaslt_workspace_bytes": (0.0, "not measured (needs CUDA)"),
-    "flash_workspace_bytes_per_elem": (0.0, "not measured (needs CUDA)"),
-    "host_baseline_bytes_per_rank": (0.0, "not measured (needs CUDA)"),
-    "host_reserve_fraction": (0.10, "policy: DESIGN §3.3 default share of host RAM kept for the OS and loaders"),
-    "pin_seconds_per_gib": (0.0, "not measured (needs CUDA)"),
-}
-"""Value and note of each memory constant when this run does not measure it: status ``policy`` for the
-two reserve floors (chosen margins), ``assumed`` for the rest."""
+ASSUMED = {c.name: (c.default, ("policy: " if c.default_status == "policy" else "") + c.default_note)
+           for c in cluster_constants.CONSTANTS}
+"""Value and note of each memory constant when this run does not measure it (the registry's unmeasured
+default, ``planner.schema.cluster_constants``): status ``policy`` for the reserve floors (chosen
+margins), ``assumed`` for the rest."""
 
-POLICY = ("reserve_fraction", "host_reserve_fraction")
+POLICY = tuple(c.name for c in cluster_constants.CONSTANTS if c.default_status == "policy")
 
 CUDA_ONLY = ("constants", "fragmentation", "dispatch_kernels")
 

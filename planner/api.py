@@ -20,7 +20,7 @@ from planner.budget.resolve import resolve_plan, seq_parallel_note
 from planner.budget.sensitivity import routing_sensitivity
 from planner.budget.work_bounds import TooCostly
 from planner.budget.terms import LIVE_SETS, PHASE_KINDS
-from planner.errors import InvalidPlan, PlanError
+from planner.errors import Infeasible, InvalidPlan, PlanError
 from planner.schema.cluster_ref import planfile_doc
 from planner.schema import PlanFile, Workload
 from planner.schema.io import load_cluster, load_model_noted, validate
@@ -725,7 +725,7 @@ def min_gpus(*, model: str, seq_len: int, cluster: str | None = None, cluster_ov
                 _, peak, n_fit = lowest_peak(pf.model, pf.cluster, pf.workload, world_size=W, stack=st,
                                              routing=routing, dispatch_bound=dispatch_bound, dtype=dtype,
                                              host_fallback=True)
-            except AssertionError:  # no legal candidate at this W
+            except Infeasible:  # no legal candidate at this W
                 peak, n_fit = None, 0
             row[f"{st}_fit"], row[f"{st}_lowest_peak_bytes"] = n_fit, peak
             if n_fit:

@@ -36,6 +36,7 @@ import numpy as np
 
 from planner.budget import dispatch_inventory as inv
 from planner.budget.context import Ctx
+from planner.budget.dispatch_buffers import OUTPUT
 from planner.budget.terms import Term
 from planner.budget.work_bounds import check_expected_work
 from planner.plans import chunking, dispatch as plans_dispatch, llep, routing
@@ -90,7 +91,7 @@ def phase_moments(mom: dict, regime: str) -> dict[str, list[dict]]:
     """Moments per phase kind: ``standalone`` (one step of the bare operator), ``checkpointed``
     (inside a non-reentrant region checkpoint) or ``saved`` (no checkpointing)."""
     def drop_out(ms):
-        return [{k: v for k, v in m.items() if k[0] != "output"} for m in ms]
+        return [{k: v for k, v in m.items() if k[0] != OUTPUT} for m in ms]
 
     if regime == "standalone":
         return {"forward": mom["forward"], "backward": mom["backward"]}
@@ -199,45 +200,6 @@ OPERATOR_NAMES = {"ep": "standard EP", "llep": "LLEP", "pipelined_llep": "Pipeli
                   SOURCE_OP: "PipelinedLLEP (source-side)"}
 KNOBS = ("tokens_per_rank", "expert_parallel", "token_budget", "max_chunks", "llep_alpha",
          "llep_min_tokens", "llep_lambda", "max_imports")
-
-FORMULAS = {
-    "router softmax": "N·E (fp32 softmax of the router logits; 2·N·E with the fp32 logits, 3·N·E in "
-                      "its backward)",
-    "router weights": "N·(2k+1) fp32 (top-k values, their sum, the weights)",
-    "router logits grad": "N·E", "router input grad": "N·H",
-    "send order": "k·N int64 route indices in send order (×5 while sorting; ×2 with tokens)",
-    "imported weights": "X·3·H·I (X imported experts)", "imported weight grads": "X·3·H·I",
-    "returned expert grads": "X_e·3·H·I (exported experts' gradients coming home)",
-    "output": "N·H (the output accumulator; the region output belongs to boundaries in forward)",
-    "input gradient": "N·H (standalone runs only)",
-    "residue rows": "Σ_{j≤i} Q_j·H (reentrant-checkpoint inputs kept to the layer's backward; guarantee: "
-                    "Σ Q ≤ min(E_p·k·N_max, max(ceil(max(α,λ)·k·N_max) + (E/E_p)(m−1), U)), U = rows of a "
-                    "rank left with unplaced excess when import slots run out)",
-    "residue route weights": "Σ_{j≤i} Q_j fp32", "chunk token ids": "Σ_{j≤i} C_j int64",
-    "prefetch send rows": "C_{i+1}·H (next chunk's rows, gathered and in flight)",
-    "prefetch send weights": "C_{i+1} fp32", "chunk index": "Q_i int64",
-    "chunk outputs": "Q_i·H (weighted expert outputs of chunk i)",
-    "combined rows": "C_i·H (combine all-to-all output)", "chunk rows": "Q_i·H",
-    "chunk route weights": "Q_i fp32", "next chunk rows": "Q_{i+1}·H",
-    "next chunk route weights": "Q_{i+1} fp32",
-    "expert block": "bytes of one GEMM block of r rows: fwd max(r(H+4I), r(2H+3I))·b, bwd "
-                    "max(r(4H+2I)·b, r(H+6I)·b, …) (dispatch_inventory)",
-    "grad chunk outputs": "Q_i·H", "grad combined rows": "C_i·H",
-    "recomputed gate|up": "Q_i·2I", "grad chunk rows": "Q_i·H", "grad chunk route weights": "Q_i fp32",
-    "grad sent rows": "C_i·H",
-    "next chunk token ids": "C_{i±1} int64 (the prefetched chunk's token ids)",
-    "grad route weights": "k·N fp32 (source variant: the route-weight gradient, filled chunk by chunk)",
-    "upstream gradient": "N·H (standalone runs: the dense gradient of the output)",
-    "sent rows": "R·H (R = k·N)", "received rows": "Q·H", "slot-major rows": "Q·H (saved)",
-    "saved gate|up, silu, h": "Q·4I (saved by the grouped MLP)",
-    "permutation indices": "Q int64 per permutation (slot-major and back)",
-    "expert outputs": "Q·H per buffer", "combine rows": "Q·H + R·H",
-    "weights cast": "R (route weights in the activation dtype, saved)",
-    "sent route weights": "R fp32", "route weight grad": "R",
-    "stacked weight grads": "(n + X)·3·H·I", "grad expert outputs": "Q·H per buffer",
-    "grad received rows": "Q·H per buffer",
-}
-
 
 def regime(ctx: Ctx) -> str:
     """``checkpointed`` when the MoE region runs inside a non-reentrant checkpoint, else ``saved``."""
@@ -351,10 +313,10 @@ def terms(ctx: Ctx) -> list[Term]:
             f"expected: the {OPERATOR_NAMES[op]} plan on routing {profile_of(ctx)}, binding rank")
     out = []
     for kind in ("forward", "backward"):
-        for (name, eb), count in sorted(comps.get(kind, {}).items()):
+        for (buf, eb), count in sorted(comps.get(kind, {}).items()):
             if not np.any(np.asarray(count)):
                 continue
-            out.append(Term(f"{OPERATOR_NAMES[op]}: {name}", "dispatch", count, eb,
-                            FORMULAS.get(name, name), (kind,), regions=("moe",),
+            out.append(Term(f"{OPERATOR_NAMES[op]}: {buf.name}", "dispatch", count, eb,
+                            buf.formula, (kind,), regions=("moe",),
                             source=f"{SOURCE}; {how}; {reg} region"))
     return out

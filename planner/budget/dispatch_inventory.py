@@ -2,7 +2,8 @@
 
 Each operator of ``planner/runtime`` (``expert_parallel``, ``llep``, ``pipelined_llep``) allocates
 and frees its buffers in a fixed order. Here each moment where a peak can occur is written down
-as the buffers alive at that moment: ``{(name, elem_bytes): count}``. The counts are read off the
+as the buffers alive at that moment: ``{(buffer, elem_bytes): count}`` (``buffer`` a
+``planner.budget.dispatch_buffers.Buf``: its name and formula text). The counts are read off the
 operators' code (the comments name the statement); the peak of a phase is the largest moment.
 Counts work on ints and on numpy arrays (the guarantee vectorises over candidates).
 
@@ -23,6 +24,19 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+
+from planner.budget.dispatch_buffers import (
+    CHUNK_INDEX, CHUNK_OUTPUTS, CHUNK_ROUTE_WEIGHTS, CHUNK_ROWS, CHUNK_TOKEN_IDS, COMBINED_ROWS,
+    COMBINE_ROWS, EXPERT_BLOCK, EXPERT_OUTPUTS, GRAD_CHUNK_OUTPUTS, GRAD_CHUNK_ROUTE_WEIGHTS,
+    GRAD_CHUNK_ROWS, GRAD_COMBINED_ROWS, GRAD_EXPERT_OUTPUTS, GRAD_RECEIVED_ROWS,
+    GRAD_ROUTE_WEIGHTS, GRAD_SENT_ROWS, IMPORTED_WEIGHTS, IMPORTED_WEIGHT_GRADS, INPUT_GRADIENT,
+    NEXT_CHUNK_ROUTE_WEIGHTS, NEXT_CHUNK_ROWS, NEXT_CHUNK_TOKEN_IDS, OUTPUT, PERMUTATION_INDICES,
+    PREFETCH_SEND_ROWS, PREFETCH_SEND_WEIGHTS, RECEIVED_ROWS, RECOMPUTED_GATE_UP,
+    RESIDUE_ROUTE_WEIGHTS, RESIDUE_ROWS, RETURNED_EXPERT_GRADS, ROUTER_INPUT_GRAD,
+    ROUTER_LOGITS_GRAD, ROUTER_SOFTMAX, ROUTER_WEIGHTS, ROUTE_WEIGHT_GRAD, SAVED_GATE_UP_SILU_H,
+    SEND_ORDER, SENT_ROUTE_WEIGHTS, SENT_ROWS, SLOT_MAJOR_ROWS, STACKED_WEIGHT_GRADS,
+    UPSTREAM_GRADIENT, WEIGHTS_CAST,
+)
 
 I64, F32 = 8, 4
 
@@ -63,14 +77,14 @@ def _m(*parts: dict) -> dict:
 
 def router_saved(s: Shape) -> dict:
     """``TopKRouter``: fp32 softmax ``N·E`` (saved), top-k values, their sum and the weights."""
-    return {("router softmax", F32): s.N * s.E, ("router weights", F32): s.N * (2 * s.k + 1)}
+    return {(ROUTER_SOFTMAX, F32): s.N * s.E, (ROUTER_WEIGHTS, F32): s.N * (2 * s.k + 1)}
 
 
 def _router_moments(s: Shape) -> list[dict]:
     # softmax of the fp32 logits (logits + probs), then the send-order sort (values, indices,
     # positions, piece ids, destinations)
-    return [{("router softmax", F32): 2 * s.N * s.E},
-            _m(router_saved(s), {("send order", I64): 5 * s.R})]
+    return [{(ROUTER_SOFTMAX, F32): 2 * s.N * s.E},
+            _m(router_saved(s), {(SEND_ORDER, I64): 5 * s.R})]
 
 
 def slot_forward(s: Shape, r):
@@ -111,52 +125,52 @@ def pipelined(s: Shape, C, Q, r, resid, X, X_e, *, standalone: bool,
     K = len(Q)
     if tokc is None:
         tokc = np.cumsum(np.asarray(C, dtype=object)) if K else []
-    base = _m(router_saved(s), {("send order", I64): s.R, ("imported weights", s.b): X * s.w3,
-                                ("output", s.b): s.N * s.H})
-    base_ns = {("router weights", F32): s.N * s.k, ("send order", I64): s.R,
-               ("imported weights", s.b): X * s.w3, ("output", s.b): s.N * s.H}
+    base = _m(router_saved(s), {(SEND_ORDER, I64): s.R, (IMPORTED_WEIGHTS, s.b): X * s.w3,
+                                (OUTPUT, s.b): s.N * s.H})
+    base_ns = {(ROUTER_WEIGHTS, F32): s.N * s.k, (SEND_ORDER, I64): s.R,
+               (IMPORTED_WEIGHTS, s.b): X * s.w3, (OUTPUT, s.b): s.N * s.H}
 
     def res(j):  # residue after chunk j (received rows, weights, chunk token ids)
         j = min(j, K - 1)
-        return {("residue rows", s.b): resid[j] * s.H, ("residue route weights", F32): resid[j],
-                ("chunk token ids", I64): tokc[j]}
+        return {(RESIDUE_ROWS, s.b): resid[j] * s.H, (RESIDUE_ROUTE_WEIGHTS, F32): resid[j],
+                (CHUNK_TOKEN_IDS, I64): tokc[j]}
 
     def prefetch(i):
         if i >= K:
             return {}
-        return {("prefetch send rows", s.b): C[i] * s.H, ("prefetch send weights", F32): C[i]}
+        return {(PREFETCH_SEND_ROWS, s.b): C[i] * s.H, (PREFETCH_SEND_WEIGHTS, F32): C[i]}
 
     fwd, nos, bwd = list(_router_moments(s)), [], []
     for i in range(K):
-        chunk = {("chunk index", I64): Q[i], ("chunk outputs", s.b): Q[i] * s.H,
-                 ("expert block", 1): slot_forward(s, r[i])}
-        comb = {("chunk outputs", s.b): Q[i] * s.H, ("combined rows", s.b): C[i] * s.H}
+        chunk = {(CHUNK_INDEX, I64): Q[i], (CHUNK_OUTPUTS, s.b): Q[i] * s.H,
+                 (EXPERT_BLOCK, 1): slot_forward(s, r[i])}
+        comb = {(CHUNK_OUTPUTS, s.b): Q[i] * s.H, (COMBINED_ROWS, s.b): C[i] * s.H}
         fwd += [_m(base, res(i + 1), prefetch(i + 1), chunk), _m(base, res(i + 1), comb)]
-        cur = {("chunk rows", s.b): Q[i] * s.H, ("chunk route weights", F32): Q[i],
-               ("chunk token ids", I64): C[i]}
-        nxt = ({("next chunk rows", s.b): Q[i + 1] * s.H, ("next chunk route weights", F32): Q[i + 1]}
+        cur = {(CHUNK_ROWS, s.b): Q[i] * s.H, (CHUNK_ROUTE_WEIGHTS, F32): Q[i],
+               (CHUNK_TOKEN_IDS, I64): C[i]}
+        nxt = ({(NEXT_CHUNK_ROWS, s.b): Q[i + 1] * s.H, (NEXT_CHUNK_ROUTE_WEIGHTS, F32): Q[i + 1]}
                if i + 1 < K else {})
         nos += [_m(base_ns, cur, nxt, prefetch(i + 1), chunk), _m(base_ns, nxt, comb)]
-    gx = {("input gradient", s.b): s.N * s.H} if standalone else {}
+    gx = {(INPUT_GRADIENT, s.b): s.N * s.H} if standalone else {}
     up = upstream(s, standalone)
-    bbase = _m(router_saved(s), up, {("send order", I64): s.R, ("imported weights", s.b): X * s.w3,
-                                     ("imported weight grads", s.b): X * s.w3})
+    bbase = _m(router_saved(s), up, {(SEND_ORDER, I64): s.R, (IMPORTED_WEIGHTS, s.b): X * s.w3,
+                                     (IMPORTED_WEIGHT_GRADS, s.b): X * s.w3})
     for i in reversed(range(K)):
         g = gx if i < K - 1 else {}
-        bwd.append(_m(bbase, res(i), g, {("grad chunk outputs", s.b): Q[i] * s.H,
-                                         ("grad combined rows", s.b): C[i] * s.H}))
+        bwd.append(_m(bbase, res(i), g, {(GRAD_CHUNK_OUTPUTS, s.b): Q[i] * s.H,
+                                         (GRAD_COMBINED_ROWS, s.b): C[i] * s.H}))
         bwd.append(_m(bbase, res(i), g, {
-            ("grad chunk outputs", s.b): Q[i] * s.H, ("recomputed gate|up", s.b): Q[i] * 2 * s.I,
-            ("chunk index", I64): Q[i], ("grad chunk rows", s.b): Q[i] * s.H,
-            ("grad chunk route weights", F32): Q[i], ("expert block", 1): slot_backward(s, r[i])}))
-        prev = res(i - 1) if i > 0 else {("chunk token ids", I64): C[0]}
+            (GRAD_CHUNK_OUTPUTS, s.b): Q[i] * s.H, (RECOMPUTED_GATE_UP, s.b): Q[i] * 2 * s.I,
+            (CHUNK_INDEX, I64): Q[i], (GRAD_CHUNK_ROWS, s.b): Q[i] * s.H,
+            (GRAD_CHUNK_ROUTE_WEIGHTS, F32): Q[i], (EXPERT_BLOCK, 1): slot_backward(s, r[i])}))
+        prev = res(i - 1) if i > 0 else {(CHUNK_TOKEN_IDS, I64): C[0]}
         bwd.append(_m(bbase, prev, g, gx, {
-            ("grad chunk rows", s.b): Q[i] * s.H, ("grad chunk route weights", F32): Q[i],
-            ("grad sent rows", s.b): C[i] * s.H}))
-    bwd.append(_m(bbase, gx, {("returned expert grads", s.b): X_e * s.w3}))
+            (GRAD_CHUNK_ROWS, s.b): Q[i] * s.H, (GRAD_CHUNK_ROUTE_WEIGHTS, F32): Q[i],
+            (GRAD_SENT_ROWS, s.b): C[i] * s.H}))
+    bwd.append(_m(bbase, gx, {(RETURNED_EXPERT_GRADS, s.b): X_e * s.w3}))
     bwd.append(_m(gx, up, _router_backward(s)))
     saved = _m(base, res(K - 1))
-    del saved[("output", s.b)]
+    del saved[(OUTPUT, s.b)]
     if standalone:
         fwd.append(_m(saved, up))
     return {"forward": fwd, "forward_nosave": nos or [base_ns], "backward": bwd, "saved_end": saved}
@@ -167,7 +181,7 @@ def upstream(s: Shape, standalone: bool) -> dict:
     the backward (module docstring)."""
     if not standalone:
         return {}
-    return {("output", s.b): s.N * s.H, ("upstream gradient", s.b): s.N * s.H}
+    return {(OUTPUT, s.b): s.N * s.H, (UPSTREAM_GRADIENT, s.b): s.N * s.H}
 
 
 # ---- PipelinedLLEP, source-side residue --------------------------------------------------------
@@ -177,51 +191,52 @@ def pipelined_source(s: Shape, C, Q, r, X, X_e, *, standalone: bool) -> dict[str
     int64) and the imports. Keys as ``pipelined``."""
     K = len(Q)
     H, b = s.H, s.b
-    imp = {("send order", I64): s.R, ("imported weights", b): X * s.w3}
-    base = _m(router_saved(s), imp, {("output", b): s.N * s.H})
-    base_ns = _m({("router weights", F32): s.N * s.k}, imp, {("output", b): s.N * s.H})
+    imp = {(SEND_ORDER, I64): s.R, (IMPORTED_WEIGHTS, b): X * s.w3}
+    base = _m(router_saved(s), imp, {(OUTPUT, b): s.N * s.H})
+    base_ns = _m({(ROUTER_WEIGHTS, F32): s.N * s.k}, imp, {(OUTPUT, b): s.N * s.H})
 
-    def cur(i, pre=""):  # a chunk's received rows and weights, and its token ids
+    def cur(i, nxt=False):  # a chunk's received rows and weights, and its token ids
         if i < 0 or i >= K:
             return {}
-        return {(pre + "chunk rows", b): Q[i] * H, (pre + "chunk route weights", F32): Q[i],
-                (pre + "chunk token ids", I64): C[i]}
+        rows, weights, ids = ((NEXT_CHUNK_ROWS, NEXT_CHUNK_ROUTE_WEIGHTS, NEXT_CHUNK_TOKEN_IDS) if nxt
+                              else (CHUNK_ROWS, CHUNK_ROUTE_WEIGHTS, CHUNK_TOKEN_IDS))
+        return {(rows, b): Q[i] * H, (weights, F32): Q[i], (ids, I64): C[i]}
 
     def send(i):
         if i < 0 or i >= K:
             return {}
-        return {("prefetch send rows", b): C[i] * H, ("prefetch send weights", F32): C[i]}
+        return {(PREFETCH_SEND_ROWS, b): C[i] * H, (PREFETCH_SEND_WEIGHTS, F32): C[i]}
 
     def fwd_moments(bs):
         out = []
         for i in range(K):
-            out.append(_m(bs, cur(i), cur(i + 1, "next "), send(i + 1), {
-                ("chunk index", I64): Q[i], ("chunk outputs", b): Q[i] * H,
-                ("expert block", 1): slot_forward(s, r[i])}))
-            out.append(_m(bs, {("chunk token ids", I64): C[i]}, cur(i + 1, "next "),
-                          {("chunk outputs", b): Q[i] * H, ("combined rows", b): C[i] * H}))
+            out.append(_m(bs, cur(i), cur(i + 1, nxt=True), send(i + 1), {
+                (CHUNK_INDEX, I64): Q[i], (CHUNK_OUTPUTS, b): Q[i] * H,
+                (EXPERT_BLOCK, 1): slot_forward(s, r[i])}))
+            out.append(_m(bs, {(CHUNK_TOKEN_IDS, I64): C[i]}, cur(i + 1, nxt=True),
+                          {(CHUNK_OUTPUTS, b): Q[i] * H, (COMBINED_ROWS, b): C[i] * H}))
         return out
 
     fwd, nos = fwd_moments(base), fwd_moments(base_ns)
     up = upstream(s, standalone)
-    gx = {("input gradient", b): s.N * s.H} if standalone else {}
-    bbase = _m(router_saved(s), up, gx, imp, {("imported weight grads", b): X * s.w3,
-                                               ("grad route weights", F32): s.R})
+    gx = {(INPUT_GRADIENT, b): s.N * s.H} if standalone else {}
+    bbase = _m(router_saved(s), up, gx, imp, {(IMPORTED_WEIGHT_GRADS, b): X * s.w3,
+                                               (GRAD_ROUTE_WEIGHTS, F32): s.R})
     bwd = []
     for i in reversed(range(K)):
-        both = _m(bbase, cur(i), cur(i - 1, "next "), send(i - 1))
-        bwd.append(_m(both, {("grad chunk outputs", b): Q[i] * H, ("grad combined rows", b): C[i] * H}))
-        grads = {("grad chunk outputs", b): Q[i] * H, ("chunk index", I64): Q[i],
-                 ("recomputed gate|up", b): Q[i] * 2 * s.I}
-        bwd.append(_m(both, grads, {("expert block", 1): r[i] * H * b}))
-        bwd.append(_m(both, grads, {("grad chunk rows", b): Q[i] * H,
-                                    ("grad chunk route weights", F32): Q[i],
-                                    ("expert block", 1): slot_backward(s, r[i])}))
-        bwd.append(_m(bbase, {("chunk token ids", I64): C[i]}, cur(i - 1, "next "), {
-            ("grad chunk rows", b): Q[i] * H, ("grad chunk route weights", F32): Q[i],
-            ("grad sent rows", b): C[i] * H}))
-    bwd.append(_m(router_saved(s), up, gx, {("imported weight grads", b): X * s.w3,
-                                            ("returned expert grads", b): X_e * s.w3}))
+        both = _m(bbase, cur(i), cur(i - 1, nxt=True), send(i - 1))
+        bwd.append(_m(both, {(GRAD_CHUNK_OUTPUTS, b): Q[i] * H, (GRAD_COMBINED_ROWS, b): C[i] * H}))
+        grads = {(GRAD_CHUNK_OUTPUTS, b): Q[i] * H, (CHUNK_INDEX, I64): Q[i],
+                 (RECOMPUTED_GATE_UP, b): Q[i] * 2 * s.I}
+        bwd.append(_m(both, grads, {(EXPERT_BLOCK, 1): r[i] * H * b}))
+        bwd.append(_m(both, grads, {(GRAD_CHUNK_ROWS, b): Q[i] * H,
+                                    (GRAD_CHUNK_ROUTE_WEIGHTS, F32): Q[i],
+                                    (EXPERT_BLOCK, 1): slot_backward(s, r[i])}))
+        bwd.append(_m(bbase, {(CHUNK_TOKEN_IDS, I64): C[i]}, cur(i - 1, nxt=True), {
+            (GRAD_CHUNK_ROWS, b): Q[i] * H, (GRAD_CHUNK_ROUTE_WEIGHTS, F32): Q[i],
+            (GRAD_SENT_ROWS, b): C[i] * H}))
+    bwd.append(_m(router_saved(s), up, gx, {(IMPORTED_WEIGHT_GRADS, b): X * s.w3,
+                                            (RETURNED_EXPERT_GRADS, b): X_e * s.w3}))
     bwd.append(_m(gx, up, _router_backward(s)))
     saved = _m(router_saved(s), imp)
     if standalone:
@@ -231,8 +246,8 @@ def pipelined_source(s: Shape, C, Q, r, X, X_e, *, standalone: bool) -> dict[str
 
 def _router_backward(s: Shape) -> dict:
     # softmax saved + gather backward + softmax backward + cast + the router's x-gradient
-    return {("router softmax", F32): 3 * s.N * s.E, ("router logits grad", s.b): s.N * s.E,
-            ("router input grad", s.b): s.N * s.H}
+    return {(ROUTER_SOFTMAX, F32): 3 * s.N * s.E, (ROUTER_LOGITS_GRAD, s.b): s.N * s.E,
+            (ROUTER_INPUT_GRAD, s.b): s.N * s.H}
 
 
 # ---- standard EP and LLEP (plain autograd, grouped MLP) ---------------------------------------
@@ -241,54 +256,54 @@ def unchunked(s: Shape, Q, r, X, X_e, n_local, *, standalone: bool) -> dict[str,
     ``X``/``X_e`` imports/exports, ``n_local`` own experts."""
     R, H, I, b, N = s.R, s.H, s.I, s.b, s.N
     wb = R if b != F32 else 0                      # route weights cast to the activation dtype
-    base = _m(router_saved(s), {("send order", I64): 2 * R, ("sent route weights", F32): R,
-                                ("imported weights", b): X * s.w3})
-    saved = {("slot-major rows", b): Q * H, ("saved gate|up, silu, h", b): Q * 4 * I,
-             ("permutation indices", I64): 2 * Q}
+    base = _m(router_saved(s), {(SEND_ORDER, I64): 2 * R, (SENT_ROUTE_WEIGHTS, F32): R,
+                                (IMPORTED_WEIGHTS, b): X * s.w3})
+    saved = {(SLOT_MAJOR_ROWS, b): Q * H, (SAVED_GATE_UP_SILU_H, b): Q * 4 * I,
+             (PERMUTATION_INDICES, I64): 2 * Q}
     fwd = list(_router_moments(s)) + [
-        _m(base, {("sent rows", b): R * H, ("received rows", b): Q * H}),
-        _m(base, {("received rows", b): Q * H, ("slot-major rows", b): Q * H,
-                  ("permutation indices", I64): Q}),
-        _m(base, saved, {("expert outputs", b): 2 * Q * H}),
-        _m(base, saved, {("expert outputs", b): Q * H, ("combine rows", b): Q * H + R * H}),
-        _m(base, saved, {("combined rows", b): 2 * R * H, ("weights cast", b): wb,
-                         ("output", b): N * H}),
+        _m(base, {(SENT_ROWS, b): R * H, (RECEIVED_ROWS, b): Q * H}),
+        _m(base, {(RECEIVED_ROWS, b): Q * H, (SLOT_MAJOR_ROWS, b): Q * H,
+                  (PERMUTATION_INDICES, I64): Q}),
+        _m(base, saved, {(EXPERT_OUTPUTS, b): 2 * Q * H}),
+        _m(base, saved, {(EXPERT_OUTPUTS, b): Q * H, (COMBINE_ROWS, b): Q * H + R * H}),
+        _m(base, saved, {(COMBINED_ROWS, b): 2 * R * H, (WEIGHTS_CAST, b): wb,
+                         (OUTPUT, b): N * H}),
     ]
-    nb = {("router weights", F32): N * s.k, ("send order", I64): 2 * R,
-          ("sent route weights", F32): R, ("imported weights", b): X * s.w3}
-    nos = [_m(nb, {("sent rows", b): R * H, ("received rows", b): Q * H}),
-           _m(nb, {("received rows", b): Q * H, ("slot-major rows", b): Q * H,
-                   ("permutation indices", I64): Q}),
-           _m(nb, {("slot-major rows", b): Q * H, ("saved gate|up, silu, h", b): Q * 4 * I,
-                   ("expert outputs", b): Q * H, ("permutation indices", I64): Q}),
-           _m(nb, {("expert outputs", b): 2 * Q * H, ("permutation indices", I64): Q}),
-           _m(nb, {("combine rows", b): Q * H + R * H}),
-           _m(nb, {("combined rows", b): 2 * R * H, ("weights cast", b): wb}),
-           _m(nb, {("combined rows", b): R * H, ("output", b): N * H})]
-    gx = {("input gradient", b): N * H} if standalone else {}
+    nb = {(ROUTER_WEIGHTS, F32): N * s.k, (SEND_ORDER, I64): 2 * R,
+          (SENT_ROUTE_WEIGHTS, F32): R, (IMPORTED_WEIGHTS, b): X * s.w3}
+    nos = [_m(nb, {(SENT_ROWS, b): R * H, (RECEIVED_ROWS, b): Q * H}),
+           _m(nb, {(RECEIVED_ROWS, b): Q * H, (SLOT_MAJOR_ROWS, b): Q * H,
+                   (PERMUTATION_INDICES, I64): Q}),
+           _m(nb, {(SLOT_MAJOR_ROWS, b): Q * H, (SAVED_GATE_UP_SILU_H, b): Q * 4 * I,
+                   (EXPERT_OUTPUTS, b): Q * H, (PERMUTATION_INDICES, I64): Q}),
+           _m(nb, {(EXPERT_OUTPUTS, b): 2 * Q * H, (PERMUTATION_INDICES, I64): Q}),
+           _m(nb, {(COMBINE_ROWS, b): Q * H + R * H}),
+           _m(nb, {(COMBINED_ROWS, b): 2 * R * H, (WEIGHTS_CAST, b): wb}),
+           _m(nb, {(COMBINED_ROWS, b): R * H, (OUTPUT, b): N * H})]
+    gx = {(INPUT_GRADIENT, b): N * H} if standalone else {}
     up = upstream(s, standalone)
-    wg = {("stacked weight grads", b): (n_local + X) * s.w3}
+    wg = {(STACKED_WEIGHT_GRADS, b): (n_local + X) * s.w3}
     # with a weight transfer, the own experts' stacked grads wait for it in the autograd buffer
-    held = {("stacked weight grads", b): n_local * s.w3 * (np.asarray(X) + np.asarray(X_e) > 0)}
+    held = {(STACKED_WEIGHT_GRADS, b): n_local * s.w3 * (np.asarray(X) + np.asarray(X_e) > 0)}
     bwd = [
         # index_add backward; the route-weight product's backward; the combine's reverse
-        _m(base, saved, {("combined rows", b): 2 * R * H, ("weights cast", b): wb,
-                         ("grad combined rows", b): R * H}),
-        _m(base, saved, {("combined rows", b): R * H, ("weights cast", b): wb,
-                         ("grad combined rows", b): 3 * R * H, ("route weight grad", b): R}),
-        _m(base, saved, {("grad combined rows", b): R * H, ("grad expert outputs", b): Q * H}),
+        _m(base, saved, {(COMBINED_ROWS, b): 2 * R * H, (WEIGHTS_CAST, b): wb,
+                         (GRAD_COMBINED_ROWS, b): R * H}),
+        _m(base, saved, {(COMBINED_ROWS, b): R * H, (WEIGHTS_CAST, b): wb,
+                         (GRAD_COMBINED_ROWS, b): 3 * R * H, (ROUTE_WEIGHT_GRAD, b): R}),
+        _m(base, saved, {(GRAD_COMBINED_ROWS, b): R * H, (GRAD_EXPERT_OUTPUTS, b): Q * H}),
         # index_select backward (zeros + out-of-place index_add), then GroupedMLP's backward
-        _m(base, saved, {("grad expert outputs", b): 3 * Q * H}),
-        _m(base, saved, wg, {("grad expert outputs", b): 2 * Q * H,
-                             ("expert block", 1): grouped_backward(s, r)}),
-        _m(base, held, {("grad received rows", b): 3 * Q * H, ("permutation indices", I64): Q}),
-        _m(base, held, {("grad received rows", b): Q * H, ("grad sent rows", b): R * H}),
-        _m(base, held, {("grad sent rows", b): R * H, ("input gradient", b): 2 * N * H}),
-        _m(router_saved(s), gx, held, {("imported weight grads", b): X * s.w3,
-                                       ("returned expert grads", b): (X_e + n_local) * s.w3}),
+        _m(base, saved, {(GRAD_EXPERT_OUTPUTS, b): 3 * Q * H}),
+        _m(base, saved, wg, {(GRAD_EXPERT_OUTPUTS, b): 2 * Q * H,
+                             (EXPERT_BLOCK, 1): grouped_backward(s, r)}),
+        _m(base, held, {(GRAD_RECEIVED_ROWS, b): 3 * Q * H, (PERMUTATION_INDICES, I64): Q}),
+        _m(base, held, {(GRAD_RECEIVED_ROWS, b): Q * H, (GRAD_SENT_ROWS, b): R * H}),
+        _m(base, held, {(GRAD_SENT_ROWS, b): R * H, (INPUT_GRADIENT, b): 2 * N * H}),
+        _m(router_saved(s), gx, held, {(IMPORTED_WEIGHT_GRADS, b): X * s.w3,
+                                       (RETURNED_EXPERT_GRADS, b): (X_e + n_local) * s.w3}),
         _m(gx, _router_backward(s)),
     ]
-    saved_end = _m(base, saved, {("combined rows", b): 2 * R * H, ("weights cast", b): wb})
+    saved_end = _m(base, saved, {(COMBINED_ROWS, b): 2 * R * H, (WEIGHTS_CAST, b): wb})
     if standalone:
         bwd = [_m(m, up) for m in bwd]
         fwd.append(_m(saved_end, up))

@@ -30,7 +30,7 @@ import numpy as np
 
 from planner.budget.context import Ctx
 from planner.budget.terms import Term
-from planner.budget.vocab import Item, binding_terms, dense_substeps
+from planner.budget.head_substeps import Item, binding_terms, dense_substeps
 from planner.plans.ring import max_shard_rows
 from planner.units import ceil_div
 

@@ -15,6 +15,7 @@ import numpy as np
 from planner.budget.context import Ctx
 from planner.budget.phases import critical_phases, full_phases
 from planner.budget.terms import LIVE_SETS, Phase, Term
+from planner.schema import cluster_constants
 
 MODULES = ("persistent", "gathered", "boundaries", "attention", "ffn", "dispatch", "vocab", "optimizer",
            "workspace")
@@ -143,13 +144,9 @@ def capacity_bytes(ctx: Ctx) -> int:
 
 
 def constants_used(ctx: Ctx) -> list[str]:
-    """The cluster constants this verdict used."""
-    used = ["cuda_context_bytes", "reserve_fraction", "fragmentation_fraction", "cublas_workspace_bytes",
-            "cublaslt_workspace_bytes", "flash_workspace_bytes_per_elem", "host_baseline_bytes_per_rank",
-            "host_reserve_fraction"]
-    if ctx.world_size > 1:
-        used.append("nccl_buffer_bytes")
-    return used
+    """The cluster constants this verdict used: derived from the registry's ``used_by`` and
+    ``used_when`` (``planner.schema.cluster_constants``), never listed here by hand."""
+    return cluster_constants.used(ctx.world_size)
 
 
 def assumed_used(ctx: Ctx) -> list[str]:

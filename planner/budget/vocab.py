@@ -42,55 +42,17 @@ stack the group's tokens are all-gathered first, ``n = N·P``, and the local inp
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
-
 import numpy as np
 
+from planner.budget import fsdp2_vocab
 from planner.budget.context import Ctx
+from planner.budget.head_substeps import Item, binding_terms, dense_substeps
 from planner.budget.terms import Term
 from planner.plans.ring import max_shard_rows, moves_activations, strip_cols
 
 SRC_RING = "tensor inventory of planner/runtime/ring_dtp.py (DESIGN §7 Ring-DTP)"
 SRC_DENSE = "tensor inventory of cross_entropy(x @ w.T, t) (planner/runtime/vocab_baselines.py)"
 SRC_VP = "tensor inventory of planner/runtime/vocab_baselines.py vocab-parallel CE"
-HEAD = ("head",)
-
-
-@dataclass(frozen=True)
-class Item:
-    """One tensor group alive in a sub-step: ``count`` elements of ``elem_bytes`` each."""
-
-    name: str
-    count: Any
-    elem_bytes: int
-    formula: str
-
-
-def binding_terms(substeps: dict[str, list[Item]], source: str, provisional: bool = False) -> list[Term]:
-    """Terms counted at the binding sub-step (largest total; per candidate for numpy counts)."""
-    keys = list(substeps)
-    totals = [sum((np.asarray(i.count, dtype=np.int64) * i.elem_bytes for i in substeps[k]),
-                  np.int64(0)) for k in keys]
-    totals = np.broadcast_arrays(*totals)
-    pick = np.argmax(np.stack(totals), axis=0)
-    names: dict[str, Item] = {}
-    for k in keys:
-        for i in substeps[k]:
-            names.setdefault(i.name, i)
-    out = []
-    for name, first in names.items():
-        per = [next((np.asarray(i.count, dtype=np.int64) for i in substeps[k] if i.name == name),
-                    np.int64(0)) for k in keys]
-        count = np.choose(pick, np.broadcast_arrays(*per, totals[0])[:-1])
-        if np.ndim(count) == 0:
-            count = int(count)
-        where = [k for k in keys if any(i.name == name for i in substeps[k])]
-        formula = f"{first.formula}  [in: {', '.join(where)}; counted at the binding sub-step of " \
-                  f"max({', '.join(keys)})]"
-        out.append(Term(name, "vocab", count, first.elem_bytes, formula, HEAD, provisional=provisional,
-                        source=source))
-    return out
 
 
 def ring_substeps(N, H, V, P, B_v, b: int, move: str | None = None) -> dict[str, list[Item]]:
@@ -133,21 +95,6 @@ def ring_substeps(N, H, V, P, B_v, b: int, move: str | None = None) -> dict[str,
     }
 
 
-def dense_substeps(N, H, cols, rows, b: int) -> dict[str, list[Item]]:
-    """``cross_entropy(x @ w.T, t)`` over ``cols`` (``V_c``) logit columns with a ``rows × H`` weight."""
-    low = int(b < 4)
-    own = [Item("head input x_NH", N * H, b, "N·H"), Item("targets t_N", N, 8, "N")]
-    return {
-        "log-softmax bwd": own + [Item("log-softmax, its grad, logits grad (fp32)", 3 * N * cols, 4, "3·N·V_c")],
-        "logits-grad downcast": own + [Item("logits grad (fp32)", low * N * cols, 4, "[b<4]·N·V_c"),
-                                       Item("logits grad in input dtype", low * N * cols, b, "[b<4]·N·V_c")],
-        "weight-grad GEMM": own + [
-            Item("logits grad in input dtype", N * cols, b, "N·V_c"),
-            Item("input grad dx", N * H, b, "N·H"),
-            Item("weight grad dw (before reduce-scatter)", rows * H, b, "rows·H")],
-    }
-
-
 def vp_substeps(n, H, cols, b: int, local_input=0) -> dict[str, list[Item]]:
     """Megatron vocab-parallel CE over ``n`` replicated tokens and ``cols`` columns."""
     low = int(b < 4)
@@ -169,8 +116,6 @@ def terms(ctx: Ctx) -> list[Term]:
     """The ``vocab`` live set of one rank (phase ``head``)."""
     N, H, V, b = ctx.tokens_per_rank, ctx.hidden_size, ctx.vocab_size, ctx.act_bytes
     if ctx.stack == "fsdp2":
-        from planner.budget import fsdp2_vocab
-
         return fsdp2_vocab.terms(ctx)
     if ctx.vocab == "dense":
         return binding_terms(dense_substeps(N, H, V, V, b), SRC_DENSE)

@@ -9,10 +9,13 @@ from __future__ import annotations
 import math
 from typing import Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, create_model, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
 from planner.schema.base import SCHEMA_VERSION, Frozen, check_name, check_schema_version
+from planner.schema.cluster_constants import CONSTANTS, ClusterConstant
+from planner.schema.curves import Curves
+from planner.schema.provenance import Provenance
 
 MAX_DEVICE_BYTES = 1 << 50
 """Largest per-GPU or per-process byte constant (HBM, workspaces, host baseline): 1 PiB, so that
@@ -25,28 +28,6 @@ MAX_SECONDS = 1e6
 """Largest time constant (seconds per GiB and the like)."""
 MAX_BANDWIDTH = 1e16
 """Largest bandwidth in bytes/s (10 PB/s)."""
-
-
-class Provenance(Frozen):
-    """Where and how a number was measured."""
-
-    device: str
-    """Device name as the driver reports it, e.g. ``NVIDIA H200``."""
-    torch: str = ""
-    """torch version that measured it."""
-    cuda: str = ""
-    """CUDA runtime version."""
-    nccl: str = ""
-    """NCCL version (collective curves)."""
-    date: str
-    """ISO date of the measurement."""
-    command: str
-    """The exact command that produced the number."""
-    gpus_on_machine: int = Field(default=1, ge=0)
-    """How many GPUs the measuring machine had."""
-    host_instance: str = ""
-    """The measuring machine's boot id (``/proc/sys/kernel/random/boot_id``): host-CPU rates are
-    comparable only between measurements that share it (virtual machines differ by ~20%)."""
 
 
 class Constant(Frozen):
@@ -92,36 +73,14 @@ class Topology(Frozen):
     """Whether the declared topology was checked on a real node."""
 
 
-class MemoryConstants(Frozen):
+class _MemoryConstantsBase(Frozen):
     """Constants of the memory model (DESIGN §3.1): what lives outside the allocator, the reserve,
-    in-allocator workspaces, host-side baselines."""
-
-    cuda_context_bytes: Constant
-    """CUDA context and driver state per GPU, outside PyTorch's allocator (NVML used − reserved)."""
-    nccl_buffer_bytes: Constant
-    """NCCL communicator buffers per rank, outside PyTorch's allocator."""
-    reserve_fraction: Constant
-    """Minimum share of the usable HBM held back for fragmentation (at least 0.02)."""
-    fragmentation_fraction: Constant
-    """Measured (reserved − allocated) / reserved at peak; the reserve is never smaller."""
-    cublas_workspace_bytes: Constant
-    """cuBLAS workspace per handle/stream, in the allocator."""
-    cublaslt_workspace_bytes: Constant
-    """cuBLASLt workspace, in the allocator (0 when unified with cuBLAS's)."""
-    flash_workspace_bytes_per_elem: Constant
-    """FlashAttention backward workspace (fp32 ``dq_accum`` + ``softmax_d``) per element of q."""
-    host_baseline_bytes_per_rank: Constant
-    """Host RSS of one training process before any offload (torch, CUDA, data loader)."""
-    host_reserve_fraction: Constant
-    """Share of host RAM held back for the OS, page cache and data loaders (default 0.10)."""
-    pin_seconds_per_gib: Constant
-    """Cost of pinning host memory with ``cudaHostRegister``, seconds per GiB (once per job)."""
-    expandable_segments: bool = True
-    """Whether the constants were measured with ``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True``
-    (recommended)."""
+    in-allocator workspaces, host-side baselines. One ``Constant`` field per entry of
+    ``planner.schema.cluster_constants.CONSTANTS`` (its docstring and unmeasured default come from
+    there); a profile that omits one holds that default, marked as the registry says."""
 
     @model_validator(mode="after")
-    def _ranges(self) -> "MemoryConstants":
+    def _ranges(self) -> "_MemoryConstantsBase":
         """Bytes and seconds are >= 0; fractions lie in [0, 1] (a negative reserve or context would
         inflate the capacity and give a false "fits"; a fraction of 1 leaves no capacity, which is
         safe)."""
@@ -142,6 +101,21 @@ class MemoryConstants(Frozen):
                 raise InvalidPlan(field, v, f"must be <= {top:.4g}, far past any real machine",
                                   "give the measured or assumed value in the unit its name states")
         return self
+
+
+EXPANDABLE_SEGMENTS_DOC = ("Whether the constants were measured with "
+                           "``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`` (recommended).")
+
+
+def _default_constant(entry: ClusterConstant):
+    return lambda: Constant(value=entry.default, status=entry.default_status, note=entry.default_note)
+
+
+MemoryConstants = create_model(
+    "MemoryConstants", __base__=_MemoryConstantsBase, __module__=__name__,
+    **{c.name: (Constant, Field(default_factory=_default_constant(c), description=c.doc)) for c in CONSTANTS},
+    expandable_segments=(bool, Field(default=True, description=EXPANDABLE_SEGMENTS_DOC)))
+MemoryConstants.__doc__ = _MemoryConstantsBase.__doc__
 
 
 def _constant_bound(name: str) -> float:
@@ -189,10 +163,3 @@ class ClusterSpec(Frozen):
             out.append("topology")
         out += [f"curves.{name}" for name, c in self.curves.named() if c.status == "assumed"]
         return out
-
-
-# ``planner.schema.curves`` imports ``Provenance`` from this module, so ``Curves`` is imported last
-# and the forward reference of ``ClusterSpec.curves`` is resolved here.
-from planner.schema.curves import Curves  # noqa: E402
-
-ClusterSpec.model_rebuild()

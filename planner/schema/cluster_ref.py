@@ -21,7 +21,8 @@ from typing import Any
 
 from planner.errors import InvalidPlan
 from planner.schema.cluster import ClusterSpec, Topology
-from planner.schema.io import _looks_like_path, load_cluster, read_structured, validate
+from planner.schema.documents import read_structured, validate
+from planner.schema.profiles import _looks_like_path, load_cluster
 from planner.schema.planfile import PlanFile
 from planner.units import GiB
 

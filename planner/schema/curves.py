@@ -26,7 +26,7 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from planner.schema.base import Frozen
-from planner.schema.cluster import Provenance
+from planner.schema.provenance import Provenance
 
 MONOTONE_NOISE_FRACTION = 0.05
 """A latency-bandwidth curve is rejected when a measured time is more than 5% below the time

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from planner.errors import InvalidPlan
-from planner.schema.io import read_structured, validate
+from planner.schema.documents import read_structured, validate
 from planner.schema.model import MLASpec, ModelSpec
 
 

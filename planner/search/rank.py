@@ -145,12 +145,15 @@ def lowest_peak(model: ModelSpec, cluster: ClusterSpec, workload: Workload, *, w
     """Memory only: the legal candidate of ``stack`` with the lowest per-rank peak among those that fit
     the host (``(plan, peak_bytes, fitting_count)``); no time model. Answers "does anything fit, and
     how close is the best?" where the time model has gaps. With ``host_fallback``, when no candidate
-    fits the host, the one with the least host bytes stands in (instead of an ``AssertionError``)."""
+    fits the host, the one with the least host bytes stands in.
+
+    Raises:
+        Infeasible: no candidate fits the host (none is legal at all, with ``host_fallback``)."""
     from planner.budget.build import make_context
     from planner.budget.host import host_budget
     from planner.budget.peak import capacity_bytes, evaluate
     from planner.budget.work_bounds import TooCostly
-    from planner.errors import InvalidPlan
+    from planner.errors import Infeasible, InvalidPlan
 
     groups = composed_groups(model, workload, world_size) if stack == "composed" else \
         baseline_groups(model, workload, world_size)
@@ -183,7 +186,9 @@ def lowest_peak(model: ModelSpec, cluster: ClusterSpec, workload: Workload, *, w
         best = (least_host[0][1], *least_host[1:])
     if best is None and skipped is not None:
         raise skipped
-    assert best is not None, "no candidate fits the host"
+    if best is None:
+        raise Infeasible(f"no legal {stack} candidate at W={world_size}" if host_fallback
+                         else f"no {stack} candidate fits the host RAM at W={world_size}")
     peak, g, plan, i = best
     knobs = {k: int(np.asarray(v)[i]) for k, v in g.numeric.items()}
     pct = knobs.pop("sco_fraction_pct", None)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from planner.errors import Infeasible
 from planner.schema import ClusterSpec, ModelSpec, Plan
 from planner.schema import Workload
 from planner.search.rank import Candidate, lowest_peak, search
@@ -39,7 +40,7 @@ def best_plans(model: ModelSpec, cluster: ClusterSpec, *, world_size: int, seq_l
             try:
                 return lowest_peak(model, cluster, wl, world_size=world_size, stack=stack, routing=routing,
                                    dtype=dtype)[0]
-            except AssertionError:  # nothing even fits the host: the stack's default plan
+            except Infeasible:  # nothing even fits the host: the stack's default plan
                 return Plan(world_size=world_size, routing=routing, dtype=dtype, stack=stack)
 
         out.append(SweepPoint(S, comp.plan if comp else fallback("composed"), comp,

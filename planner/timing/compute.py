@@ -15,7 +15,7 @@ on the rank, ``d_qk``/``d_v`` query-key and value head widths, ``w`` a sliding w
   FLOPs actually done: ``(d_qk + d_v)/(2·d_qk)`` (MLA's value width differs from the measured
   ``d_v = d_qk``), and for a sliding window ``w < S`` by the band's share of the causal work,
   ``2w/S − (w/S)²`` (assumed: the causal rate at the same ``S``). ``S`` above the table follows the
-  curves' ``beyond_max_seq`` rule (``∝ S²``, listed).
+  ``beyond_max_seq`` rule of ``attention_time_s`` below (``∝ S²``, listed).
 - **Elementwise passes** (norms, activations, permutations, softmax) are memory-bound: bytes /
   the HBM stream rate, which is derived from the measured fused GPU AdamW curve (its largest-size
   marginal rate × ``HBM_BYTES_PER_ADAMW_PARAM`` = 28 B per parameter: it reads p, g, m, v and writes
@@ -40,8 +40,8 @@ HBM_BYTES_PER_ADAMW_PARAM = 28
 
 
 # ------------------------------------------------------------------------------------------------
-# rate tables (numpy; the same reading as ``curves.table_rate`` without importing scipy, whose
-# import alone costs ~0.5 s of the search's 2 s)
+# rate tables (numpy: multilinear interpolation in log2 of every axis, without scipy, whose import
+# alone costs ~0.5 s of the search's 2 s)
 # ------------------------------------------------------------------------------------------------
 _GRIDS: dict = {}
 
@@ -56,9 +56,9 @@ def _grid(table):
 
 
 def table_rate(table, name: str, *coords):
-    """FLOP/s of ``table`` at ``coords``: multilinear interpolation in log2 of every axis, as
-    ``planner.timing.curves.table_rate`` (zeros read at the first grid point; ``ProfileGap``
-    outside an axis)."""
+    """FLOP/s of ``table`` at ``coords``: multilinear interpolation in log2 of every axis (zeros read
+    at the first grid point; ``ProfileGap`` outside an axis). Measured dips are kept (wave
+    quantisation is not smoothed away)."""
     arrs = np.broadcast_arrays(*[np.asarray(c, dtype=float) for c in coords])
     arrs = [np.where(a == 0, pts[0], a) for a, pts in zip(arrs, table.axes)]
     for axis, pts, arr in zip(table.axis_names, table.axes, arrs):
@@ -91,7 +91,9 @@ def table_rate(table, name: str, *coords):
 
 
 def attention_time_s(table, name: str, seq_len, heads, head_dim, *, backward: bool):
-    """``curves.attention_time_s`` with ``beyond_max_seq=True``, on ``table_rate`` above."""
+    """Causal attention seconds for batch 1 from ``table``; above the largest measured ``S_max`` (explicit
+    rule) ``t(S_max)·(S/S_max)²`` at the same heads and head_dim (the work grows as ``S²``, the kernel
+    is saturated at ``S_max``)."""
     s = np.asarray(seq_len, dtype=float)
     s_max = table.axes[0][-1]
     C._check_range(f"{name}.seq_len", s[s != 0], table.axes[0][0], np.inf)

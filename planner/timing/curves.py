@@ -4,20 +4,18 @@
   non-negative least squares on *relative* residuals (``scipy.optimize.nnls`` on
   ``[1/t, x/t]·[α, 1/β] ≈ 1``), so small messages weigh as much as large ones. The fit is
   monotone by construction.
-- **Rate tables** are read by multilinear interpolation in log2 of every axis
-  (``scipy.interpolate.RegularGridInterpolator``); never monotone-smoothed (wave quantisation).
-- **Range.** Every lookup raises ``ProfileGap`` outside the measured range. The only ways past the
-  largest measured point are explicit rules, each documented where it is accepted. Zero work is
-  free: a zero size, count or dimension costs 0 s (nothing is launched or moved; a caller that
-  still issues an empty collective adds its latency itself). The keyword rules are
-  ``beyond_max`` (latency-bandwidth: the fit above the largest size), ``split_rows`` (GEMM rows
-  beyond the largest ``m`` as row blocks), ``beyond_max_seq`` (causal attention ``∝ S²`` beyond the
-  largest ``S``). Callers that use a rule must flag their result.
+- **Host optimizer tables.** ``cpu_adamw_time_s`` / ``cpu_cast_time_s``: seconds per parameter
+  interpolated in the thread count; ``ProfileGap`` outside the measured threads or below the
+  measured parameter count (zero work is free). ``_check_range`` is the range check every lookup of
+  ``planner.timing`` shares.
+- The other lookups live with the time model: rate tables (multilinear in log2 of every axis,
+  never monotone-smoothed) in ``planner.timing.compute``, measured copy, collective and AdamW points
+  in ``planner.timing.lookups`` / ``comm``.
 - **Validation.** ``parse_curves`` / ``parse_cluster`` turn pydantic errors into one-line
   ``InvalidPlan`` and reject curves measured on another device than ``topology.gpu_name``.
 
 Lookups accept scalars or numpy arrays (the search evaluates candidates vectorised). scipy is
-imported lazily, so that importing this module keeps the CLI's start light.
+imported lazily (the fit), so that importing this module keeps the CLI's start light.
 """
 
 from __future__ import annotations
@@ -117,52 +115,6 @@ def _require(curve, name: str):
     return curve
 
 
-def _latency_rate(curve, x_points, rate, x, name: str, beyond_max: bool):
-    lo, hi = x_points[0], x_points[-1]
-    x = np.asarray(x, dtype=float)
-    _check_range(name, x[x != 0], lo, np.inf if beyond_max else hi)
-    out = np.where(x == 0, 0.0, curve.latency_s + x / rate)
-    return float(out) if out.ndim == 0 else out
-
-
-def bandwidth_time_s(curve: BandwidthCurve | None, size_bytes, *, name: str, beyond_max: bool = False):
-    """Seconds to move ``size_bytes`` on ``curve``: ``α + n/β`` inside the measured sizes.
-
-    ``beyond_max=True`` (explicit rule): above the largest measured size the fit is used, since
-    the bandwidth term dominates there; below the smallest size it is always a ``ProfileGap``.
-    """
-    curve = _require(curve, name)
-    return _latency_rate(curve, curve.size_bytes, curve.bytes_per_s, size_bytes, name, beyond_max)
-
-
-def transfer_time_s(curves: Curves, kind: str, size_bytes, *, beyond_max: bool = False):
-    """Host-device copy time; ``kind`` ∈ {h2d, d2h, bidir} (``bidir``: bytes each way, both at once)."""
-    assert kind in ("h2d", "d2h", "bidir"), kind
-    return bandwidth_time_s(getattr(curves, kind), size_bytes, name=kind, beyond_max=beyond_max)
-
-
-def collective_time_s(curves: Curves, collective: str, group_size: int, size_bytes, *,
-                      beyond_max: bool = False):
-    """Collective time at ``group_size`` (must be measured; no interpolation across group sizes).
-
-    ``size_bytes`` follows the convention of ``CollectiveCurves``.
-    """
-    assert collective in COLLECTIVES, collective
-    table = getattr(curves.collectives, collective)
-    name = f"collectives.{collective}"
-    if group_size not in table:
-        raise ProfileGap(f"{name}.group_size", group_size, min(table, default=None),
-                         max(table, default=None), "calibrate under torchrun at this group size")
-    return bandwidth_time_s(table[group_size], size_bytes, name=f"{name}.{group_size}",
-                            beyond_max=beyond_max)
-
-
-def gpu_adamw_time_s(curves: Curves, num_params, *, beyond_max: bool = False):
-    """Fused GPU AdamW step seconds over ``num_params`` fp32 parameters (rule as ``bandwidth_time_s``)."""
-    c = _require(curves.gpu_adamw, "gpu_adamw")
-    return _latency_rate(c, c.num_params, c.params_per_s, num_params, "gpu_adamw", beyond_max)
-
-
 def cpu_adamw_time_s(curves: Curves, num_params, threads):
     """Fused CPU AdamW step seconds: ``num_params × s_per_param(threads)``.
 
@@ -187,100 +139,6 @@ def _per_thread_time(table, name: str, num_params, threads):
     _check_range(f"{name}.num_params", n[n != 0], c.num_params, np.inf)
     spp = np.interp(np.asarray(threads, dtype=float), c.threads, c.s_per_param)
     out = np.asarray(num_params, dtype=float) * spp
-    return float(out) if out.ndim == 0 else out
-
-
-_INTERP: dict[int, tuple] = {}
-"""``id(table) → (table, RegularGridInterpolator)``; the table is kept so its id stays unique."""
-
-
-def _interpolator(table: RateTable):
-    from scipy.interpolate import RegularGridInterpolator
-
-    hit = _INTERP.get(id(table))
-    if hit is None or hit[0] is not table:
-        grid = tuple(np.log2(np.asarray(a, dtype=float)) for a in table.axes)
-        hit = (table, RegularGridInterpolator(grid, np.asarray(table.flops_per_s, dtype=float)))
-        _INTERP[id(table)] = hit
-    return hit[1]
-
-
-def table_rate(table: RateTable | None, name: str, *coords):
-    """Interpolated FLOP/s of ``table`` at ``coords`` (one per axis; scalars or broadcastable arrays).
-
-    Raises:
-        ProfileGap: a coordinate outside its axis's measured range, or no table.
-    """
-    table = _require(table, name)
-    assert len(coords) == len(table.axes), (name, len(coords))
-    arrs = np.broadcast_arrays(*[np.asarray(c, dtype=float) for c in coords])
-    # zero work is free: the caller's FLOPs are 0 there, so any in-range rate will do
-    arrs = [np.where(a == 0, pts[0], a) for a, pts in zip(arrs, table.axes)]
-    for axis, pts, arr in zip(table.axis_names, table.axes, arrs):
-        _check_range(f"{name}.{axis}", arr, pts[0], pts[-1])
-    pts = np.stack([np.log2(a).ravel() for a in arrs], axis=1)
-    out = _interpolator(table)(pts).reshape(arrs[0].shape)
-    return float(out) if out.ndim == 0 else out
-
-
-def gemm_time_s(curves: Curves, m, n, k, *, split_rows: bool = False):
-    """Dense GEMM seconds ``2mnk / rate(m, n, k)``.
-
-    ``split_rows=True`` (explicit rule): ``m`` above the largest measured ``m_max`` is timed as
-    ``⌊m/m_max⌋`` GEMMs of ``m_max`` rows plus one of the remainder (at least the smallest measured
-    ``m``): a GEMM is row-separable, and cuBLAS is no slower on the whole than on its row blocks.
-    """
-    table = _require(curves.gemm, "gemm")
-    if not split_rows:
-        return gemm_flops(m, n, k) / table_rate(table, "gemm", m, n, k)
-    m_lo, m_max = table.axes[0][0], table.axes[0][-1]
-    m = np.asarray(m, dtype=float)
-    _check_range("gemm.m", m[m != 0], m_lo, np.inf)
-    q, r = np.floor_divide(m, m_max), np.mod(m, m_max)
-    base = np.minimum(m, m_max)
-    t_full = gemm_flops(base, n, k) / table_rate(table, "gemm", base, n, k)
-    rr = np.clip(r, m_lo, m_max)
-    t_rem = np.where(r > 0, gemm_flops(rr, n, k) / table_rate(table, "gemm", rr, n, k), 0.0)
-    out = np.where(m > m_max, q * t_full + t_rem, t_full)
-    return float(out) if np.ndim(out) == 0 else out
-
-
-def grouped_gemm_time_s(curves: Curves, tokens_per_group, groups, n, k):
-    """Grouped expert GEMM seconds (``groups`` experts, ``tokens_per_group`` rows each)."""
-    rate = table_rate(curves.grouped_gemm, "grouped_gemm", tokens_per_group, groups, n, k)
-    return grouped_gemm_flops(tokens_per_group, groups, n, k) / rate
-
-
-def attention_time_s(curves: Curves, seq_len, heads, head_dim, *, backward: bool = False,
-                     beyond_max_seq: bool = False):
-    """Causal flash attention seconds for batch 1 (forward, or backward with ``backward=True``).
-
-    ``beyond_max_seq=True`` (explicit rule): above the largest measured ``S_max`` the time is
-    ``t(S_max)·(S/S_max)²`` at the same heads and head_dim: the work grows as ``S²`` and the kernel
-    is already saturated at ``S_max`` (it only gains parallelism with ``S``).
-    """
-    name = "attention_bwd" if backward else "attention_fwd"
-    table = _require(getattr(curves, name), name)
-    s = np.asarray(seq_len, dtype=float)
-    if beyond_max_seq:
-        s_max = table.axes[0][-1]
-        _check_range(f"{name}.seq_len", s[s != 0], table.axes[0][0], np.inf)
-        s_eval = np.minimum(s, s_max)
-        scale = np.maximum(s / s_max, 1.0) ** 2
-    else:
-        s_eval, scale = s, 1.0
-    t = attention_flops(s_eval, heads, head_dim, backward=backward) / table_rate(
-        table, name, s_eval, heads, head_dim)
-    out = t * scale
-    return float(out) if np.ndim(out) == 0 else out
-
-
-def chunk_relative_time(curves: Curves, num_chunks):
-    """PipelinedLLEP time at ``K`` chunks relative to the smallest measured ``K`` (linear in ``K``)."""
-    c = _require(curves.chunk_count, "chunk_count")
-    _check_range("chunk_count.num_chunks", num_chunks, c.num_chunks[0], c.num_chunks[-1])
-    rel = np.asarray(c.time_s) / c.time_s[0]
-    out = np.interp(np.asarray(num_chunks, dtype=float), c.num_chunks, rel)
     return float(out) if out.ndim == 0 else out
 
 

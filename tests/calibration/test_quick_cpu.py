@@ -20,6 +20,7 @@ from calibration.merge import merge
 from planner.errors import InvalidPlan, ProfileGap
 from planner.schema.io import PROFILES_DIR, load_cluster
 from planner.timing import curves as C
+from planner.timing.compute import table_rate
 
 QUICK_BUDGET_S = 60.0
 """The CPU quick calibration must finish within a minute."""
@@ -49,10 +50,10 @@ def test_quick_cpu_profile_end_to_end(quick):
     assert spec.curves.h2d is None and spec.curves.attention_fwd is None and spec.curves.gpu_adamw is None
     assert all(spec.memory.model_dump()[k]["status"] != "measured" for k in runner.ASSUMED)
     # usable by the time model, with gaps outside the grid
-    t = C.gemm_time_s(spec.curves, 300, 256, 256)
+    t = C.gemm_flops(300, 256, 256) / table_rate(spec.curves.gemm, "gemm", 300, 256, 256)
     assert 0 < t < 1
     with pytest.raises(ProfileGap):
-        C.gemm_time_s(spec.curves, 4096, 256, 256)
+        table_rate(spec.curves.gemm, "gemm", 4096, 256, 256)
     assert C.cpu_adamw_time_s(spec.curves, 10**9, 1) > 0
     assert "| gemm | measured | cpu |" in out.with_name(out.stem + ".summary.md").read_text()
 

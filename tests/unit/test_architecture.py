@@ -1,5 +1,7 @@
-"""Architecture rules (DESIGN §9): the core never imports torch; imports flow one way; the CLI starts
-without pandas, scipy or torch."""
+"""Architecture rules (DESIGN §9): the core never imports torch; imports flow one way; no import
+cycle anywhere in ``planner/``, ``calibration/`` or ``bench/`` (``tests/import_graph.py``); the
+runtime, calibration and bench import the core only downward; the CLI starts without pandas, scipy
+or torch."""
 
 from __future__ import annotations
 
@@ -9,6 +11,8 @@ import sys
 from pathlib import Path
 
 import pytest
+
+import import_graph  # tests/import_graph.py
 
 ROOT = Path(__file__).resolve().parents[2]
 PLANNER = ROOT / "planner"
@@ -83,3 +87,61 @@ def test_cli_starts_without_heavy_imports():
             "print(','.join(m for m in ('torch', 'pandas', 'scipy', 'matplotlib') if m in sys.modules))")
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert res.stdout.strip() == "", f"core imported {res.stdout.strip()}"
+
+
+RUNTIME_MAY_IMPORT = {"schema", "errors", "units", "plans", "budget", "timing", "api"}
+"""Core layers the runtime (operators, step harnesses, ``validate``) may import: the schema and plans it
+executes, and the model it is checked against; never the search, the report or the CLI."""
+CALIBRATION_MAY_IMPORT = {"schema", "errors", "units", "timing", "runtime"}
+"""What ``calibration/`` may import from ``planner``: the profile schema, the curve fits it writes
+(``planner.timing.curves``) and the runtime it measures; never the budget, search, api or CLI."""
+
+
+@pytest.fixture(scope="module")
+def graph():
+    return import_graph.graph()
+
+
+def test_no_import_cycles(graph):
+    """Every import counts, at module level or inside a function (a lazy import only hides a cycle)."""
+    assert import_graph.cycles(graph) == []
+
+
+def test_import_graph_finds_a_cycle():
+    """The cycle finder itself: a three-module ring and a self-contained pair are found, a chain is not."""
+    g = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"e"}, "e": {"d"}, "f": {"a"}, "g": set()}
+    assert import_graph.cycles(g) == [["a", "b", "c"], ["d", "e"]]
+    assert import_graph.cycles({"a": {"b"}, "b": {"c"}, "c": set()}) == []
+
+
+def _targets(graph, tree: str):
+    for mod, targets in sorted(graph.items()):
+        if mod == tree or mod.startswith(tree + "."):
+            yield mod, targets
+
+
+def test_runtime_imports_core_downward_only(graph):
+    found = list(_targets(graph, "planner.runtime"))
+    assert found, "planner.runtime has no modules"
+    for mod, targets in found:
+        bad = [t for t in targets if t.split(".")[0] in ("calibration", "bench")
+               or (t.startswith("planner.") and _layer(t) in RANK and _layer(t) not in RUNTIME_MAY_IMPORT)]
+        assert not bad, f"{mod} imports {bad}"
+
+
+def test_calibration_imports_core_downward_only(graph):
+    found = list(_targets(graph, "calibration"))
+    assert found, "calibration has no modules"
+    for mod, targets in found:
+        bad = [t for t in targets if t.startswith("bench")
+               or (t.startswith("planner.") and _layer(t) not in CALIBRATION_MAY_IMPORT)]
+        assert not bad, f"{mod} imports {bad}"
+
+
+def test_nothing_imports_bench(graph):
+    """``bench/`` is a leaf: its scripts use the planner, the runtime and calibration, never the
+    other way round."""
+    for tree in ("planner", "calibration"):
+        for mod, targets in _targets(graph, tree):
+            bad = [t for t in targets if t == "bench" or t.startswith("bench.")]
+            assert not bad, f"{mod} imports {bad}"

@@ -15,6 +15,7 @@ import yaml
 
 import planner.schema.curves as schema_curves
 from planner.errors import InvalidPlan, ProfileGap
+from planner.timing import compute
 from planner.timing import curves as C
 
 EXACT_REL_TOL = 1e-9
@@ -87,61 +88,25 @@ def test_fit_rejects_flat_or_short_data():
 
 
 # ---------------------------------------------------------------------------------------------
-# latency-bandwidth lookups
+# host optimizer tables (``planner.timing.curves``)
 # ---------------------------------------------------------------------------------------------
-def test_bandwidth_lookup_inside_range_and_gaps_outside():
-    curves = C.Curves(h2d=_bw(10e-6, 50e9))
-    n = 3 * (1 << 20)
-    assert C.transfer_time_s(curves, "h2d", n) == pytest.approx(10e-6 + n / 50e9, rel=1e-9)
-    with pytest.raises(ProfileGap, match="h2d"):
-        C.transfer_time_s(curves, "h2d", SIZES[-1] * 2)
-    with pytest.raises(ProfileGap, match="h2d"):
-        C.transfer_time_s(curves, "h2d", SIZES[0] // 2)
-    # the explicit large-message rule goes above the range, never below it
-    assert C.transfer_time_s(curves, "h2d", SIZES[-1] * 2, beyond_max=True) == pytest.approx(
-        10e-6 + SIZES[-1] * 2 / 50e9, rel=1e-9)
-    with pytest.raises(ProfileGap):
-        C.transfer_time_s(curves, "h2d", SIZES[0] // 2, beyond_max=True)
-    with pytest.raises(ProfileGap, match="d2h"):
-        C.transfer_time_s(curves, "d2h", n)  # not measured
-
-
-def test_bandwidth_lookup_vectorised():
-    curves = C.Curves(bidir=_bw(5e-6, 44e9))
-    n = np.array([1 << 20, 1 << 24, 1 << 30])
-    got = C.transfer_time_s(curves, "bidir", n)
-    assert np.allclose(got, [C.transfer_time_s(curves, "bidir", int(v)) for v in n], rtol=1e-12)
-    with pytest.raises(ProfileGap):
-        C.transfer_time_s(curves, "bidir", np.array([1 << 20, 1 << 40]))
-
-
-def test_collective_lookup_by_group_size():
-    c2 = C.bandwidth_curve(SIZES, _times(20e-6, 150e9), provenance=PROV, group_size=2)
-    curves = C.Curves(collectives=C.CollectiveCurves(all_to_all={2: c2}))
-    assert C.collective_time_s(curves, "all_to_all", 2, 1 << 26) == pytest.approx(20e-6 + (1 << 26) / 150e9)
-    with pytest.raises(ProfileGap, match="group_size"):
-        C.collective_time_s(curves, "all_to_all", 8, 1 << 26)
-    with pytest.raises(ProfileGap, match="all_gather"):
-        C.collective_time_s(curves, "all_gather", 2, 1 << 26)
-
-
-def test_optimizer_lookups():
-    gpu = C.param_rate_curve([1 << 20, 1 << 24, 1 << 28], _times(30e-6, 1.5e11, [1 << 20, 1 << 24, 1 << 28]),
-                             provenance=PROV)
+def test_cpu_adamw_lookup():
     cpu = C.CpuAdamWTable(threads=[1, 2, 4, 16], s_per_param=[2e-9, 1.1e-9, 0.6e-9, 0.229e-9],
                           num_params=1 << 25, provenance=PROV)
-    curves = C.Curves(gpu_adamw=gpu, cpu_adamw=cpu)
-    assert C.gpu_adamw_time_s(curves, 1 << 26) == pytest.approx(30e-6 + (1 << 26) / 1.5e11)
+    curves = C.Curves(cpu_adamw=cpu)
     assert C.cpu_adamw_time_s(curves, 10**9, 16) == pytest.approx(0.229)
     assert C.cpu_adamw_time_s(curves, 10**9, 3) == pytest.approx(10**9 * 0.85e-9)  # linear in threads
+    assert C.cpu_adamw_time_s(curves, 0, 2) == 0.0                                   # zero work is free
     with pytest.raises(ProfileGap, match="threads"):
         C.cpu_adamw_time_s(curves, 10**9, 32)
     with pytest.raises(ProfileGap, match="num_params"):
         C.cpu_adamw_time_s(curves, 1000, 4)  # could run from cache: not what was measured
+    with pytest.raises(ProfileGap, match="cpu_cast"):
+        C.cpu_cast_time_s(curves, 10**9, 4)   # not measured
 
 
 # ---------------------------------------------------------------------------------------------
-# rate tables
+# rate tables (``planner.timing.compute``: what the time model reads)
 # ---------------------------------------------------------------------------------------------
 M, N, K = [64, 256, 1024, 4096], [512, 2048, 8192], [256, 1024, 4096]
 
@@ -158,48 +123,37 @@ def _gemm_table(fn=_loglin):
 
 
 def test_table_interpolation_exact_for_multilinear_truth():
-    curves = C.Curves(gemm=_gemm_table())
+    t = _gemm_table()
     for m, n, k in [(100, 700, 300), (3000, 8000, 4000), (64, 512, 256), (4096, 8192, 4096)]:
-        assert C.table_rate(curves.gemm, "gemm", m, n, k) == pytest.approx(_loglin(m, n, k), rel=INTERP_REL_TOL)
-        assert C.gemm_time_s(curves, m, n, k) == pytest.approx(2 * m * n * k / _loglin(m, n, k), rel=INTERP_REL_TOL)
+        assert compute.table_rate(t, "gemm", m, n, k) == pytest.approx(_loglin(m, n, k), rel=INTERP_REL_TOL)
 
 
 def test_table_keeps_non_monotone_dips():
     """Wave quantisation: a measured dip is reproduced at its point, not smoothed away."""
     def dip(m, n, k):
         return 5e14 if (m, n, k) == (1024, 2048, 1024) else 7e14
-    curves = C.Curves(gemm=_gemm_table(dip))
-    assert C.table_rate(curves.gemm, "gemm", 1024, 2048, 1024) == pytest.approx(5e14)
+    t = _gemm_table(dip)
+    assert compute.table_rate(t, "gemm", 1024, 2048, 1024) == pytest.approx(5e14)
     # halfway (in log2 m) between the dip and its neighbour at m = 4096
-    assert C.table_rate(curves.gemm, "gemm", 2048, 2048, 1024) == pytest.approx(6e14)
+    assert compute.table_rate(t, "gemm", 2048, 2048, 1024) == pytest.approx(6e14)
 
 
 def test_table_profile_gap_names_axis():
-    curves = C.Curves(gemm=_gemm_table())
+    t = _gemm_table()
     with pytest.raises(ProfileGap, match=r"gemm\.m .*65536"):
-        C.gemm_time_s(curves, 65536, 512, 256)
+        compute.table_rate(t, "gemm", 65536, 512, 256)
     with pytest.raises(ProfileGap, match=r"gemm\.k"):
-        C.gemm_time_s(curves, 64, 512, 16)
-    with pytest.raises(ProfileGap, match="grouped_gemm"):
-        C.grouped_gemm_time_s(curves, 64, 4, 512, 512)
-
-
-def test_gemm_split_rows_rule():
-    curves = C.Curves(gemm=_gemm_table())
-    m_max = M[-1]
-    want = 2 * C.gemm_time_s(curves, m_max, 2048, 1024) + C.gemm_time_s(curves, m_max // 2, 2048, 1024)
-    assert C.gemm_time_s(curves, 2 * m_max + m_max // 2, 2048, 1024, split_rows=True) == pytest.approx(want)
-    inside = C.gemm_time_s(curves, 300, 2048, 1024)
-    assert C.gemm_time_s(curves, 300, 2048, 1024, split_rows=True) == pytest.approx(inside)
-    got = C.gemm_time_s(curves, np.array([300, 2 * m_max + m_max // 2]), 2048, 1024, split_rows=True)
-    assert np.allclose(got, [inside, want])
+        compute.table_rate(t, "gemm", 64, 512, 16)
+    with pytest.raises(ProfileGap):
+        compute.table_rate(t, "gemm", -5, 2048, 1024)
 
 
 def test_vectorised_table_lookup_matches_scalar():
-    curves = C.Curves(gemm=_gemm_table())
+    t = _gemm_table()
     m = np.array([64, 100, 777, 4096])
-    got = C.gemm_time_s(curves, m, 2048, 1000)
-    assert np.allclose(got, [C.gemm_time_s(curves, int(v), 2048, 1000) for v in m], rtol=1e-12)
+    got = compute.table_rate(t, "gemm", m, 2048, 1000)
+    assert np.allclose(got, [compute.table_rate(t, "gemm", int(v), 2048, 1000) for v in m], rtol=1e-12)
+    assert compute.table_rate(t, "gemm", 0, 2048, 1000) == compute.table_rate(t, "gemm", 64, 2048, 1000)
 
 
 def _attn_table(rate):
@@ -210,40 +164,18 @@ def _attn_table(rate):
 
 
 def test_attention_lookup_and_quadratic_rule():
-    curves = C.Curves(attention_fwd=_attn_table(4e14), attention_bwd=_attn_table(3e14))
-    t_f = C.attention_time_s(curves, 8192, 8, 128)
+    fwd, bwd = _attn_table(4e14), _attn_table(3e14)
+    t_f = compute.attention_time_s(fwd, "attention_fwd", 8192, 8, 128, backward=False)
     assert t_f == pytest.approx(2 * 8192**2 * 8 * 128 / 4e14)
-    assert C.attention_time_s(curves, 8192, 8, 128, backward=True) == pytest.approx(5 * 8192**2 * 8 * 128 / 3e14)
-    with pytest.raises(ProfileGap, match="seq_len"):
-        C.attention_time_s(curves, 65536, 8, 128)
-    t_max = C.attention_time_s(curves, 16384, 8, 128)
-    assert C.attention_time_s(curves, 65536, 8, 128, beyond_max_seq=True) == pytest.approx(16 * t_max)
+    assert compute.attention_time_s(bwd, "attention_bwd", 8192, 8, 128, backward=True) == pytest.approx(
+        5 * 8192**2 * 8 * 128 / 3e14)
+    t_max = compute.attention_time_s(fwd, "attention_fwd", 16384, 8, 128, backward=False)
+    assert compute.attention_time_s(fwd, "attention_fwd", 65536, 8, 128, backward=False) == pytest.approx(16 * t_max)
+    assert compute.attention_time_s(fwd, "attention_fwd", 0, 8, 128, backward=False) == 0.0
     with pytest.raises(ProfileGap, match="head_dim"):
-        C.attention_time_s(curves, 8192, 8, 192, beyond_max_seq=True)
-
-
-def test_zero_work_is_free():
-    """A rank with zero tokens, or ``E_p = 1`` (no dispatch bytes), costs 0 s, never a gap."""
-    curves = C.Curves(h2d=_bw(), gemm=_gemm_table(), attention_fwd=_attn_table(4e14),
-                      cpu_adamw=C.CpuAdamWTable(threads=[1, 2], s_per_param=[2e-9, 1e-9], num_params=1 << 25,
-                                                provenance=PROV))
-    assert C.transfer_time_s(curves, "h2d", 0) == 0.0
-    assert np.array_equal(C.transfer_time_s(curves, "h2d", np.array([0, 1 << 20])) > 0, [False, True])
-    assert C.gemm_time_s(curves, 0, 2048, 1024) == 0.0
-    assert C.gemm_time_s(curves, 0, 2048, 1024, split_rows=True) == 0.0
-    assert C.attention_time_s(curves, 0, 8, 128, beyond_max_seq=True) == 0.0
-    assert C.cpu_adamw_time_s(curves, 0, 2) == 0.0
-    with pytest.raises(ProfileGap):
-        C.gemm_time_s(curves, -5, 2048, 1024)
-
-
-def test_chunk_curve_relative_time():
-    cc = C.ChunkCurve(num_chunks=[1, 2, 5, 10, 20], time_s=[1.0, 1.02, 1.05, 1.04, 1.08], provenance=PROV)
-    curves = C.Curves(chunk_count=cc)
-    assert C.chunk_relative_time(curves, 10) == pytest.approx(1.04)
-    assert C.chunk_relative_time(curves, 15) == pytest.approx(1.06)
-    with pytest.raises(ProfileGap):
-        C.chunk_relative_time(curves, 40)
+        compute.attention_time_s(fwd, "attention_fwd", 8192, 8, 192, backward=False)
+    with pytest.raises(ProfileGap, match="seq_len"):
+        compute.attention_time_s(fwd, "attention_fwd", 512, 8, 128, backward=False)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -313,7 +245,8 @@ def test_profile_round_trip_through_yaml():
     spec = C.parse_cluster(_cluster(curves))
     again = C.parse_cluster(yaml.safe_load(yaml.safe_dump(spec.model_dump(mode="json"))))
     assert again == spec
-    assert C.collective_time_s(again.curves, "p2p_ring", 2, 1 << 20) == pytest.approx(10e-6 + (1 << 20) / 50e9)
+    ring = again.curves.collectives.p2p_ring[2]
+    assert (ring.latency_s, ring.bytes_per_s) == pytest.approx((10e-6, 50e9), rel=1e-6)
 
 
 CURVE_MODELS = [obj for _, obj in inspect.getmembers(schema_curves, inspect.isclass)

@@ -277,3 +277,20 @@ def test_fsdp2_baseline_and_dense_models():
     dense = ModelSpec(name="d", num_layers=2, hidden_size=64, vocab_size=100, num_heads=4,
                       num_kv_heads=4, head_dim=16, dense_ffn=128)
     assert bd.terms(_ctx(model=dense, num_experts=0)) == []
+
+
+@pytest.mark.parametrize("op,residue", [("pipelined_llep", "source"), ("pipelined_llep", "destination"),
+                                        ("llep", "source"), ("ep", "source")])
+@pytest.mark.parametrize("bound", ["expected", "guarantee"])
+@pytest.mark.parametrize("ckpt", ["none", "sco"])
+def test_dispatch_terms_carry_their_buffers_formula(op, residue, bound, ckpt):
+    """Every dispatch term's formula is the one declared with its buffer (``dispatch_buffers``), never
+    its bare name: the inventories key their moments by ``Buf``, so no buffer goes without one."""
+    from planner.budget import dispatch_buffers
+
+    declared = {b.name: b.formula for b in vars(dispatch_buffers).values() if isinstance(b, dispatch_buffers.Buf)}
+    terms = bd.terms(_ctx(dispatch=op, dispatch_residue=residue, dispatch_bound=bound, checkpoint=ckpt))
+    assert terms
+    for t in terms:
+        buf = t.name.split(": ", 1)[1]
+        assert t.formula == declared[buf] and t.formula != buf, t.name

@@ -1,7 +1,7 @@
 """PipelinedLLEP's two residue variants: the per-chunk receive bound, the source variant's chunk
 count, its routing-independent guarantee, and its time (DESIGN §3.2, §4; issue 13).
 
-The routings are the import-limited top-k routings of ``test_guarantee_property`` (each token
+The routings are the import-limited top-k routings of ``routing_draws`` (each token
 picks ``k`` distinct experts, skewed hard enough that small ``n_import_max`` leaves excess
 unplaced). Properties:
 
@@ -17,7 +17,7 @@ from __future__ import annotations
 import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from test_guarantee_property import cases, draw_import_limited
+from routing_draws import cases, draw_import_limited
 
 from planner.budget import dispatch as bd
 from planner.budget import dispatch_inventory as inv
@@ -117,7 +117,7 @@ def test_source_guarantee_below_destination_guarantee_at_shape_a():
 def test_source_time_adds_one_dispatch_per_chunk():
     from planner.timing.dispatch import moe_dispatch_s
     from planner.timing.lookups import Lookups
-    from test_timing_dispatch import flat_cluster
+    from synthetic_profiles import flat_cluster
 
     lk = Lookups(flat_cluster(), strict=True)
     kw = dict(N=65536, E=128, k=8, E_p=8, K=10, H=7168, I=2048, b=2)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -60,12 +59,3 @@ def test_peak_at_least_every_phase(h200):
     ctx = make_context(tiny_moe(), h200, Workload(seq_len=8192), Plan(world_size=4))
     ev = evaluate(ctx)
     assert (ev.peak_bytes >= ev.by_phase).all() and int(ev.peak_bytes) > GiB // 1024
-
-
-def test_chunked_local_types_match_the_runtime_families():
-    """The budget's list of chunked-local model types is the runtime's (one fact, two layers)."""
-    pytest.importorskip("torch")
-    from planner.budget.attention_sliding import CHUNKED_LOCAL_TYPES
-    from planner.runtime.model_layers import FAMILIES
-
-    assert set(CHUNKED_LOCAL_TYPES) == {t for t, f in FAMILIES.items() if f.local_kind == "chunked"}

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from test_timing_profiles import ATTN_RATE, BIDIR_BW, EXACT, GEMM_RATE, ctx_of, flat, flat_cluster, tiny_model  # noqa: F401
+from synthetic_profiles import ATTN_RATE, BIDIR_BW, EXACT, GEMM_RATE, ctx_of, flat_cluster, tiny_model
 
 from planner.errors import ProfileGap
 from planner.timing import offload
@@ -144,7 +144,7 @@ def test_streaming_or_cpu_wins_by_host_resources():
 def test_cpu_offload_threads_and_dram_share():
     """Per GPU: host_cores/G_n threads at the CPU AdamW rate, but never faster than 40 B/param at
     the GPU's share of host DRAM."""
-    from test_timing_profiles import CPU_S_PER_PARAM_1T
+    from synthetic_profiles import CPU_S_PER_PARAM_1T
 
     theta = 1_000_000_000
     rich = flat_cluster(host_cores=128)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from test_timing_profiles import flat_cluster
+from synthetic_profiles import flat_cluster
 
 from calibration import dispatch_kernels as bench
 from calibration.merge import merge_data, read_measured

@@ -1,5 +1,5 @@
-"""The step-time model end to end (``planner.timing.step``): on the shipped H200 profile, the CPU
-quick profile and the flat synthetic profile.
+"""The step-time model end to end (``planner.timing.step``): on the shipped H200 profile and the
+flat synthetic profile (the CPU quick profile, which needs torch: ``tests/calibration/test_cpu_profile_step.py``).
 
 - the breakdown sums to the total, every component ≥ 0;
 - vectorised evaluation equals one-by-one evaluation;
@@ -11,13 +11,12 @@ quick profile and the flat synthetic profile.
 
 from __future__ import annotations
 
-import time
-
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from test_timing_profiles import cpu_profile, ctx_of, flat, flat_cluster, tiny_model  # noqa: F401
+from synthetic_profiles import (SPEED_BUDGET_S, SPEED_CANDIDATES, ctx_of, flat_cluster, speed_candidates, timed_step,
+                                tiny_model)
 
 from planner.budget.build import make_context
 from planner.errors import ProfileGap
@@ -27,9 +26,6 @@ from planner.search.evaluate import group_plan
 from planner.search.space import baseline_groups, composed_groups
 from planner.timing.step import StepTime, step_time
 
-SPEED_BUDGET_S = 0.5
-"""step_time on 10k candidates must take well under the search's 2 s budget."""
-SPEED_CANDIDATES = 10_000
 SUM_TOL = 1e-9
 """The breakdown sums to the total up to rounding."""
 BF16_PEAK_TFLOPS = 989.0
@@ -117,45 +113,7 @@ def test_gaps_make_only_the_affected_candidates_nan():
         step_time(ctx, strict=True)
 
 
-def test_cpu_profile_gaps_and_ops(cpu_profile):
-    """The CPU quick profile has GEMM and CPU AdamW curves only: the step is a named gap (NaN, or
-    raised with ``strict``), the fp32 dense head at its own tiny shapes is finite."""
-    from planner.timing.ops import cpu_offload_adamw_time, dense_head_time
 
-    m = tiny_model()
-    stt = step_time(ctx_of(m, cpu_profile))
-    assert np.isnan(stt.total_s) and any("attention_fwd" in g for g in stt.gaps)
-    with pytest.raises(ProfileGap):
-        step_time(ctx_of(m, cpu_profile), strict=True)
-    fwd, fb = dense_head_time(256, 256, 512, "fp32", cpu_profile)
-    assert 0 < fwd < fb < 1
-    with pytest.raises(ProfileGap, match="d2h"):
-        cpu_offload_adamw_time(10**8, 1, cpu_profile)
-
-
-def _candidates(cluster, n):
-    m = load_model("moe-667b")
-    wl = Workload(seq_len=1 << 20)
-    g = max(composed_groups(m, wl, 64), key=lambda g: g.size)
-    idx = np.arange(n) % g.size
-    plan = group_plan(g, 64, "balanced", "guarantee", "bf16")
-    return make_context(m, cluster, wl, plan, resolved=True, overrides={k: v[idx] for k, v in g.numeric.items()})
-
-
-@pytest.mark.parametrize("profile", ["h200", "cpu_profile"])
-def test_speed_10k_candidates(request, profile):
-    cluster = request.getfixturevalue(profile)
-    ctx = _candidates(cluster, SPEED_CANDIDATES)
-    step_time(ctx)  # warm: imports, interpolators
-    best = min(_timed(ctx) for _ in range(3))
-    assert best < SPEED_BUDGET_S, f"{best:.3f} s for {SPEED_CANDIDATES} candidates"
-
-
-def _timed(ctx) -> float:
-    t0 = time.perf_counter()
-    out = step_time(ctx)
-    assert out.total_s.shape == (SPEED_CANDIDATES,)
-    return time.perf_counter() - t0
 
 
 @pytest.mark.parametrize("ac", ["none", "selective", "full"])
@@ -164,3 +122,10 @@ def test_fsdp2_recompute_order(flat, ac):
     t = {a: step_time(ctx_of(m, flat, stack="fsdp2", ac=a), strict=True) for a in ("none", "selective", "full")}
     assert t["none"].total_s <= t["selective"].total_s <= t["full"].total_s
     _check(t[ac])
+
+
+def test_speed_10k_candidates(h200):
+    ctx = speed_candidates(h200, SPEED_CANDIDATES)
+    step_time(ctx)  # warm: imports, interpolators
+    best = min(timed_step(ctx, SPEED_CANDIDATES) for _ in range(3))
+    assert best < SPEED_BUDGET_S, f"{best:.3f} s for {SPEED_CANDIDATES} candidates"

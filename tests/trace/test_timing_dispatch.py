@@ -27,7 +27,7 @@ import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
-from test_timing_profiles import ADAMW_RATE, flat_cluster
+from synthetic_profiles import ADAMW_RATE, flat_cluster
 from torch.testing._internal.distributed.fake_pg import FakeStore
 from torch.utils._python_dispatch import TorchDispatchMode
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 import pytest
 import torch
 import yaml
-from test_timing_profiles import cpu_profile  # noqa: F401
 
 from calibration import compute, config
 from calibration.merge import merge_data

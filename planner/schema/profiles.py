@@ -1,0 +1,81 @@
+"""Loading a model or cluster by shipped profile name or file path.
+
+- ``load_model(ref)``: a shipped profile name (``gpt-oss-20b``), a model YAML, or a Hugging Face
+  ``config.json`` (``planner.schema.hf_import``).
+- ``load_cluster(ref)``: a shipped cluster name (``h200``) or a cluster YAML.
+- ``shipped(kind)``: the shipped profile names.
+
+Every failure is an ``InvalidPlan`` naming the reference, the value and the fix. ``planner.schema.io``
+re-exports all of these.
+"""
+
+from __future__ import annotations
+
+import os
+from importlib.resources import files
+from pathlib import Path
+
+from planner.errors import InvalidPlan
+from planner.schema.cluster import ClusterSpec
+from planner.schema.curves import check_devices
+from planner.schema.documents import read_structured, validate
+from planner.schema.hf_import import import_hf
+from planner.schema.model import ModelSpec
+
+PROFILES_DIR = Path(os.environ.get("MOE_PLANNER_PROFILES") or str(files("planner") / "profiles"))
+"""Folder of the shipped profiles (``models/``, ``clusters/``, ``hf-configs/``), package data of
+``planner`` (``planner/profiles``); ``MOE_PLANNER_PROFILES`` overrides."""
+
+
+def shipped(kind: str) -> list[str]:
+    """Names of the shipped profiles of ``kind`` (``models`` or ``clusters``)."""
+    d = PROFILES_DIR / kind
+    return sorted(p.stem for p in d.glob("*.yaml") if not p.stem.startswith("_"))
+
+
+def _looks_like_path(ref: str) -> bool:
+    return ref.endswith((".yaml", ".yml", ".json")) or os.sep in ref
+
+
+def load_model(ref: str) -> ModelSpec:
+    """Load a model by profile name, YAML file, or Hugging Face ``config.json``."""
+    return load_model_noted(ref)[0]
+
+
+def load_model_noted(ref: str) -> tuple[ModelSpec, list[str]]:
+    """``load_model`` and the Hugging Face importer's warnings (one line each; none for profiles)."""
+    if not ref.strip():
+        raise InvalidPlan("MODEL", ref, "is empty", "give a shipped profile name, a YAML or a config.json path")
+    if not _looks_like_path(ref):
+        path = PROFILES_DIR / "models" / f"{ref}.yaml"
+        if not path.is_file():
+            raise InvalidPlan("MODEL", ref, "is not a shipped model profile",
+                              f"use one of: {', '.join(shipped('models'))}, or a YAML / config.json path")
+        return validate(ModelSpec, read_structured(path), "model"), []
+    data = read_structured(ref)
+    if isinstance(data, dict) and {"plan", "workload"} & set(data) and "num_layers" not in data:
+        raise InvalidPlan("MODEL", ref, "is a plan file, not a model profile",
+                          f"pass it with --plan {ref} (flags override its fields)")
+    if isinstance(data, dict) and "topology" in data and "num_layers" not in data:
+        raise InvalidPlan("MODEL", ref, "is a cluster profile, not a model profile",
+                          f"pass it with --cluster {ref} and give a model")
+    if isinstance(data, dict) and "num_layers" not in data and "name" not in data:
+        name = Path(ref).parent.name if Path(ref).name == "config.json" else Path(ref).stem
+        return import_hf(data, name=name)
+    return validate(ModelSpec, data, "model"), []
+
+
+def load_cluster(ref: str) -> ClusterSpec:
+    """Load a cluster profile by name or YAML path."""
+    if not ref.strip():
+        raise InvalidPlan("--cluster", ref, "is empty", f"use one of: {', '.join(shipped('clusters'))}, or a YAML path")
+    path = Path(ref) if _looks_like_path(ref) else PROFILES_DIR / "clusters" / f"{ref}.yaml"
+    if not _looks_like_path(ref) and not path.is_file():
+        raise InvalidPlan("--cluster", ref, "is not a shipped cluster profile",
+                          f"use one of: {', '.join(shipped('clusters'))}, or a YAML path")
+    spec = validate(ClusterSpec, read_structured(path), "cluster")
+    try:
+        check_devices(spec.curves, spec.topology.gpu_name)
+    except ValueError as e:
+        raise InvalidPlan(f"cluster {ref}", spec.topology.gpu_name, str(e), "re-run planner calibrate on this cluster") from None
+    return spec
