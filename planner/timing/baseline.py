@@ -97,8 +97,8 @@ def build(ctx: Ctx, lk: Lookups, micro, opt):
                        dense_attn + R.dense_region_params(m), 0))
 
     for n, f, bw, dense, experts in layers:
-        fwd = {k: f.get(k, 0.0) + F_l.get(k, 0.0) for k in set(f) | set(F_l)}
-        bwd = {k: bw.get(k, 0.0) + B_l.get(k, 0.0) for k in set(bw) | set(B_l)}
+        fwd = {k: f.get(k, 0.0) + F_l.get(k, 0.0) for k in dict.fromkeys([*f, *F_l])}  # insertion order: no hash-seed-dependent sums
+        bwd = {k: bw.get(k, 0.0) + B_l.get(k, 0.0) for k in dict.fromkeys([*bw, *B_l])}
         rec = fwd if recompute else {"elementwise": fwd["elementwise"]} if ctx.ac == "selective" else {}
         gath, red = _fsdp_comm(lk, ctx, dense / tp, experts, fsdp, ep, b, ranks)
         micro.overlap(fwd, gath, "fsdp_gather", n)
