@@ -9,7 +9,10 @@ process from the repository root (so the tree's ``planner`` is the one measured)
 
 Nondeterministic fields, handled explicitly (``VOLATILE``): ``search``'s ``elapsed_s`` (wall time
 of the search) is replaced by ``"<volatile>"`` before storing and comparing. Nothing else varies
-between runs; the compare reports any other difference byte for byte.
+between runs once the string hash seed is pinned: the FSDP2 time model (``timing/baseline.py``,
+``fwd``/``bwd``) iterates a ``set`` of breakdown names, so the key order of ``breakdown`` and the
+last bits of ``step_s`` follow ``PYTHONHASHSEED``; every command runs with ``PYTHONHASHSEED=0``
+(``HASH_SEED``). The compare reports any other difference byte for byte.
 """
 
 from __future__ import annotations
@@ -33,6 +36,8 @@ CHECK_ARGS = ["--gpus", "64", "--seq-len", "128k"]
 QUERY_MODELS = ("olmoe-1b-7b", "qwen3-30b-a3b", "deepseek-v2-lite")
 """Three models of different shapes (MHA with 64 experts, GQA with 128, MLA with shared experts)."""
 
+HASH_SEED = "0"
+"""``PYTHONHASHSEED`` of every command (see the module docstring)."""
 VOLATILE = {"search": ("elapsed_s",)}
 """Command → top-level JSON keys whose values are wall-clock times (replaced before storing)."""
 
@@ -57,7 +62,7 @@ def commands() -> dict[str, list[str]]:
 
 def run_one(args: list[str]) -> str:
     """``exit=N`` line, then stdout with the volatile fields replaced, then stderr."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "160"}
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "160", "PYTHONHASHSEED": HASH_SEED}
     p = subprocess.run([sys.executable, "-m", "planner.cli", *args], cwd=ROOT, env=env,
                        capture_output=True, text=True, timeout=TIMEOUT_S)
     stdout = p.stdout
