@@ -25,6 +25,7 @@ from typing import Callable
 
 import torch
 from torch import nn
+from planner.schema.knobs import default as knob_default
 
 FP32 = torch.float32
 
@@ -34,10 +35,10 @@ class Layout:
     """Degrees of one baseline run (resolved ``BaselineKnobs`` plus ``W``)."""
 
     world_size: int
-    tp: int = 1
-    cp: int = 1
+    tp: int = knob_default("tp")
+    cp: int = knob_default("cp")
     dp_shard: int = 1
-    dp_replicate: int = 1
+    dp_replicate: int = knob_default("dp_replicate")
     ep: int = 1
 
     def __post_init__(self) -> None:
