@@ -10,10 +10,10 @@ import numpy as np
 
 from planner.api.build import build
 from planner.budget.build import make_context
-from planner.budget.context import Ctx
+from planner.context.ctx import Ctx
 from planner.budget.host import host_budget
 from planner.budget.peak import Evaluation, assumed_used, capacity_bytes, evaluate, outside_allocator_bytes
-from planner.budget.resolve import resolve_plan, seq_parallel_note
+from planner.context.resolve import seq_parallel_note
 from planner.budget.sensitivity import routing_sensitivity
 from planner.budget.terms import LIVE_SETS, PHASE_KINDS
 from planner.budget.work_bounds import TooCostly
@@ -23,7 +23,7 @@ from planner.schema.cluster_ref import planfile_doc
 
 def resolved_planfile(pf: PlanFile, ctx: Ctx) -> PlanFile:
     """``pf`` with every default filled in, the SCO budget included, ready to paste."""
-    plan = resolve_plan(pf.model, pf.workload, pf.plan)
+    plan = ctx.plan
     if plan.stack == "composed" and plan.composed.checkpoint == "sco":
         plan = plan.model_copy(update={"composed": plan.composed.model_copy(
             update={"sco_host_bytes": int(ctx.sco_host_bytes)})})

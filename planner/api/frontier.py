@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from planner.api.build import build
-from planner.budget.resolve import resolve_plan
+from planner.context.resolve import resolve_plan
 from planner.errors import InvalidPlan
 from planner.schema import PlanFile
 from planner.schema.cluster_ref import planfile_doc

@@ -47,7 +47,7 @@ from typing import Any
 
 import numpy as np
 
-from planner.budget.context import Ctx
+from planner.context.ctx import Ctx
 from planner.budget.terms import Term
 from planner.plans.ring import max_shard_rows, moves_activations, strip_cols
 

@@ -253,10 +253,10 @@ def build_fsdp2_step(spec, layout: Layout, rank: int, *, num_layers: int | None 
     kv = spec.num_heads if spec.attention == "mla" else spec.num_kv_heads
     if spec.num_heads % layout.tp or kv % layout.tp:
         raise InvalidPlan("plan.baseline.tp", layout.tp, f"must divide the heads ({spec.num_heads}) and KV heads ({kv})",
-                          "resolve the plan with planner.budget.resolve")
+                          "resolve the plan with planner.context.resolve")
     if spec.num_experts and spec.num_experts % layout.ep:
         raise InvalidPlan("plan.baseline.ep", layout.ep, f"must divide model.num_experts ({spec.num_experts})",
-                          "resolve the plan with planner.budget.resolve")
+                          "resolve the plan with planner.context.resolve")
     device = torch.device(device or "cpu")
     meshes = build_meshes(layout, device.type)
     E, ep = spec.num_experts, layout.ep
@@ -351,7 +351,7 @@ def build_from_planfile(pf, *, device, rank: int, grad_lifetime: str | None = No
     knobs resolved as the planner resolves them (bf16 compute, fp32 parameters)."""
     import torch.distributed as dist
 
-    from planner.budget.resolve import resolve_baseline
+    from planner.context.resolve import resolve_baseline
 
     k = resolve_baseline(pf.model, pf.workload, pf.plan)
     layout = Layout(world_size=pf.plan.world_size, tp=k.tp, cp=k.cp, dp_shard=k.dp_shard,

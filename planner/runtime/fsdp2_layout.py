@@ -52,10 +52,10 @@ class Layout:
         if prod != self.world_size:
             raise InvalidPlan("layout", (self.dp_replicate, self.dp_shard, self.cp, self.tp),
                               f"dp_replicate·dp_shard·cp·tp = {prod} must equal world_size ({self.world_size})",
-                              "resolve the plan with planner.budget.resolve")
+                              "resolve the plan with planner.context.resolve")
         if (self.dp_shard * self.cp) % self.ep:
             raise InvalidPlan("layout.ep", self.ep, f"must divide dp_shard·cp ({self.dp_shard * self.cp})",
-                              "resolve the plan with planner.budget.resolve")
+                              "resolve the plan with planner.context.resolve")
 
     @property
     def fsdp(self) -> int:

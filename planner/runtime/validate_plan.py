@@ -17,7 +17,7 @@ import numpy as np
 
 from planner.api import derived_symbols
 from planner.budget.build import make_context
-from planner.budget.context import Ctx
+from planner.context.ctx import Ctx
 from planner.budget.peak import Evaluation, capacity_bytes, evaluate
 from planner.budget.terms import LIVE_SETS
 from planner.errors import InvalidPlan

@@ -24,7 +24,7 @@ from __future__ import annotations
 import numpy as np
 
 from planner.budget import regions as R
-from planner.budget.context import Ctx
+from planner.context.ctx import Ctx
 from planner.budget.optimizer import rank_params
 from planner.plans.llep import LlepKnobs
 from planner.plans.routing import profile_name

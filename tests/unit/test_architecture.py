@@ -13,11 +13,12 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 PLANNER = ROOT / "planner"
 
-LAYERS = ["schema", "plans", "budget", "timing", "search", "api", "report", "cli"]
-"""``schema → plans → budget → timing → search → api/report → cli``: a module may import only its own
-layer or earlier ones (api and report share a level)."""
-RANK = {"schema": 0, "errors": 0, "units": 0, "plans": 1, "budget": 2, "timing": 3, "search": 4,
-        "api": 5, "report": 5, "cli": 6}
+LAYERS = ["schema", "plans", "context", "budget", "timing", "search", "api", "report", "cli"]
+"""``schema → plans → context → budget → timing → search → api/report → cli``: a module may import only
+its own layer or earlier ones (api and report share a level). ``context`` is the resolution layer:
+the resolved plan and every derived symbol, below both the memory and the time model."""
+RANK = {"schema": 0, "errors": 0, "units": 0, "plans": 1, "context": 2, "budget": 3, "timing": 4, "search": 5,
+        "api": 6, "report": 6, "cli": 7}
 
 
 ENTRY_POINTS = {PLANNER / "train.py"}

@@ -19,12 +19,12 @@ ALIASES = {"alpha": "llep_alpha", "min_tokens": "llep_min_tokens", "lam": "llep_
 """Parameter names the operators, plans and traces give a knob (``plan_layer(alpha=…)``)."""
 DELIBERATE = {
     ("planner/api/search.py", "stack"): "search's --stack (best | composed | fsdp2), not the plan's stack",
-    ("planner/budget/context.py", "seq_parallel"): "no split: the FSDP2 Ctx has no D (resolved plans set it)",
-    ("planner/budget/context.py", "expert_parallel"): "no split until resolved (the knob's default is derived)",
-    ("planner/budget/context.py", "vocab_parallel"): "no split until resolved (the knob's default is derived)",
-    ("planner/budget/context.py", "sco_host_bytes"): "no SCO budget outside SCO (the knob's default is derived)",
-    ("planner/budget/context.py", "dp_shard"): "no split until resolved (the knob's default is derived)",
-    ("planner/budget/context.py", "ep"): "no split until resolved (the knob's default is derived)",
+    ("planner/context/ctx.py", "seq_parallel"): "no split: the FSDP2 Ctx has no D (resolved plans set it)",
+    ("planner/context/ctx.py", "expert_parallel"): "no split until resolved (the knob's default is derived)",
+    ("planner/context/ctx.py", "vocab_parallel"): "no split until resolved (the knob's default is derived)",
+    ("planner/context/ctx.py", "sco_host_bytes"): "no SCO budget outside SCO (the knob's default is derived)",
+    ("planner/context/ctx.py", "dp_shard"): "no split until resolved (the knob's default is derived)",
+    ("planner/context/ctx.py", "ep"): "no split until resolved (the knob's default is derived)",
     ("planner/plans/routing.py", "expert_parallel"): "a routing profile's rank count, 1 = one rank",
     ("planner/runtime/fsdp2_layout.py", "dp_shard"): "a layout's neutral degree (resolved plans set it)",
     ("planner/runtime/fsdp2_layout.py", "ep"): "a layout's neutral degree (resolved plans set it)",
@@ -123,7 +123,7 @@ def test_cli_enums_are_the_plan_literals(name):
 def test_ctx_defaults_are_the_registry_defaults():
     import dataclasses
 
-    from planner.budget.context import Ctx
+    from planner.context.ctx import Ctx
 
     for f in dataclasses.fields(Ctx):
         if f.name in KNOBS and default(f.name) is not None and f.default is not dataclasses.MISSING:

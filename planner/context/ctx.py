@@ -94,6 +94,8 @@ class Ctx:
     head_chunk_tokens: Int = knob_default("head_chunk_tokens")
     # -- bookkeeping ---------------------------------------------------------------------------
     notes: dict = field(default_factory=dict)
+    plan: Any = None
+    """The resolved ``Plan`` (``resolve_plan`` runs once per configuration, in ``derive_context``)."""
 
     @property
     def b(self) -> int:
