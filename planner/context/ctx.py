@@ -14,7 +14,7 @@ b act_bytes, n_off num_offloaded.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from planner.schema import ClusterSpec, ModelSpec
@@ -97,6 +97,17 @@ class Ctx:
     plan: Any = None
     """The resolved ``Plan`` (``resolve_plan`` runs once per configuration, in ``derive_context``)."""
 
+    def __getattr__(self, name: str):
+        """A knob with no field here reads the resolved plan (a scalar: the search vectorises only
+        the fields above). So a new knob is declared once, in ``planner.schema.plan``, and read as
+        ``ctx.<knob>`` where it is used."""
+        from planner.schema.knobs import KNOBS
+
+        knob, plan = KNOBS.get(name), self.__dict__.get("plan")
+        if knob is None or plan is None:
+            raise AttributeError(name)
+        return getattr(plan if knob.part == "plan" else getattr(plan, knob.part), name)
+
     @property
     def b(self) -> int:
         """Bytes per activation scalar."""
@@ -115,3 +126,8 @@ class Ctx:
             ffn = "dense_mlp" if layer in dense else "moe"
             out.extend(["attention", ffn] if self.stack == "composed" else [ffn])
         return tuple(out)
+
+
+CTX_FIELDS = frozenset(f.name for f in fields(Ctx))
+"""The knobs (and symbols) ``Ctx`` holds as fields (numpy arrays in the search); any other knob is
+read from the resolved plan (``Ctx.__getattr__``)."""

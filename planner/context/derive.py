@@ -9,10 +9,11 @@ import dataclasses
 
 import numpy as np
 
-from planner.context.ctx import Ctx
+from planner.context.ctx import CTX_FIELDS, Ctx
 from planner.context.resolve import resolve_plan
 from planner.errors import InvalidPlan
 from planner.schema import ClusterSpec, ModelSpec, Plan, Workload, parse_routing
+from planner.schema.knobs import BASELINE_KEYS, COMPOSED_KEYS
 from planner.units import DTYPE_BYTES, ceil_div
 
 MAX_ESTIMATE_BYTES = 1 << 58
@@ -58,25 +59,15 @@ def derive_context(model: ModelSpec, cluster: ClusterSpec, workload: Workload, p
         notes={"global_batch_tokens": workload.global_batch_tokens}, plan=plan,
     )
     if plan.stack == "composed":
-        k = plan.composed
-        fields = dict(
-            dispatch=k.dispatch, dispatch_residue=k.dispatch_residue, vocab=k.vocab, optimizer=k.optimizer, checkpoint=k.checkpoint,
-            seq_parallel=k.seq_parallel, expert_parallel=k.expert_parallel,
-            vocab_parallel=k.vocab_parallel, vocab_blocks=k.vocab_blocks, token_budget=k.token_budget,
-            max_chunks=k.max_chunks, llep_alpha=k.llep_alpha, llep_min_tokens=k.llep_min_tokens,
-            llep_lambda=k.llep_lambda, max_imports=k.max_imports, bucket_params=k.bucket_params,
-            staging_slots=k.staging_slots, sco_host_bytes=k.sco_host_bytes,
-        )
+        fields = {n: getattr(plan.composed, n) for n in COMPOSED_KEYS if n in CTX_FIELDS}
         fields.update(overrides)
         N = ceil_div(tokens_seq, fields["seq_parallel"])
-        K = np.minimum(ceil_div(N, fields["token_budget"]), fields["max_chunks"])
+        K = np.minimum(ceil_div(N, fields["token_budget"]), fields["max_chunks"])   # K = min(ceil(N/c), K_max)
         ctx = Ctx(**common, **fields, num_boundaries=2 * model.num_layers, tokens_per_rank=N,
-                  num_chunks=K, chunk_tokens=ceil_div(N, K))
+                  num_chunks=K, chunk_tokens=ceil_div(N, K))                     # c_eff = ceil(N/K)
     else:
         k = plan.baseline
-        fields = dict(tp=k.tp, cp=k.cp, dp_shard=k.dp_shard, ep=k.ep, ac=k.ac, cpu_offload=k.cpu_offload,
-                      dp_replicate=k.dp_replicate, cp_rotate=k.cp_rotate, head=k.head,
-                      head_chunk_tokens=k.head_chunk_tokens, grad_lifetime=k.grad_lifetime)
+        fields = {n: getattr(k, n) for n in BASELINE_KEYS if n in CTX_FIELDS}
         fields.update(overrides)
         ep = fields["ep"]
         ctx = Ctx(**common, **fields, num_boundaries=model.num_layers,
