@@ -5,8 +5,6 @@ the memory and the time model. The SCO fill (``n_off``), which needs the memory 
 
 from __future__ import annotations
 
-import dataclasses
-
 import numpy as np
 
 from planner.context.ctx import CTX_FIELDS, Ctx
