@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from planner.budget.context import Ctx
+from planner.context.ctx import Ctx
 from planner.schema import ModelSpec
 from planner.schema.io import load_cluster
 

@@ -25,7 +25,7 @@ import dataclasses
 import numpy as np
 
 from planner.budget.attention_sliding import excess_terms
-from planner.budget.context import Ctx
+from planner.context.ctx import Ctx
 from planner.budget.terms import FWD_BWD, Term
 from planner.units import ceil_div
 

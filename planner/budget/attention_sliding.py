@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from planner.budget.context import Ctx
+from planner.context.ctx import Ctx
 from planner.budget.terms import Phase, Term
 from planner.plans.sdpa_layout import MASK_ALIGN, SINK_PAD
 from planner.units import ceil_div

@@ -45,7 +45,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from planner.budget.context import Ctx
+from planner.context.ctx import Ctx
 from planner.budget.terms import ALL_STEP, FWD_BWD, Phase, Term
 from planner.units import ceil_div
 

@@ -1,185 +1,21 @@
-"""Build the ``Ctx`` of one resolved configuration (or of many candidates, for the search)."""
+"""Build the ``Ctx`` of one configuration: the resolution layer's symbols (``planner.context``)
+plus the SCO host budget and ``n_off``, which need the memory model (DESIGN §3.3)."""
 
 from __future__ import annotations
 
 import dataclasses
 
-import numpy as np
-
-from planner.budget.context import Ctx
-from planner.budget.resolve import resolve_plan
-from planner.errors import InvalidPlan
-from planner.schema import ClusterSpec, ModelSpec, Plan, Workload, parse_routing
-from planner.units import DTYPE_BYTES, ceil_div
-
-MAX_ESTIMATE_BYTES = 1 << 58
-"""Largest per-rank byte estimate (``magnitude_estimate``) the budget evaluates: 256 PiB. The
-estimate over-counts every live set, and numpy's int64 holds 2^63, so every term, phase sum and peak
-of an accepted configuration is exact. Anything near this is thousands of times any GPU's HBM."""
+from planner.context.ctx import Ctx
+from planner.context.derive import derive_context
+from planner.schema import ClusterSpec, ModelSpec, Plan, Workload
 
 
 def make_context(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan: Plan, *,
                  resolved: bool = False, overrides: dict | None = None) -> Ctx:
-    """Resolve ``plan`` and derive every DESIGN §1 symbol.
-
-    ``overrides`` replaces numeric fields with numpy arrays (one entry per search candidate), e.g.
-    ``{"token_budget": np.array([4096, 8192])}``, or ``seq_len`` / ``seqs_per_microbatch`` arrays
-    for the frontier scans; derived fields (``K``, ``c_eff``, ``n_off``) are
-    recomputed from them.
-
-    Raises:
-        InvalidPlan: a degree does not divide what it must, or the global batch is not a whole
-            number of micro-steps.
-    """
-    if not resolved:
-        plan = resolve_plan(model, workload, plan)
-    kind, hot_share, hot = parse_routing(plan.routing)
-    check_routing(model, plan.routing)
-    params = model.param_counts()
-    overrides = dict(overrides or {})
-    seq_len = overrides.pop("seq_len", workload.seq_len)
-    seqs = overrides.pop("seqs_per_microbatch", workload.seqs_per_microbatch)
-    sco_pct = overrides.pop("sco_fraction_pct", None)
-    tokens_seq = seq_len * seqs  # ints, or numpy arrays for the frontier scans
-    common = dict(
-        model=model, cluster=cluster, stack=plan.stack,
-        num_layers=model.num_layers, hidden_size=model.hidden_size, expert_ffn=model.expert_ffn,
-        dense_ffn=model.dense_ffn, num_experts=model.num_experts, top_k=model.top_k,
-        vocab_size=model.vocab_size, num_heads=model.num_heads, num_kv_heads=model.num_kv_heads,
-        head_dim=model.head_dim, v_head_dim=model.v_dim, params=params, num_params=params["total"],
-        seq_len=seq_len, seqs_per_microbatch=seqs,
-        world_size=plan.world_size, act_bytes=DTYPE_BYTES[plan.dtype],
-        routing=kind, routing_hot_share=hot_share, routing_hot_experts=hot, routing_text=plan.routing,
-        dispatch_bound=plan.dispatch_bound,
-        notes={"global_batch_tokens": workload.global_batch_tokens},
-    )
-    if plan.stack == "composed":
-        k = plan.composed
-        fields = dict(
-            dispatch=k.dispatch, dispatch_residue=k.dispatch_residue, vocab=k.vocab, optimizer=k.optimizer, checkpoint=k.checkpoint,
-            seq_parallel=k.seq_parallel, expert_parallel=k.expert_parallel,
-            vocab_parallel=k.vocab_parallel, vocab_blocks=k.vocab_blocks, token_budget=k.token_budget,
-            max_chunks=k.max_chunks, llep_alpha=k.llep_alpha, llep_min_tokens=k.llep_min_tokens,
-            llep_lambda=k.llep_lambda, max_imports=k.max_imports, bucket_params=k.bucket_params,
-            staging_slots=k.staging_slots, sco_host_bytes=k.sco_host_bytes,
-        )
-        fields.update(overrides)
-        N = ceil_div(tokens_seq, fields["seq_parallel"])
-        K = np.minimum(ceil_div(N, fields["token_budget"]), fields["max_chunks"])
-        ctx = Ctx(**common, **fields, num_boundaries=2 * model.num_layers, tokens_per_rank=N,
-                  num_chunks=K, chunk_tokens=ceil_div(N, K))
-    else:
-        k = plan.baseline
-        fields = dict(tp=k.tp, cp=k.cp, dp_shard=k.dp_shard, ep=k.ep, ac=k.ac, cpu_offload=k.cpu_offload,
-                      dp_replicate=k.dp_replicate, cp_rotate=k.cp_rotate, head=k.head,
-                      head_chunk_tokens=k.head_chunk_tokens, grad_lifetime=k.grad_lifetime)
-        fields.update(overrides)
-        ep = fields["ep"]
-        ctx = Ctx(**common, **fields, num_boundaries=model.num_layers,
-                  tokens_per_rank=ceil_div(tokens_seq, fields["cp"]), dispatch="ep",
-                  vocab="vocab_parallel" if fields["tp"] > 1 else "dense",
-                  optimizer="cpu_offload" if k.cpu_offload else "gpu",
-                  checkpoint="none" if k.ac == "none" else "per_layer", expert_parallel=ep,
-                  vocab_parallel=fields["tp"], sco_host_bytes=0)
-    _check_global_batch(workload, plan, ctx)
-    _check_magnitude(ctx)
+    """``planner.context.derive.derive_context`` (see it for the arguments and errors) with the
+    SCO budget and ``n_off`` filled."""
+    ctx, sco_pct = derive_context(model, cluster, workload, plan, resolved=resolved, overrides=overrides)
     return _with_sco(ctx, sco_pct)
-
-
-def magnitude_estimate(ctx: Ctx) -> int:
-    """A generous upper estimate of any per-rank byte count of ``ctx`` (Python int, exact).
-
-    Per token and checkpointed region ``b·(256·H + 32·E + 16·n_h·(d_h + d_v))`` (activations,
-    router, attention), per token and MoE region holding routed rows ``16·b·E_p·k·(H + I)`` (two such
-    regions when the regions are checkpointed, all ``L_b`` without checkpointing), plus ``16·V`` per
-    token (logits and their gradients), ``16·Θ`` (weights, gradients, optimizer state) and ``16·s·β``
-    (staging), all with the largest ``N`` and ``E_p`` of the candidates.
-    """
-    N = int(np.max(np.asarray(ctx.tokens_per_rank)))
-    E_p = int(np.max(np.asarray(ctx.ep if ctx.stack == "fsdp2" else ctx.expert_parallel)))
-    H, I, E, k = ctx.hidden_size, ctx.expert_ffn, ctx.num_experts, ctx.top_k
-    attn = ctx.num_heads * (ctx.head_dim + ctx.v_head_dim)
-    saved = ctx.checkpoint == "none" if ctx.stack == "composed" else ctx.ac != "full"
-    routed_regions = ctx.num_boundaries if saved else 2
-    per_token = ctx.num_boundaries * ctx.act_bytes * (256 * H + 32 * E + 16 * attn)
-    per_token += routed_regions * ctx.act_bytes * 16 * E_p * k * (H + I) + 16 * ctx.vocab_size
-    staging = 16 * int(np.max(np.asarray(ctx.staging_slots))) * int(np.max(np.asarray(ctx.bucket_params)))
-    return N * per_token + 16 * int(ctx.num_params) + staging
-
-
-def _magnitude_parts(ctx: Ctx) -> dict[str, int]:
-    """The parts of ``magnitude_estimate`` that no sequence length changes, at ``N = 1``, keyed by
-    the field to blame."""
-    E_p = int(np.max(np.asarray(ctx.ep if ctx.stack == "fsdp2" else ctx.expert_parallel)))
-    H, I, E, k = ctx.hidden_size, ctx.expert_ffn, ctx.num_experts, ctx.top_k
-    attn = ctx.num_heads * (ctx.head_dim + ctx.v_head_dim)
-    saved = ctx.checkpoint == "none" if ctx.stack == "composed" else ctx.ac != "full"
-    routed_regions = ctx.num_boundaries if saved else 2
-    b = ctx.act_bytes
-    return {
-        "model.num_layers": ctx.num_boundaries * b * (256 * H + 32 * E + 16 * attn),
-        "model.top_k": routed_regions * b * 16 * E_p * k * (H + I),
-        "model.vocab_size": 16 * ctx.vocab_size,
-        "model.hidden_size": 16 * int(ctx.num_params),
-        "plan.composed.bucket_params": 16 * int(np.max(np.asarray(ctx.staging_slots)))
-        * int(np.max(np.asarray(ctx.bucket_params))),
-    }
-
-
-def _check_magnitude(ctx: Ctx) -> None:
-    est = magnitude_estimate(ctx)
-    parts = _magnitude_parts(ctx)
-    if sum(parts.values()) > MAX_ESTIMATE_BYTES:   # too large at one token per rank: not S's fault
-        field = max(parts, key=parts.get)
-        value = getattr(ctx, field.rsplit(".", 1)[1], None)
-        raise InvalidPlan(field, int(np.max(np.asarray(value))) if value is not None else None,
-                          f"gives per-rank byte counts (estimate {sum(parts.values()):.3g} B at one token per "
-                          f"rank) beyond what the planner evaluates exactly (2^58 B = 256 PiB)",
-                          f"lower {field}" + (" or --expert-parallel" if field == "model.top_k" else ""))
-    if est > MAX_ESTIMATE_BYTES:
-        N = int(np.max(np.asarray(ctx.tokens_per_rank)))
-        raise InvalidPlan("workload.seq_len", int(np.max(np.asarray(ctx.seq_len))),
-                          f"gives N = {N} tokens per rank, whose per-rank byte counts (estimate "
-                          f"{est:.3g} B) exceed what the planner evaluates exactly "
-                          f"(2^58 B = 256 PiB, far past any GPU)",
-                          "lower --seq-len / the batch, or raise --seq-parallel")
-
-
-def check_routing(model: ModelSpec, routing: str) -> None:
-    """Reject skew profiles ``R/H`` no top-k router can produce (DESIGN §3.2 profiles).
-
-    A top-k router never picks one expert twice for a token, so the hot tokens need ``H >= k``
-    distinct hot experts and the cold tokens ``E - H >= k`` cold ones (or none, ``H = E``: the cold
-    tokens then use the hot experts). Under these, standard EP's ``worst`` is the maximum.
-
-    Raises:
-        InvalidPlan: ``H > E``, ``H < k`` with hot tokens, or ``0 < E - H < k`` with cold tokens.
-    """
-    kind, hot_share, hot = parse_routing(routing)
-    if kind != "skew" or not model.is_moe:
-        return
-    E, k = model.num_experts, model.top_k
-    if hot > E:
-        raise InvalidPlan("plan.routing", routing, f"hot experts must be <= model.num_experts ({E})",
-                          "lower H in R/H")
-    if hot_share > 0 and hot < k:
-        raise InvalidPlan("plan.routing", routing,
-                          f"hot experts H ({hot}) must be >= model.top_k ({k}): a top-k router never "
-                          "picks one expert twice for a token", f"use H >= {k}, or --routing worst")
-    if hot_share < 1 and 0 < E - hot < k:
-        raise InvalidPlan("plan.routing", routing,
-                          f"cold experts E - H ({E - hot}) must be 0 or >= model.top_k ({k}): a top-k "
-                          "router never picks one expert twice for a token", f"use H <= {E - k} or H = {E}")
-
-
-def _check_global_batch(workload: Workload, plan: Plan, ctx: Ctx) -> None:
-    if workload.global_batch_tokens is None:
-        return
-    per_step = int(np.max(np.asarray(ctx.tokens_per_rank))) * plan.world_size
-    if workload.global_batch_tokens % per_step:
-        raise InvalidPlan("workload.global_batch_tokens", workload.global_batch_tokens,
-                          f"must be a multiple of the tokens per micro-step W·N ({per_step})",
-                          f"use e.g. {per_step * max(1, workload.global_batch_tokens // per_step)}")
 
 
 def _with_sco(ctx: Ctx, pct=None) -> Ctx:

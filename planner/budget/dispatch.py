@@ -35,7 +35,7 @@ from functools import lru_cache
 import numpy as np
 
 from planner.budget import dispatch_inventory as inv
-from planner.budget.context import Ctx
+from planner.context.ctx import Ctx
 from planner.budget.dispatch_buffers import OUTPUT
 from planner.budget.terms import Term
 from planner.budget.work_bounds import check_expected_work

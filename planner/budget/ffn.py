@@ -22,7 +22,7 @@ per-layer regions count them there.
 
 from __future__ import annotations
 
-from planner.budget.context import Ctx
+from planner.context.ctx import Ctx
 from planner.budget.terms import Term
 from planner.units import ceil_div
 

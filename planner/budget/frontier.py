@@ -15,7 +15,7 @@ import numpy as np
 from planner.budget.build import make_context
 from planner.budget.host import host_budget
 from planner.budget.peak import capacity_bytes, evaluate
-from planner.budget.resolve import resolve_plan
+from planner.context.resolve import resolve_plan
 from planner.errors import InvalidPlan
 from planner.schema import PlanFile
 from planner.schema.base import MAX_TOKENS

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from planner.budget.context import Ctx
+from planner.context.ctx import Ctx
 from planner.budget.terms import ALWAYS, Phase, Term
 from planner.plans import fsdp2_shards
 

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from planner.budget.context import Ctx
+from planner.context.ctx import Ctx
 from planner.budget.terms import Term
 from planner.budget.head_substeps import Item, binding_terms, dense_substeps
 from planner.plans.ring import max_shard_rows

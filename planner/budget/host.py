@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from planner.budget.context import Ctx
+from planner.context.ctx import Ctx
 from planner.units import PAGE_BYTES, round_up
 
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from planner.budget.context import Ctx
+from planner.context.ctx import Ctx
 from planner.budget.phases import critical_phases, full_phases
 from planner.budget.terms import LIVE_SETS, Phase, Term
 from planner.schema import cluster_constants

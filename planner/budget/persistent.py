@@ -26,7 +26,7 @@ from __future__ import annotations
 import numpy as np
 
 from planner.budget import regions as reg
-from planner.budget.context import Ctx
+from planner.context.ctx import Ctx
 from planner.budget.terms import ALWAYS, Phase, Term
 from planner.units import ceil_div
 

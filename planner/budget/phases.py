@@ -11,7 +11,7 @@ the optimizer. A test checks the two agree.
 from __future__ import annotations
 
 from planner.budget.attention_sliding import local_regions
-from planner.budget.context import Ctx
+from planner.context.ctx import Ctx
 from planner.budget.terms import Phase
 
 

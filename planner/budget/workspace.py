@@ -21,7 +21,7 @@ from __future__ import annotations
 import numpy as np
 
 from planner.budget.attention import qk_norm_lead
-from planner.budget.context import Ctx
+from planner.context.ctx import Ctx
 from planner.budget.terms import PHASE_KINDS, Term
 from planner.units import ceil_div
 

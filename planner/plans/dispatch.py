@@ -30,6 +30,7 @@ from planner.plans import chunking
 from planner.plans import llep as llep_plan
 from planner.plans.llep import Assignment, assign, standard_assignment
 from planner.units import ceil_div
+from planner.schema.knobs import default as knob_default
 
 
 @dataclass(frozen=True)
@@ -212,9 +213,10 @@ def source_chunks(plan_counts_load_W, num_chunks_: int, load_bound: int) -> int:
     return int(max(num_chunks_, ceil_div(num_chunks_ * top, load_bound)))
 
 
-def plan_layer(counts_WE, *, top_k: int, operator: str, token_budget: int = 4096,
-               max_chunks: int = 10, alpha: float = 1.0, min_tokens: int = 1024, lam: float = 1.3,
-               max_imports: int = 4, membership: str = chunking.STRIDED,
+def plan_layer(counts_WE, *, top_k: int, operator: str, token_budget: int = knob_default("token_budget"),
+               max_chunks: int = knob_default("max_chunks"), alpha: float = knob_default("llep_alpha"),
+               min_tokens: int = knob_default("llep_min_tokens"), lam: float = knob_default("llep_lambda"),
+               max_imports: int = knob_default("max_imports"), membership: str = chunking.STRIDED,
                num_chunks: int | None = None, block_rows: int | None = None,
                residue: str = DESTINATION) -> DispatchPlan:
     """The plan of one layer for ``operator`` in {``ep``, ``llep``, ``pipelined_llep``}.

@@ -53,6 +53,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from planner.errors import InvalidPlan
+from planner.schema.knobs import default as knob_default
 
 
 @dataclass(frozen=True)
@@ -98,6 +99,21 @@ class Assignment:
         return tuple(tuple(x) for x in out)
 
 
+@dataclass(frozen=True)
+class LlepKnobs:
+    """The LLEP assignment's knobs (DESIGN §1), defaults from the registry; hashable, so it keys
+    the timing memo."""
+
+    alpha: float = knob_default("llep_alpha")
+    """``α``: capacity factor."""
+    min_tokens: int = knob_default("llep_min_tokens")
+    """``m``: minimum tokens per spilled GEMM."""
+    lam: float = knob_default("llep_lambda")
+    """``λ``: imbalance below which LLEP is skipped."""
+    max_imports: int = knob_default("max_imports")
+    """``n_import_max``: most foreign experts one rank imports per layer."""
+
+
 def check_knobs(num_experts: int, num_ranks: int, alpha: float, min_tokens: int, lam: float,
                 max_imports: int) -> None:
     """Raise ``InvalidPlan`` for knobs the assignment cannot honour."""
@@ -124,8 +140,9 @@ def standard_assignment(load_E, num_ranks: int) -> Assignment:
                       load.reshape(num_ranks, n).sum(1), 0)
 
 
-def assign(load_E, num_ranks: int, *, alpha: float = 1.0, min_tokens: int = 1024,
-           lam: float = 1.3, max_imports: int = 4) -> Assignment:
+def assign(load_E, num_ranks: int, *, alpha: float = knob_default("llep_alpha"),
+           min_tokens: int = knob_default("llep_min_tokens"), lam: float = knob_default("llep_lambda"),
+           max_imports: int = knob_default("max_imports")) -> Assignment:
     """The least-loaded assignment of the module docstring.
 
     Args:

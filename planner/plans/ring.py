@@ -35,6 +35,7 @@ import numpy as np
 
 from planner.errors import InvalidPlan
 from planner.units import ceil_div
+from planner.schema.knobs import default as knob_default
 
 Move = Literal["activations", "weights"]
 MOVES = ("activations", "weights")
@@ -174,7 +175,7 @@ class RingPlan:
                 "bwd_grad": 4 * v * H}
 
 
-def ring_plan(P: int, V: int, n_max: int, vocab_blocks: int = 1, mode: Move | None = None) -> RingPlan:
+def ring_plan(P: int, V: int, n_max: int, vocab_blocks: int = knob_default("vocab_blocks"), mode: Move | None = None) -> RingPlan:
     """The Ring-DTP plan for a group of ``P`` ranks (DESIGN §7).
 
     Args:

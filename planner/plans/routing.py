@@ -12,7 +12,7 @@ Profiles (the same routing on every rank, over that rank's own token positions):
 - ``R/H`` (e.g. ``80/16``): experts ``0..H-1`` are hot; the first ``floor(r·N)`` positions
   (``r = R/100``) pick ``{j mod H : j < k}``; every other token ``i`` picks
   ``{H + ((i+j) mod (E-H)) : j < k}``. As DESIGN §3.2 writes it, ``H < k`` repeats hot experts;
-  the planner rejects such profiles (``planner.budget.build.check_routing``), these functions keep
+  the planner rejects such profiles (``planner.context.derive.check_routing``), these functions keep
   them for adversarial tests.
 - ``one_expert`` (adversarial): every route of every token goes to expert 0.
 - ``one_rank`` (adversarial): token ``i`` picks ``{(i+j) mod n : j < k}``, all experts of rank 0

@@ -28,6 +28,7 @@ from planner.runtime.llep import LLEP
 from planner.runtime.pipelined_llep import PipelinedLLEP
 from planner.runtime.pipelined_llep_source import PipelinedLLEPSource
 from planner.runtime.routing import TopKRouter, profile_ids
+from planner.schema.knobs import default as knob_default
 
 OPERATORS = {"ep": ExpertParallel, "llep": LLEP, "pipelined_llep": PipelinedLLEP,
              "pipelined_llep_source": PipelinedLLEPSource}
@@ -45,12 +46,12 @@ class DispatchShape:
     E: int
     k: int
     E_p: int
-    c: int = 4096
-    K_max: int = 10
-    alpha: float = 1.0
-    m: int = 1024
-    lam: float = 1.3
-    n_imp: int = 4
+    c: int = knob_default("token_budget")
+    K_max: int = knob_default("max_chunks")
+    alpha: float = knob_default("llep_alpha")
+    m: int = knob_default("llep_min_tokens")
+    lam: float = knob_default("llep_lambda")
+    n_imp: int = knob_default("max_imports")
 
     @property
     def n_local(self) -> int:

@@ -35,6 +35,7 @@ from planner.runtime.exchange import AllToAll, Depend, send_order
 from planner.runtime.expert_mlp import ExpertShard, GroupedMLP, SlotWeights
 from planner.runtime.routing import gather_counts
 from planner.runtime.validation import check_dispatch_inputs, check_dispatch_knobs, check_dispatch_shard
+from planner.schema.knobs import default as knob_default
 
 
 class DispatchOp(torch.nn.Module):
@@ -43,8 +44,9 @@ class DispatchOp(torch.nn.Module):
     operator = "ep"
 
     def __init__(self, shard: ExpertShard, num_experts: int, top_k: int, group=None, *,
-                 token_budget: int = 4096, max_chunks: int = 10, alpha: float = 1.0,
-                 min_tokens: int = 1024, lam: float = 1.3, max_imports: int = 4,
+                 token_budget: int = knob_default("token_budget"), max_chunks: int = knob_default("max_chunks"),
+                 alpha: float = knob_default("llep_alpha"), min_tokens: int = knob_default("llep_min_tokens"),
+                 lam: float = knob_default("llep_lambda"), max_imports: int = knob_default("max_imports"),
                  membership: str = STRIDED, block_rows: int | None = None,
                  residue: str = plans_dispatch.DESTINATION) -> None:
         super().__init__()

@@ -34,6 +34,7 @@ from torch import nn
 from planner.runtime.fsdp2_layout import (FP32, Layout, Meshes, apply_ac,
                                           apply_tp, build_meshes, is_moe, tp_replicated_params)
 from planner.schema.plan import BaselineKnobs
+from planner.schema.knobs import default as knob_default
 
 HEAD_CHUNK_TOKENS = BaselineKnobs.model_fields["head_chunk_tokens"].default
 """The chunked head's tokens per chunk, as the plan schema declares it."""
@@ -43,7 +44,7 @@ HEAD_CHUNK_TOKENS = BaselineKnobs.model_fields["head_chunk_tokens"].default
 class FSDPOptions:
     param_dtype: torch.dtype = torch.bfloat16
     reduce_dtype: torch.dtype = FP32
-    cpu_offload: bool = False
+    cpu_offload: bool = knob_default("cpu_offload")
 
     def config(self, mesh) -> dict:
         from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy
@@ -158,8 +159,8 @@ class BaselineStep:
     optimizer: torch.optim.Optimizer
     layout: Layout
     meshes: Meshes
-    cp_rotate: str = "allgather"
-    grad_lifetime: str = "accumulate"
+    cp_rotate: str = knob_default("cp_rotate")
+    grad_lifetime: str = knob_default("grad_lifetime")
     hook: PhaseHook = field(default_factory=PhaseHook)
 
     @property
@@ -232,8 +233,8 @@ def check_knobs(layout: Layout, ac: str, head: str, cp_rotate: str, grad_lifetim
 
 
 def build_fsdp2_step(spec, layout: Layout, rank: int, *, num_layers: int | None = None, device=None,
-                     ac: str = "full", head: str = "dense", head_chunk_tokens: int = HEAD_CHUNK_TOKENS,
-                     cpu_offload: bool = False, cp_rotate: str = "allgather", grad_lifetime: str = "accumulate",
+                     ac: str = knob_default("ac"), head: str = knob_default("head"), head_chunk_tokens: int = HEAD_CHUNK_TOKENS,
+                     cpu_offload: bool = knob_default("cpu_offload"), cp_rotate: str = knob_default("cp_rotate"), grad_lifetime: str = knob_default("grad_lifetime"),
                      param_dtype: torch.dtype = torch.bfloat16, master_dtype: torch.dtype = FP32,
                      lr: float = 1e-3, seed: int = 0, on_phase: Callable | None = None) -> BaselineStep:
     """Build the decoder of ``spec`` and apply the baseline layout (module docstring).
@@ -252,10 +253,10 @@ def build_fsdp2_step(spec, layout: Layout, rank: int, *, num_layers: int | None 
     kv = spec.num_heads if spec.attention == "mla" else spec.num_kv_heads
     if spec.num_heads % layout.tp or kv % layout.tp:
         raise InvalidPlan("plan.baseline.tp", layout.tp, f"must divide the heads ({spec.num_heads}) and KV heads ({kv})",
-                          "resolve the plan with planner.budget.resolve")
+                          "resolve the plan with planner.context.resolve")
     if spec.num_experts and spec.num_experts % layout.ep:
         raise InvalidPlan("plan.baseline.ep", layout.ep, f"must divide model.num_experts ({spec.num_experts})",
-                          "resolve the plan with planner.budget.resolve")
+                          "resolve the plan with planner.context.resolve")
     device = torch.device(device or "cpu")
     meshes = build_meshes(layout, device.type)
     E, ep = spec.num_experts, layout.ep
@@ -350,7 +351,7 @@ def build_from_planfile(pf, *, device, rank: int, grad_lifetime: str | None = No
     knobs resolved as the planner resolves them (bf16 compute, fp32 parameters)."""
     import torch.distributed as dist
 
-    from planner.budget.resolve import resolve_baseline
+    from planner.context.resolve import resolve_baseline
 
     k = resolve_baseline(pf.model, pf.workload, pf.plan)
     layout = Layout(world_size=pf.plan.world_size, tp=k.tp, cp=k.cp, dp_shard=k.dp_shard,

@@ -25,6 +25,7 @@ from typing import Callable
 
 import torch
 from torch import nn
+from planner.schema.knobs import default as knob_default
 
 FP32 = torch.float32
 
@@ -34,10 +35,10 @@ class Layout:
     """Degrees of one baseline run (resolved ``BaselineKnobs`` plus ``W``)."""
 
     world_size: int
-    tp: int = 1
-    cp: int = 1
+    tp: int = knob_default("tp")
+    cp: int = knob_default("cp")
     dp_shard: int = 1
-    dp_replicate: int = 1
+    dp_replicate: int = knob_default("dp_replicate")
     ep: int = 1
 
     def __post_init__(self) -> None:
@@ -51,10 +52,10 @@ class Layout:
         if prod != self.world_size:
             raise InvalidPlan("layout", (self.dp_replicate, self.dp_shard, self.cp, self.tp),
                               f"dp_replicate·dp_shard·cp·tp = {prod} must equal world_size ({self.world_size})",
-                              "resolve the plan with planner.budget.resolve")
+                              "resolve the plan with planner.context.resolve")
         if (self.dp_shard * self.cp) % self.ep:
             raise InvalidPlan("layout.ep", self.ep, f"must divide dp_shard·cp ({self.dp_shard * self.cp})",
-                              "resolve the plan with planner.budget.resolve")
+                              "resolve the plan with planner.context.resolve")
 
     @property
     def fsdp(self) -> int:

@@ -60,6 +60,7 @@ from planner.runtime import shim
 from planner.runtime.offload_adamw_state import OffloadStateMixin
 from planner.runtime.pinned import PinnedBuffer
 from planner.runtime.validation import check_adamw_hyper, check_param_groups
+from planner.schema.knobs import default as knob_default
 
 RACE_SLEEP_CYCLES = {"h2d": 0, "update": 0, "d2h": 0}
 """Cycles of ``torch.cuda._sleep`` injected at the head of each stream's work per bucket."""
@@ -98,8 +99,8 @@ class OffloadStreamAdamW(OffloadStateMixin, torch.optim.Optimizer):
     """
 
     def __init__(self, params, lr: float = 1e-3, betas=(0.9, 0.999), eps: float = 1e-8,
-                 weight_decay: float = 1e-2, *, maximize: bool = False, bucket_params: int = 100_000_000,
-                 staging_slots: int = 2, register: bool | None = None, host: PinnedBuffer | None = None) -> None:
+                 weight_decay: float = 1e-2, *, maximize: bool = False, bucket_params: int = knob_default("bucket_params"),
+                 staging_slots: int = knob_default("staging_slots"), register: bool | None = None, host: PinnedBuffer | None = None) -> None:
         if staging_slots < 1:
             raise ValueError(f"staging_slots ({staging_slots}) must be >= 1")
         check_adamw_hyper(lr, betas, eps, weight_decay)

@@ -66,6 +66,7 @@ from planner.plans.ring import ring_plan, shard_bounds
 from planner.runtime import shim
 from planner.runtime import ring_dtp_passes as R
 from planner.runtime.validation import check_targets
+from planner.schema.knobs import default as knob_default
 
 FP32 = torch.float32
 
@@ -136,7 +137,7 @@ def _n_max_checking_targets(t_N: torch.Tensor, V: int, ignore_index: int, n_rows
 
 
 def ring_dtp_cross_entropy(x_NH: torch.Tensor, targets_N: torch.Tensor, w_VpH: torch.Tensor, *,
-                           group, vocab_start: int, vocab_blocks: int = 1, ignore_index: int = -100,
+                           group, vocab_start: int, vocab_blocks: int = knob_default("vocab_blocks"), ignore_index: int = -100,
                            reduction: str = "mean", mode: str | None = None,
                            vocab_size: int | None = None, n_max: int | None = None) -> torch.Tensor:
     """Cross-entropy of this rank's tokens against the full vocabulary, whose rows are sharded
@@ -199,7 +200,7 @@ class RingDTPHead(nn.Module):
     ``forward(x_NH, targets_N)`` returns this rank's loss (see ``ring_dtp_cross_entropy``).
     """
 
-    def __init__(self, hidden_size: int, vocab_size: int, *, group=None, vocab_blocks: int = 1,
+    def __init__(self, hidden_size: int, vocab_size: int, *, group=None, vocab_blocks: int = knob_default("vocab_blocks"),
                  ignore_index: int = -100, reduction: str = "mean", mode: str | None = None,
                  device=None, dtype=None) -> None:
         super().__init__()

@@ -17,11 +17,12 @@ import numpy as np
 
 from planner.api import derived_symbols
 from planner.budget.build import make_context
-from planner.budget.context import Ctx
+from planner.context.ctx import Ctx
 from planner.budget.peak import Evaluation, capacity_bytes, evaluate
 from planner.budget.terms import LIVE_SETS
 from planner.errors import InvalidPlan
 from planner.schema import ModelSpec, PlanFile
+from planner.schema.knobs import default as knob_default
 
 GRAD_LIFETIMES = ("freed", "accumulate")
 """``freed``: ``zero_grad(set_to_none=True)`` between steps; ``accumulate``: gradients kept across
@@ -113,7 +114,7 @@ class Prediction:
         return self.labels[int(self.evaluation.binding_index)]
 
 
-def predict(pf: PlanFile, grad_lifetime: str = "accumulate", *, timing: bool = True,
+def predict(pf: PlanFile, grad_lifetime: str = knob_default("grad_lifetime"), *, timing: bool = True,
             dispatch_bound: str | None = None) -> Prediction:
     """Evaluate ``pf`` at every phase under ``grad_lifetime`` (and ``dispatch_bound``, default the
     plan's own)."""

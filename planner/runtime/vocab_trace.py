@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import torch
 
 from planner.plans.ring import shard_bounds
+from planner.schema.knobs import default as knob_default
 
 KINDS = ("ring_dtp", "dense", "vocab_parallel")
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
@@ -35,7 +36,7 @@ class HeadShape:
     H: int
     V: int
     P: int = 1
-    vocab_blocks: int = 1
+    vocab_blocks: int = knob_default("vocab_blocks")
     dtype: str = "fp32"
     mode: str | None = None
     rank: int = 0

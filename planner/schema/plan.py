@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import re
-from typing import Literal
+from dataclasses import dataclass
+from typing import Annotated, Literal
 
 from pydantic import Field, field_validator
 
@@ -21,6 +22,22 @@ AC = Literal["full", "selective", "none"]
 RotateMethod = Literal["allgather", "alltoall"]
 BaselineHead = Literal["dense", "chunked"]
 GradLifetime = Literal["freed", "accumulate"]
+
+@dataclass(frozen=True)
+class Cli:
+    """How a knob appears on the command line (``planner.schema.knobs`` derives the options).
+
+    ``parse``: ``plain`` (typer converts), ``count`` (``128k``), ``params`` (``100M``) or ``gib``
+    (a GiB float stored as bytes). ``flag`` defaults to ``--`` + the name with dashes. ``live``:
+    ``(operator knob, choices)`` under which the knob does anything; given for another choice it
+    is refused (``check_inert``)."""
+
+    help: str
+    parse: str = "plain"
+    flag: str | None = None
+    show_default: str | None = None
+    live: tuple[str, tuple[str, ...]] | None = None
+
 
 _SKEW = re.compile(r"^([0-9]{1,3})/([0-9]{1,9})$", re.ASCII)
 """``R/H`` in ASCII digits (``\\d`` would take any script's digits, which ``int`` reads)."""
@@ -41,65 +58,65 @@ def parse_routing(text: str) -> tuple[str, float, int]:
 class ComposedKnobs(Frozen):
     """Knobs of the composed (MoP) stack. ``None`` means "resolve the DESIGN §10 default"."""
 
-    dispatch: Dispatch = "pipelined_llep"
+    dispatch: Annotated[Dispatch, Cli("Expert dispatch operator.")] = "pipelined_llep"
     """Expert dispatch operator: standard all-to-all EP, LLEP, or PipelinedLLEP."""
-    dispatch_residue: DispatchResidue = "source"
+    dispatch_residue: Annotated[DispatchResidue, Cli("PipelinedLLEP state across chunks: source (bounded for any router) | destination.")] = "source"
     """PipelinedLLEP's state kept across chunks: ``source`` (token indices on the sending rank, each
     chunk re-dispatched in backward; bounded whatever the router does) or ``destination`` (every
     chunk's received rows until the layer's backward; one dispatch all-to-all fewer per chunk, but
     sized by the routing)."""
-    vocab: Vocab = "ring_dtp"
+    vocab: Annotated[Vocab, Cli("Vocabulary head.")] = "ring_dtp"
     """Vocabulary head: dense (ZeRO-3 head, full logits), vocab-parallel (Megatron), or Ring-DTP."""
-    optimizer: Optimizer = "stream_offload"
+    optimizer: Annotated[Optimizer, Cli("Optimizer placement.")] = "stream_offload"
     """AdamW on the GPU, CPU offload (ZeRO-Offload style), or OffloadStreamAdamW."""
-    checkpoint: Checkpoint = "sco"
+    checkpoint: Annotated[Checkpoint, Cli("Activation checkpointing.")] = "sco"
     """Activation checkpointing: none, per checkpointed region, or SCO (per region + host offload)."""
-    seq_parallel: int | None = Field(default=None, gt=0, le=MAX_WORLD_SIZE)
+    seq_parallel: Annotated[int | None, Cli("D: Ulysses degree.")] = Field(default=None, gt=0, le=MAX_WORLD_SIZE)
     """``D`` (≤ 2^20): Ulysses sequence-parallel degree; default the largest divisor of ``W`` dividing the
     KV heads (GQA) or heads (MHA/MLA)."""
-    expert_parallel: int | None = Field(default=None, gt=0, le=MAX_WORLD_SIZE)
+    expert_parallel: Annotated[int | None, Cli("E_p (baseline: ep).")] = Field(default=None, gt=0, le=MAX_WORLD_SIZE)
     """``E_p`` (≤ 2^20): expert-parallel degree; default the largest divisor of ``W`` that divides ``E``."""
-    vocab_parallel: int | None = Field(default=None, gt=0, le=MAX_WORLD_SIZE)
+    vocab_parallel: Annotated[int | None, Cli("P: vocabulary group size.", live=("vocab", ("ring_dtp", "vocab_parallel")))] = Field(default=None, gt=0, le=MAX_WORLD_SIZE)
     """``P`` (≤ 2^20): Ring-DTP / vocab-parallel group size; default the largest divisor of ``W`` ≤ 8."""
-    vocab_blocks: int = Field(default=1, gt=0, le=MAX_IMPORTS)
+    vocab_blocks: Annotated[int, Cli("B_v: blocks per vocab shard.", live=("vocab", ("ring_dtp",)))] = Field(default=1, gt=0, le=MAX_IMPORTS)
     """``B_v`` (≤ 2^20): vocabulary blocks per Ring-DTP shard (strip = ``N × V/(P·B_v)``)."""
-    token_budget: int = Field(default=4096, gt=0, le=MAX_TOKENS)
+    token_budget: Annotated[int, Cli("c: per-source tokens per chunk.", parse="count", live=("dispatch", ("pipelined_llep",)))] = Field(default=4096, gt=0, le=MAX_TOKENS)
     """``c`` (≤ 2^32): per-source token budget per dispatch chunk."""
-    max_chunks: int = Field(default=10, gt=0, le=MAX_CHUNKS)
+    max_chunks: Annotated[int, Cli("K_max.", live=("dispatch", ("pipelined_llep",)))] = Field(default=10, gt=0, le=MAX_CHUNKS)
     """``K_max`` (≤ 4096): most dispatch chunks per layer."""
-    llep_alpha: float = Field(default=1.0, ge=1.0, allow_inf_nan=True)
+    llep_alpha: Annotated[float, Cli("α: LLEP capacity factor.", live=("dispatch", ("llep", "pipelined_llep")))] = Field(default=1.0, ge=1.0, allow_inf_nan=True)
     """``α`` (≥ 1: the ranks' capacity must hold every route): LLEP capacity factor; ``inf`` means no
     cap, and the dispatch guarantee is capped at the total routes ``E_p·k·N_max``."""
-    llep_min_tokens: int = Field(default=1024, ge=1, le=MAX_TOKENS)
+    llep_min_tokens: Annotated[int, Cli("m: min tokens per spilled GEMM.", live=("dispatch", ("llep", "pipelined_llep")))] = Field(default=1024, ge=1, le=MAX_TOKENS)
     """``m`` (≤ 2^32): minimum tokens per spilled GEMM."""
-    llep_lambda: float = Field(default=1.3, ge=1.0)
+    llep_lambda: Annotated[float, Cli("λ: imbalance threshold.", live=("dispatch", ("llep", "pipelined_llep")))] = Field(default=1.3, ge=1.0)
     """``λ``: imbalance (max/mean load) below which LLEP is skipped."""
-    max_imports: int = Field(default=4, ge=0, le=MAX_IMPORTS)
+    max_imports: Annotated[int, Cli("n_import_max.", live=("dispatch", ("llep", "pipelined_llep")))] = Field(default=4, ge=0, le=MAX_IMPORTS)
     """``n_import_max`` (≤ 2^20): most foreign experts one rank may import per layer."""
-    bucket_params: int = Field(default=100_000_000, gt=0, le=MAX_BUCKET_PARAMS)
+    bucket_params: Annotated[int, Cli("β: bucket size in params (100M).", parse="params", live=("optimizer", ("stream_offload",)))] = Field(default=100_000_000, gt=0, le=MAX_BUCKET_PARAMS)
     """``β`` (≤ 2^40): OffloadStreamAdamW bucket size, in parameters; at least the cut alignment of
     ``planner.plans.buckets`` (checked where the plan is resolved)."""
-    staging_slots: int = Field(default=2, ge=1, le=MAX_STAGING_SLOTS)
+    staging_slots: Annotated[int, Cli("s: staging slots.", live=("optimizer", ("stream_offload",)))] = Field(default=2, ge=1, le=MAX_STAGING_SLOTS)
     """``s`` (≤ 64): OffloadStreamAdamW staging slots."""
-    sco_host_bytes: int | None = Field(default=None, ge=0, le=MAX_BYTES)
+    sco_host_bytes: Annotated[int | None, Cli("SCO host budget per rank, GiB (pinned).", parse="gib", flag="--sco-host-gib", show_default="what host RAM leaves", live=("checkpoint", ("sco",)))] = Field(default=None, ge=0, le=MAX_BYTES)
     """SCO host budget per rank (≤ 2^60), in physical pinned bytes; ``None`` = what host RAM leaves (§3.3)."""
 
 
 class BaselineKnobs(Frozen):
     """Knobs of the FSDP2 baseline (DESIGN §2). ``None`` means "resolve the default layout"."""
 
-    tp: int = Field(default=1, gt=0, le=MAX_WORLD_SIZE)
+    tp: Annotated[int, Cli("Baseline tensor parallel.")] = Field(default=1, gt=0, le=MAX_WORLD_SIZE)
     """Tensor-parallel degree (≤ 2^20) (head becomes loss-parallel when > 1)."""
-    cp: int = Field(default=1, gt=0, le=MAX_WORLD_SIZE)
+    cp: Annotated[int, Cli("Baseline context parallel.")] = Field(default=1, gt=0, le=MAX_WORLD_SIZE)
     """Context-parallel degree (≤ 2^20)."""
-    dp_shard: int | None = Field(default=None, gt=0, le=MAX_WORLD_SIZE)
+    dp_shard: Annotated[int | None, Cli("Baseline FSDP shard degree.")] = Field(default=None, gt=0, le=MAX_WORLD_SIZE)
     """FSDP shard degree (≤ 2^20); default ``W / (tp·cp)``."""
     ep: int | None = Field(default=None, gt=0, le=MAX_WORLD_SIZE)
     """Expert-parallel degree (≤ 2^20), borrowed from ``dp_shard·cp``; default the largest divisor of
     ``dp_shard·cp`` that divides ``E``."""
-    ac: AC = "full"
+    ac: Annotated[AC, Cli("Baseline activation checkpointing.")] = "full"
     """Per-layer activation checkpointing: full, torch's op-level selective, or none."""
-    cpu_offload: bool = False
+    cpu_offload: Annotated[bool, Cli("Baseline CPUOffloadPolicy.", flag="--cpu-offload", show_default="off")] = False
     """``CPUOffloadPolicy``: parameters, gradients and optimizer state on the host."""
     dp_replicate: int = Field(default=1, gt=0, le=MAX_WORLD_SIZE)
     """HSDP replicate degree (≤ 2^20): ``W = dp_replicate·dp_shard·cp·tp``; parameters are sharded
@@ -125,12 +142,12 @@ class Plan(Frozen):
     """Which stack runs: the composed operators or the FSDP2 baseline."""
     world_size: int = Field(gt=0, le=MAX_WORLD_SIZE)
     """``W`` (≤ 2^20): ranks (GPUs) in the job."""
-    routing: str = "balanced"
+    routing: Annotated[str, Cli("balanced | worst | R/H (e.g. 80/16).")] = "balanced"
     """Routing assumption shared by both stacks: ``balanced``, ``worst`` or a skew ``R/H``."""
-    dispatch_bound: DispatchBound = "guarantee"
+    dispatch_bound: Annotated[DispatchBound, Cli("Dispatch size the verdict uses.")] = "guarantee"
     """Which dispatch size the verdict uses: the launch-time guarantee or the plan-evaluated
     expected size under ``routing``."""
-    dtype: ActDtype = "bf16"
+    dtype: Annotated[ActDtype, Cli("Activation dtype.")] = "bf16"
     """Activation and working-weight dtype (``b`` = 2 for bf16, 4 for fp32)."""
     composed: ComposedKnobs = ComposedKnobs()
     """Knobs of the composed stack (ignored when ``stack == "fsdp2"``)."""
@@ -152,38 +169,3 @@ class Plan(Frozen):
             raise InvalidPlan("plan.routing", v, "has no hot tokens (R = 0), so it is no skew",
                               "use --routing balanced, or R >= 1")
         return v
-
-
-INERT_UNLESS = {
-    "sco_host_bytes": ("checkpoint", ("sco",)),
-    "vocab_blocks": ("vocab", ("ring_dtp",)),
-    "vocab_parallel": ("vocab", ("ring_dtp", "vocab_parallel")),
-    "bucket_params": ("optimizer", ("stream_offload",)),
-    "staging_slots": ("optimizer", ("stream_offload",)),
-    "token_budget": ("dispatch", ("pipelined_llep",)),
-    "max_chunks": ("dispatch", ("pipelined_llep",)),
-    "llep_alpha": ("dispatch", ("llep", "pipelined_llep")),
-    "llep_min_tokens": ("dispatch", ("llep", "pipelined_llep")),
-    "llep_lambda": ("dispatch", ("llep", "pipelined_llep")),
-    "max_imports": ("dispatch", ("llep", "pipelined_llep")),
-}
-"""Composed knob → (the operator knob, the choices under which it does anything). A knob given on
-the command line for another choice would be silently ignored, so it is refused (as a baseline knob
-without ``--baseline`` is)."""
-
-
-def check_inert(given: set[str], composed: dict, flag) -> None:
-    """Refuse composed knobs in ``given`` (the flags the user typed) that do nothing under the
-    operator choices of ``composed`` (its values, defaults for the missing ones).
-
-    Raises:
-        InvalidPlan: the first such knob, naming the choice that ignores it.
-    """
-    from planner.errors import InvalidPlan
-
-    for knob in sorted(given & set(INERT_UNLESS)):
-        op, live = INERT_UNLESS[knob]
-        choice = composed.get(op) or ComposedKnobs.model_fields[op].default
-        if choice not in live:
-            raise InvalidPlan(flag(knob), composed.get(knob), f"does nothing with --{op} {choice}",
-                              f"drop {flag(knob)}, or use --{op} {' / '.join(live)}")

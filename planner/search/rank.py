@@ -15,6 +15,7 @@ from planner.budget.frontier import MIN_HEADROOM
 from planner.schema import ClusterSpec, ModelSpec, Plan, Workload
 from planner.search.evaluate import Evaluated, Tally, evaluate_group, group_plan
 from planner.search.space import baseline_groups, composed_groups
+from planner.schema.knobs import default as knob_default
 
 
 @dataclass
@@ -116,7 +117,7 @@ def _candidates(evs: list[Evaluated], n: int) -> list[Candidate]:
 
 
 def search(model: ModelSpec, cluster: ClusterSpec, workload: Workload, *, world_size: int,
-           routing: str = "balanced", dispatch_bound: str = "guarantee", dtype: str = "bf16", top: int = 5,
+           routing: str = knob_default("routing"), dispatch_bound: str = knob_default("dispatch_bound"), dtype: str = knob_default("dtype"), top: int = 5,
            time_fn: Callable | None = None, progress: Callable[[int, int], None] | None = None,
            min_headroom: float = MIN_HEADROOM) -> SearchResult:
     """Search the composed space and the FSDP2 space; rank the fitting candidates by step time."""
@@ -140,7 +141,7 @@ def search(model: ModelSpec, cluster: ClusterSpec, workload: Workload, *, world_
 
 
 def lowest_peak(model: ModelSpec, cluster: ClusterSpec, workload: Workload, *, world_size: int, stack: str,
-                routing: str = "balanced", dispatch_bound: str = "guarantee", dtype: str = "bf16",
+                routing: str = knob_default("routing"), dispatch_bound: str = knob_default("dispatch_bound"), dtype: str = knob_default("dtype"),
                 host_fallback: bool = False) -> tuple[Plan, int, int]:
     """Memory only: the legal candidate of ``stack`` with the lowest per-rank peak among those that fit
     the host (``(plan, peak_bytes, fitting_count)``); no time model. Answers "does anything fit, and

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from planner.budget.resolve import divisors
+from planner.context.resolve import divisors
 from planner.schema import ModelSpec, Workload
 
 TOKEN_BUDGETS = (2048, 4096, 8192, 16384, 32768)

@@ -10,6 +10,7 @@ from planner.errors import Infeasible
 from planner.schema import ClusterSpec, ModelSpec, Plan
 from planner.schema import Workload
 from planner.search.rank import Candidate, lowest_peak, search
+from planner.schema.knobs import default as knob_default
 
 
 @dataclass
@@ -26,7 +27,7 @@ class SweepPoint:
 
 
 def best_plans(model: ModelSpec, cluster: ClusterSpec, *, world_size: int, seq_lens: list[int],
-               routing: str = "balanced", dtype: str = "bf16", global_batch_tokens: int | None = None,
+               routing: str = knob_default("routing"), dtype: str = knob_default("dtype"), global_batch_tokens: int | None = None,
                progress=None, min_headroom: float | None = None) -> list[SweepPoint]:
     """Search each length; keep the fastest fitting plan of each stack (or its default)."""
     out = []

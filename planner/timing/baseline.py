@@ -31,7 +31,7 @@ from __future__ import annotations
 import numpy as np
 
 from planner.budget import regions as R
-from planner.budget.context import Ctx
+from planner.context.ctx import Ctx
 from planner.timing import flops as F
 from planner.timing.comm import collective_s, host_copy_s, ranks_per_node
 from planner.timing.composed import ELEM_BWD_FACTOR, attention_region, gemms_s, knobs, merge_passes, moe_profile

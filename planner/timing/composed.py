@@ -24,8 +24,9 @@ from __future__ import annotations
 import numpy as np
 
 from planner.budget import regions as R
-from planner.budget.context import Ctx
+from planner.context.ctx import Ctx
 from planner.budget.optimizer import rank_params
+from planner.plans.llep import LlepKnobs
 from planner.plans.routing import profile_name
 from planner.timing import flops as F
 from planner.timing.comm import collective_s, ranks_per_node
@@ -83,10 +84,10 @@ def _scalar(x, name: str):
     return v.item()
 
 
-def knobs(ctx: Ctx) -> tuple:
+def knobs(ctx: Ctx) -> LlepKnobs:
     """LLEP knobs ``(α, m, λ, n_import_max)`` as scalars."""
-    return (float(ctx.llep_alpha), int(ctx.llep_min_tokens), float(ctx.llep_lambda),
-            int(_scalar(ctx.max_imports, "max_imports")))
+    return LlepKnobs(float(ctx.llep_alpha), int(ctx.llep_min_tokens), float(ctx.llep_lambda),
+                     int(_scalar(ctx.max_imports, "max_imports")))
 
 
 def build(ctx: Ctx, lk: Lookups, micro, opt):

@@ -58,6 +58,8 @@ from planner.plans.routing import profile_counts
 from planner.timing import dispatch_kernels as DK
 from planner.timing.comm import collective_s
 from planner.timing.lookups import Lookups, shared_memo
+from planner.plans.llep import LlepKnobs
+from planner.schema.knobs import default as knob_default
 
 OPERATORS = ("ep", "llep", "pipelined_llep")
 PARTS = ("gemm_f", "mem_f", "host_f", "gemm_b", "mem_b", "host_b")
@@ -82,12 +84,12 @@ def _counts_all(profile: str, N: int, E: int, k: int, E_p: int) -> np.ndarray:
 
 
 @functools.lru_cache(maxsize=256)
-def plan_loads(op: str, N: int, E: int, k: int, E_p: int, K: int, profile: str, knobs: tuple,
+def plan_loads(op: str, N: int, E: int, k: int, E_p: int, K: int, profile: str, knobs: LlepKnobs,
                residue: str = plans_dispatch.DESTINATION) -> dict:
     """Per rank (from the runtime's plan): ``send``/``recv`` ``[W, K]`` routes per chunk,
     ``rows``/``cnt`` ``[W, K, B]`` GEMM blocks (EP/LLEP: slots; PipelinedLLEP: each slot's chunk
     rows cut into full blocks of ``block_rows`` and a remainder), ``imports``/``exports`` ``[W]``."""
-    alpha, min_tokens, lam, max_imports = knobs
+    alpha, min_tokens, lam, max_imports = knobs.alpha, knobs.min_tokens, knobs.lam, knobs.max_imports
     counts = _counts(profile, N, E, k, E_p)
     plan = plans_dispatch.plan_layer(counts, top_k=k, operator=op, alpha=alpha, min_tokens=min_tokens,
                                      lam=lam, max_imports=max_imports, num_chunks=K if op == "pipelined_llep" else None,
@@ -167,7 +169,7 @@ def _balanced_parts(lk, op, N, E, k, E_p, K, H, I, b, dense_grad, residue) -> di
 
 
 def moe_dispatch_s(lk: Lookups, op: str, N, E: int, k: int, E_p, K, H: int, I: int, b: int, *,
-                   profile: str = "balanced", knobs: tuple = (1.0, 1024, 1.3, 4), comm: bool = True,
+                   profile: str = "balanced", knobs: LlepKnobs = LlepKnobs(), comm: bool = True,
                    rank: int | None = None, dense_grad: bool = True,
                    residue: str = plans_dispatch.DESTINATION) -> dict:
     """One MoE layer's dispatch operator on the binding rank (module docstring).
@@ -231,6 +233,6 @@ def moe_dispatch_s(lk: Lookups, op: str, N, E: int, k: int, E_p, K, H: int, I: i
     return {key: (float(v) if v.ndim == 0 else v) for key, v in res.items()}
 
 
-def default_chunks(N, token_budget: int = 4096, max_chunks: int = 10):
+def default_chunks(N, token_budget: int = knob_default("token_budget"), max_chunks: int = knob_default("max_chunks")):
     """``K = min(ceil(N/c), K_max)`` (``planner.plans.chunking``)."""
     return chunking.num_chunks(N, token_budget, max_chunks)

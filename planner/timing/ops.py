@@ -35,6 +35,8 @@ from planner.timing.dispatch import moe_dispatch_s
 from planner.timing.dispatch_kernels import router_and_loss
 from planner.timing.offload import cpu_offload_adamw_s, gpu_adamw_s, stream_adamw_s
 from planner.units import DTYPE_BYTES, ceil_div
+from planner.plans.llep import LlepKnobs
+from planner.schema.knobs import default as knob_default
 
 
 def _low(b: int) -> int:
@@ -159,7 +161,7 @@ def ring_dtp_time(N: int, H: int, V: int, P: int, B_v: int, dtype: str, cluster,
 
 
 def dispatch_time(op: str, N: int, H: int, I: int, E: int, k: int, E_p: int, c: int, routing: str,
-                  cluster, *, max_chunks: int = 10, dtype: str = "bf16", knobs: tuple = (1.0, 1024, 1.3, 4),
+                  cluster, *, max_chunks: int = knob_default("max_chunks"), dtype: str = knob_default("dtype"), knobs: LlepKnobs = LlepKnobs(),
                   comm: bool = False, rank: int | None = None) -> tuple[float, float]:
     """(forward, forward + backward) seconds of one MoE layer's dispatch operator ``op`` as
     ``bench/dispatch.py`` runs it (``dispatch_trace.build_layer``: the router on the profile's ids,

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from planner.budget.context import Ctx
+from planner.context.ctx import Ctx
 from planner.timing.compute import Lookups
 
 

@@ -353,7 +353,7 @@ DIVISOR_TIME_S = 0.5
 def test_divisors_are_fast_and_exact():
     import time
 
-    from planner.budget.resolve import divisors
+    from planner.context.resolve import divisors
 
     for n in range(1, 3000):
         assert divisors(n) == [x for x in range(1, n + 1) if n % x == 0], n

@@ -31,6 +31,7 @@ from synthetic_profiles import ADAMW_RATE, flat_cluster
 from torch.testing._internal.distributed.fake_pg import FakeStore
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from planner.plans.llep import LlepKnobs
 from planner.plans.routing import expert_ids, profile_counts
 from planner.runtime import expert_parallel, pipelined_llep
 from planner.runtime.dispatch_trace import OPERATORS
@@ -49,7 +50,7 @@ FREE = {"view", "_unsafe_view", "reshape", "_reshape_alias", "t", "transpose", "
 (no-ops; under NCCL their time is the communication model's)."""
 COMM = {"alltoall_base_", "allgather_", "allreduce_", "send", "recv_"}
 N, H, I, E, k, c, m = 50, 24, 12, 8, 3, 16, 4
-KNOBS = (1.0, m, 1.3, 4)
+KNOBS = LlepKnobs(1.0, m, 1.3, 4)
 
 
 def _elems_bytes(t) -> int:
@@ -172,8 +173,8 @@ def _run(op: str, profile: str, E_p: int, rank: int, monkeypatch):
     try:
         shard = ExpertShard(E // E_p, H, I, dtype=torch.bfloat16)
         shard.ensure_grads()
-        mod = OPERATORS[op](shard, E, k, None, token_budget=c, max_chunks=10, alpha=KNOBS[0], min_tokens=m,
-                            lam=KNOBS[2], max_imports=KNOBS[3])
+        mod = OPERATORS[op](shard, E, k, None, token_budget=c, max_chunks=10, alpha=KNOBS.alpha, min_tokens=m,
+                            lam=KNOBS.lam, max_imports=KNOBS.max_imports)
         plan = mod.plan_from_counts(profile_counts(profile, N, E, k, E_p),
                                     mod._num_chunks(N) if op == "pipelined_llep" else None)
         x = torch.randn(N, H, dtype=torch.bfloat16, requires_grad=True)

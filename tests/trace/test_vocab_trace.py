@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from planner.budget import vocab
-from planner.budget.context import Ctx
+from planner.context.ctx import Ctx
 from tests.conftest import vocab_ctx
 from planner.runtime.vocab_trace import HeadShape, resident_weight_bytes, trace_head
 from planner.units import GiB

@@ -199,7 +199,7 @@ def test_guarantee_is_at_least_expected(case):
 
 # ---- terms(ctx) ----------------------------------------------------------------------------------
 def _ctx(**kw):
-    from planner.budget.context import Ctx
+    from planner.context.ctx import Ctx
     from planner.schema import ModelSpec
 
     g = SHAPES["A"]

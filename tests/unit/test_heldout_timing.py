@@ -61,6 +61,7 @@ import numpy as np
 import pytest
 
 from planner.errors import ProfileGap
+from planner.plans.llep import LlepKnobs
 from planner.plans.chunking import num_chunks
 from planner.timing import ops
 from planner.units import ceil_div
@@ -157,7 +158,7 @@ def dispatch_cases(doc: dict, cluster) -> list[Case]:
             r = {**doc["shapes"][base], **({"E_p": 1} if ep1 else {}), **r}
         op, N, H, I, E, k, E_p = (_field(r, f) for f in ("op", "N", "H", "I", "E", "k", "E_p"))
         c, K_max, routing = _field(r, "c", 4096), _field(r, "K_max", 10), _field(r, "routing", "balanced")
-        knobs = (r.get("alpha", 1.0), r.get("m", 1024), r.get("lam", 1.3), r.get("n_imp", 4))
+        knobs = LlepKnobs(r.get("alpha", 1.0), r.get("m", 1024), r.get("lam", 1.3), r.get("n_imp", 4))
         fwd, fb = ops.dispatch_time(op, N, H, I, E, k, E_p, c, routing, cluster, max_chunks=K_max, knobs=knobs,
                                     rank=r.get("rank"))
         K = num_chunks(N, c, K_max) if op == "pipelined_llep" else 1

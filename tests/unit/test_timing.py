@@ -19,6 +19,7 @@ import pytest
 from synthetic_profiles import ATTN_RATE, BIDIR_BW, EXACT, GEMM_RATE, ctx_of, flat_cluster, tiny_model
 
 from planner.errors import ProfileGap
+from planner.plans.llep import LlepKnobs
 from planner.timing import offload
 from planner.timing.compute import Lookups
 from planner.timing.ops import (
@@ -216,8 +217,8 @@ def test_chunk_curve_is_not_used_and_blocks_keep_the_flops():
     assert st.breakdown["compute_experts"] * GEMM_RATE == pytest.approx(base, rel=EXACT)
     lk = Lookups(flat_cluster(), strict=True)
     N, H, I, E, k, E_p, K = 4096, 256, 128, 64, 2, 8, 4
-    op = dispatch_s(lk, "pipelined_llep", N, E, k, E_p, K, H, I, 2, profile="95/16", knobs=(1.0, 16, 1.3, 4),
+    op = dispatch_s(lk, "pipelined_llep", N, E, k, E_p, K, H, I, 2, profile="95/16", knobs=LlepKnobs(1.0, 16, 1.3, 4),
                     comm=False)
-    loads = plan_loads("pipelined_llep", N, E, k, E_p, K, "95/16", (1.0, 16, 1.3, 4))
+    loads = plan_loads("pipelined_llep", N, E, k, E_p, K, "95/16", LlepKnobs(1.0, 16, 1.3, 4))
     assert (loads["cnt"] > 1).any()                        # the hot slots run in several blocks
     assert op["compute_fwd"] * GEMM_RATE == pytest.approx(3 * 2 * H * I * loads["recv"].sum(1).max(), rel=EXACT)

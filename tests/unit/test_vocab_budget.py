@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from planner.budget import vocab
-from planner.budget.context import Ctx
+from planner.context.ctx import Ctx
 from tests.conftest import vocab_ctx
 
 

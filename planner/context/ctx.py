@@ -14,10 +14,11 @@ b act_bytes, n_off num_offloaded.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from planner.schema import ClusterSpec, ModelSpec
+from planner.schema.knobs import default as knob_default
 
 Int = Any
 """A Python int or a numpy integer array."""
@@ -57,42 +58,55 @@ class Ctx:
     routing_hot_experts: int       # h of R/H
     routing_text: str
     dispatch_bound: str            # "guarantee" | "expected"
-    grad_lifetime: str = "accumulate"  # "accumulate" (kept across micro-steps) | "freed" (set_to_none)
+    grad_lifetime: str = knob_default("grad_lifetime")  # "accumulate" (kept across micro-steps) | "freed" (set_to_none)
     # -- plan: composed ------------------------------------------------------------------------
-    dispatch: str = "pipelined_llep"
-    dispatch_residue: str = "source"   # PipelinedLLEP: "source" | "destination"
-    vocab: str = "ring_dtp"
-    optimizer: str = "stream_offload"
-    checkpoint: str = "sco"
+    dispatch: str = knob_default("dispatch")
+    dispatch_residue: str = knob_default("dispatch_residue")   # PipelinedLLEP: "source" | "destination"
+    vocab: str = knob_default("vocab")
+    optimizer: str = knob_default("optimizer")
+    checkpoint: str = knob_default("checkpoint")
     seq_parallel: Int = 1          # D
     expert_parallel: Int = 1       # E_p
     vocab_parallel: Int = 1        # P
-    vocab_blocks: Int = 1          # B_v
-    token_budget: Int = 4096       # c
-    max_chunks: Int = 10           # K_max
+    vocab_blocks: Int = knob_default("vocab_blocks")          # B_v
+    token_budget: Int = knob_default("token_budget")       # c
+    max_chunks: Int = knob_default("max_chunks")           # K_max
     num_chunks: Int = 1            # K
-    chunk_tokens: Int = 4096       # c_eff
-    llep_alpha: float = 1.0        # α
-    llep_min_tokens: int = 1024    # m
-    llep_lambda: float = 1.3       # λ
-    max_imports: Int = 4           # n_import_max
-    bucket_params: Int = 100_000_000  # β
-    staging_slots: Int = 2         # s
+    chunk_tokens: Int = knob_default("token_budget")  # c_eff (= c while K = 1)
+    llep_alpha: float = knob_default("llep_alpha")        # α
+    llep_min_tokens: int = knob_default("llep_min_tokens")    # m
+    llep_lambda: float = knob_default("llep_lambda")       # λ
+    max_imports: Int = knob_default("max_imports")           # n_import_max
+    bucket_params: Int = knob_default("bucket_params")  # β
+    staging_slots: Int = knob_default("staging_slots")         # s
     sco_host_bytes: Int = 0        # SCO budget, physical pinned bytes per rank
     num_offloaded: Int = 0         # n_off: boundaries SCO offloads
     # -- plan: FSDP2 baseline ------------------------------------------------------------------
-    tp: Int = 1
-    cp: Int = 1
+    tp: Int = knob_default("tp")
+    cp: Int = knob_default("cp")
     dp_shard: Int = 1
     ep: Int = 1
-    ac: str = "full"
-    cpu_offload: bool = False
-    dp_replicate: Int = 1          # HSDP replicas (W = dp_replicate·dp_shard·cp·tp)
-    cp_rotate: str = "allgather"   # context_parallel rotate method
-    head: str = "dense"            # "dense" (loss parallel under tp) | "chunked"
-    head_chunk_tokens: Int = 4096
+    ac: str = knob_default("ac")
+    cpu_offload: bool = knob_default("cpu_offload")
+    dp_replicate: Int = knob_default("dp_replicate")          # HSDP replicas (W = dp_replicate·dp_shard·cp·tp)
+    cp_rotate: str = knob_default("cp_rotate")   # context_parallel rotate method
+    head: str = knob_default("head")            # "dense" (loss parallel under tp) | "chunked"
+    head_chunk_tokens: Int = knob_default("head_chunk_tokens")
     # -- bookkeeping ---------------------------------------------------------------------------
     notes: dict = field(default_factory=dict)
+    plan: Any = None
+    """The resolved ``Plan`` (``resolve_plan`` runs once per configuration, in ``derive_context``)."""
+
+    def __getattr__(self, name: str):
+        """A knob with no field here reads the resolved plan (a scalar: the search vectorises only
+        the fields above). So a new knob is declared once, in ``planner.schema.plan``, and read as
+        ``ctx.<knob>`` where it is used."""
+        from planner.schema.knobs import KNOBS
+
+        knob, plan = KNOBS.get(name), self.__dict__.get("plan")
+        if knob is None or plan is None:
+            raise AttributeError(name)
+        return getattr(plan if knob.part == "plan" else getattr(plan, knob.part), name)
 
     @property
     def b(self) -> int:
@@ -112,3 +126,8 @@ class Ctx:
             ffn = "dense_mlp" if layer in dense else "moe"
             out.extend(["attention", ffn] if self.stack == "composed" else [ffn])
         return tuple(out)
+
+
+CTX_FIELDS = frozenset(f.name for f in fields(Ctx))
+"""The knobs (and symbols) ``Ctx`` holds as fields (numpy arrays in the search); any other knob is
+read from the resolved plan (``Ctx.__getattr__``)."""

@@ -1,0 +1,82 @@
+"""``planner max-context`` / ``max-batch``: whole-grid scans of ``S`` or the batch (DESIGN §3.4)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from planner.api.build import build
+from planner.context.resolve import resolve_plan
+from planner.errors import InvalidPlan
+from planner.schema import PlanFile
+from planner.schema.cluster_ref import planfile_doc
+
+
+@dataclass
+class FrontierReport:
+    """``planner max-context`` / ``max-batch``: the largest value that fits and the whole scan."""
+
+    planfile: PlanFile
+    axis: str
+    scan: Any
+    cluster_ref: dict | None = None
+
+    def to_json(self) -> dict:
+        s = self.scan
+        best = s.best
+        out: dict[str, Any] = {"fits": best is not None, "first_fail": s.first_fail,
+                               "capacity_bytes": s.capacity_bytes, "host_capacity_bytes": s.host_capacity_bytes}
+        if self.axis == "seq_len":
+            out["max_seq_len"] = best
+            out["seq_step"] = int(s.values[1] - s.values[0]) if len(s.values) > 1 else int(s.values[0])
+        else:
+            W = self.planfile.plan.world_size
+            D = resolve_plan(self.planfile.model, self.planfile.workload, self.planfile.plan)
+            deg = D.composed.seq_parallel if D.stack == "composed" else D.baseline.cp
+            out["max_seqs_per_microbatch"] = best
+            out["max_global_batch_tokens"] = (None if best is None
+                                              else W // deg * best * self.planfile.workload.seq_len)
+        out["grid"] = {"values": s.values.tolist(), "tokens_per_rank": s.tokens_per_rank.tolist(),
+                       "peak_bytes": s.peak_bytes.tolist(), "host_bytes": s.host_bytes.tolist(),
+                       "fits": s.fits.tolist()}
+        out["plan"] = planfile_doc(self.planfile, self.cluster_ref)
+        return out
+
+
+DEFAULT_SEQ_STEP_PER_RANK = 1024
+"""``max-context`` grid step without ``--seq-step``: ``S`` grows by ``1024·D`` (1024 tokens per rank)."""
+
+
+def max_context(*, seq_step: int | None = None, max_seq_len: int = 16 * 2**20, min_headroom: float | None = None,
+                **kwargs) -> FrontierReport:
+    """``planner max-context``: scan ``S`` over the whole grid (DESIGN §3.4). ``seq_step`` and
+    ``max_seq_len`` are both total context ``S``; the step is rounded up to a multiple of the
+    sequence-sharding degree ``D`` (``cp`` for the baseline), default ``1024·D``."""
+    from planner.budget.frontier import scan, seq_len_grid
+
+    if kwargs.get("seq_len") is None and not kwargs.get("plan_file"):
+        kwargs["seq_len"] = (seq_step or DEFAULT_SEQ_STEP_PER_RANK) * (kwargs.get("gpus") or 1)
+    pf, ref = build(**kwargs)
+    plan = resolve_plan(pf.model, pf.workload, pf.plan)
+    D = plan.composed.seq_parallel if plan.stack == "composed" else plan.baseline.cp
+    per_rank = DEFAULT_SEQ_STEP_PER_RANK if seq_step is None else -(-seq_step // D)
+    grid = seq_len_grid(pf, per_rank, max_seq_len)
+    return FrontierReport(pf, "seq_len", scan(pf, "seq_len", grid, **_headroom(min_headroom)), ref)
+
+
+def _headroom(min_headroom: float | None) -> dict:
+    """``--min-headroom`` for the frontier scans (``None``: the default of ``budget.frontier``)."""
+    if min_headroom is None:
+        return {}
+    if not 0.0 <= min_headroom < 1.0:
+        raise InvalidPlan("--min-headroom", min_headroom, "must be in [0, 1)", "use e.g. 0.03")
+    return {"min_headroom": float(min_headroom)}
+
+
+def max_batch(*, max_tokens: int = 16 * 2**20, min_headroom: float | None = None, **kwargs) -> FrontierReport:
+    """``planner max-batch``: scan sequences per micro-batch at fixed ``S`` (whole grid)."""
+    from planner.budget.frontier import batch_grid, scan
+
+    pf, ref = build(**kwargs)
+    return FrontierReport(pf, "seqs_per_microbatch", scan(pf, "seqs_per_microbatch", batch_grid(pf, max_tokens),
+                                                          **_headroom(min_headroom)), ref)

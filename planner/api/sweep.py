@@ -1,0 +1,120 @@
+"""``planner sweep`` (best plans per context length) and ``planner min-gpus`` (smallest ``W``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from planner.api.build import build, build_planfile
+from planner.api.check import check_planfile
+from planner.api.frontier import _headroom
+from planner.budget.sensitivity import routing_sensitivity
+from planner.budget.terms import LIVE_SETS
+from planner.errors import Infeasible, InvalidPlan
+from planner.schema import PlanFile, Workload
+from planner.schema.io import validate
+from planner.schema.knobs import default
+
+
+@dataclass
+class SweepRow:
+    """One stack at one context length (``planner sweep``)."""
+
+    seq_len: int
+    stack: str
+    fits: bool
+    peak_bytes: int
+    capacity_bytes: int
+    live_set_max_bytes: dict
+    """Live set → maximum bytes over phases."""
+    binding_live_set: str
+    tokens_per_s_per_gpu: float | None
+    plan: Any
+    routing_sensitivity: dict = field(default_factory=dict)
+    """``{routing: {"peak_bytes", "fits_hbm"}}`` under balanced, the named skew and worst routing
+    (``budget.sensitivity``); empty for a dense model, which has no dispatch."""
+
+
+def sweep(*, model: str, cluster: str | None = None, gpus: int, seq_lens: list[int], routing: str = default("routing"),
+          dtype: str = default("dtype"), global_batch_tokens: int | None = None, cluster_overrides: dict | None = None,
+          progress=None, min_headroom: float | None = None) -> list[SweepRow]:
+    """``planner sweep``: best composed plan and best baseline at each context length, with the
+    verdict and the peak of every live set of each. ``global_batch_tokens`` is the same at every
+    length (the tokens per optimizer step; the rest of each length's micro-steps is accumulation)."""
+    from planner.search.sweep import best_plans
+
+    for S in seq_lens:
+        validate(Workload, {"seq_len": S, "global_batch_tokens": global_batch_tokens}, "workload")
+    pf = build_planfile(model=model, cluster=cluster, gpus=gpus, seq_len=seq_lens[0],
+                        global_batch_tokens=global_batch_tokens, cluster_overrides=cluster_overrides,
+                        overrides={"routing": routing, "dtype": dtype})
+    rows = []
+    _headroom(min_headroom)
+    for pt in best_plans(pf.model, pf.cluster, world_size=gpus, seq_lens=seq_lens, routing=routing, dtype=dtype,
+                         global_batch_tokens=global_batch_tokens, progress=progress, min_headroom=min_headroom):
+        wl = Workload(seq_len=pt.seq_len, global_batch_tokens=global_batch_tokens)
+        for plan, cand in ((pt.composed, pt.composed_candidate), (pt.baseline, pt.baseline_candidate)):
+            rep = check_planfile(PlanFile(model=pf.model, cluster=pf.cluster, workload=wl, plan=plan))
+            sens = routing_sensitivity(pf.model, pf.cluster, wl, plan) if pf.model.is_moe else {}
+            rows.append(SweepRow(pt.seq_len, plan.stack, rep.fits, rep.peak_bytes, rep.capacity_bytes,
+                                 {ls: rep.live_set_bytes(ls)[1] for ls in LIVE_SETS}, rep.binding_live_set,
+                                 cand.tokens_per_s_per_gpu if cand else None, rep.planfile.plan, sens))
+    return rows
+
+
+MIN_GPUS_MAX = 4096
+"""Largest ``W`` that ``min-gpus`` tries by default."""
+
+
+@dataclass
+class MinGpusReport:
+    """``planner min-gpus``: the smallest power-of-two ``W`` at which each stack has a plan that fits."""
+
+    model: Any
+    workload: Workload
+    composed: int | None
+    baseline: int | None
+    tried: list[dict]
+    """Per ``W`` tried: ``{world_size, composed_fit, baseline_fit, composed_lowest_peak_bytes, ...}``."""
+
+    def to_json(self) -> dict:
+        return {"model": self.model.name, "seq_len": self.workload.seq_len, "min_gpus": self.composed,
+                "baseline_min_gpus": self.baseline, "tried": self.tried}
+
+
+def min_gpus(*, model: str, seq_len: int, cluster: str | None = None, cluster_overrides: dict | None = None,
+             routing: str = default("routing"), dispatch_bound: str = default("dispatch_bound"), dtype: str = default("dtype"),
+             max_gpus: int = MIN_GPUS_MAX, progress=None) -> MinGpusReport:
+    """Smallest ``W = 2^k ≤ max_gpus`` for which some legal composed plan fits (HBM and host RAM),
+    and the same for the FSDP2 baseline, by the memory model alone (the search's candidate space,
+    no time model). Powers of two: the legal degrees (``D``, ``E_p``, ``P``, ``tp``, ``cp``) divide
+    ``W`` and the heads and experts, which are powers of two in every shipped model."""
+    from planner.search.rank import lowest_peak
+
+    if not 1 <= max_gpus <= 2**20:
+        raise InvalidPlan("--max-gpus", max_gpus, "must be in 1..1048576", "give e.g. --max-gpus 4096")
+    pf, _ = build(model=model, cluster=cluster, gpus=1, seq_len=seq_len, cluster_overrides=cluster_overrides,
+                  overrides={"routing": routing, "dispatch_bound": dispatch_bound, "dtype": dtype})
+    found: dict[str, int | None] = {"composed": None, "fsdp2": None}
+    tried = []
+    ws = [1 << k for k in range(max_gpus.bit_length()) if 1 << k <= max_gpus]
+    for j, W in enumerate(ws):
+        row: dict[str, Any] = {"world_size": W}
+        for st in ("composed", "fsdp2"):
+            if found[st] is not None:
+                continue
+            try:
+                _, peak, n_fit = lowest_peak(pf.model, pf.cluster, pf.workload, world_size=W, stack=st,
+                                             routing=routing, dispatch_bound=dispatch_bound, dtype=dtype,
+                                             host_fallback=True)
+            except Infeasible:  # no legal candidate at this W
+                peak, n_fit = None, 0
+            row[f"{st}_fit"], row[f"{st}_lowest_peak_bytes"] = n_fit, peak
+            if n_fit:
+                found[st] = W
+        tried.append(row)
+        if progress:
+            progress(j + 1, len(ws))
+        if all(v is not None for v in found.values()):
+            break
+    return MinGpusReport(pf.model, pf.workload, found["composed"], found["fsdp2"], tried)

@@ -1,0 +1,105 @@
+"""``planner``: thin typer commands over ``planner.api`` (DESIGN §10).
+
+Exit codes: 0 fits, 1 does not fit, 2 invalid input (one line, no traceback), 3 internal error.
+The commands live in ``plan_commands`` (check, max-context, max-batch), ``search_commands``
+(search, sweep, min-gpus) and ``tools`` (calibrate, validate, models, import-hf); their shared and
+knob options in ``options``.
+"""
+
+import json
+import sys
+import traceback
+
+import typer
+
+from planner.cli import plan_commands, search_commands, tools  # noqa: F401 - registers the commands
+from planner.cli.app import app, err
+from planner.errors import PlanError
+
+__all__ = ["app", "main"]
+
+
+def _usage_exception_types() -> tuple[tuple[type, ...], tuple[type, ...]]:
+    """(usage-error classes, abort classes) of every click flavour in use: typer >= 0.29 raises its
+    vendored ``typer._click`` exceptions, older typer raises ``click``'s own."""
+    import importlib
+
+    usage: list[type] = []
+    aborts: list[type] = [typer.Abort]
+    for name in ("typer._click.exceptions", "click.exceptions"):
+        try:
+            mod = importlib.import_module(name)
+        except ImportError:
+            continue
+        usage.append(mod.ClickException)
+        if hasattr(mod, "Abort"):
+            aborts.append(mod.Abort)
+    return tuple(usage), tuple(aborts)
+
+
+def _usage_line(e: Exception) -> str:
+    """One ``error: …; fix: …`` line for a click/typer usage error (DESIGN §10)."""
+    ctx = getattr(e, "ctx", None)
+    where = ctx.command_path if ctx is not None else "planner"
+    try:
+        msg = e.format_message()
+    except Exception:  # noqa: BLE001 - any click flavour: fall back to the plain message
+        msg = str(e)
+    cause = getattr(e, "__cause__", None)
+    errors = getattr(cause, "errors", None)
+    if callable(errors):                  # typer coerces through pydantic: name the value typed
+        try:
+            value = errors()[0].get("input")
+        except Exception:  # noqa: BLE001
+            value = None
+        if value is not None and repr(value) not in msg:
+            msg = f"{msg} (got {value!r})"
+    msg = " ".join(msg.replace("Value error, ", "").split()).rstrip(".")
+    return f"error: {msg}; fix: see '{where} --help' for the commands and options"
+
+
+def _json_error(message: str, field, code: int) -> None:
+    """Under ``--json`` an error is one JSON object on stdout too (the line stays on stderr)."""
+    sys.stdout.write(json.dumps({"error": message, "field": None if field is None else str(field),
+                                 "exit_code": code}) + "\n")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point: maps errors to exit codes (2 invalid input, 3 internal error with traceback).
+
+    Usage errors (bad option values, unknown options or commands, missing values) exit 2 with one
+    ``error:`` line; bare ``planner`` prints the help and exits 2 (click's convention).
+    """
+    usage_types, abort_types = _usage_exception_types()
+    as_json = "--json" in (sys.argv[1:] if argv is None else argv)
+    try:
+        rv = app(args=argv, prog_name="planner", standalone_mode=False)
+        code = int(rv or 0)
+    except PlanError as e:
+        err.print(f"error: {e}", markup=False, highlight=False, soft_wrap=True)
+        code = e.exit_code
+        if as_json:
+            _json_error(str(e), getattr(e, "field", None), code)
+    except typer.Exit as e:
+        code = e.exit_code
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else 1
+    except abort_types:
+        code = 130
+    except usage_types as e:
+        if type(e).__name__ == "NoArgsIsHelpError":
+            e.show()
+        else:
+            err.print(_usage_line(e), markup=False, highlight=False, soft_wrap=True)
+            if as_json:
+                param = getattr(e, "param", None)
+                opts = getattr(param, "opts", None) or [getattr(param, "name", None)]
+                _json_error(_usage_line(e).removeprefix("error: "), opts[0] if param is not None else None, 2)
+        code = 2
+    except Exception:  # noqa: BLE001 - bugs
+        traceback.print_exc()
+        err.print("internal error: please report it with the traceback above", markup=False)
+        code = 3
+    if argv is None:
+        sys.exit(code)
+    return code

@@ -1,0 +1,66 @@
+"""The typer application, its consoles, and what every command shares to print (JSON, progress)."""
+
+
+import json
+import sys
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+                  help="Per-rank memory and step-time planner for long-context MoE training.")
+
+_WIDTH = None if sys.stdout.isatty() else 160
+"""Rich wraps at 80 columns when not on a terminal; pipes and logs get 160."""
+out = Console(width=_WIDTH)
+err = Console(stderr=True, width=_WIDTH)
+
+
+def _version(value: bool) -> None:
+    if value:
+        from planner import __version__
+
+        sys.stdout.write(f"planner (moe-planner) {__version__}\n")
+        raise typer.Exit(0)
+
+
+@app.callback()
+def _root(version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True,
+                                                help="Print the version and exit.")] = False) -> None:
+    """Per-rank memory and step-time planner for long-context MoE training."""
+
+
+def print_json(doc) -> None:
+    """One JSON object on stdout (plain: rich's highlighter is slow on large documents)."""
+    sys.stdout.write(json.dumps(doc, indent=1) + "\n")
+
+
+def warn(lines) -> None:
+    """One ``warning:`` line on stderr per entry."""
+    for w in lines:
+        err.print(f"warning: {w}", markup=False, highlight=False, soft_wrap=True)
+
+
+class progress_bar:
+    """``with progress_bar(label, enabled) as cb``: a rich progress bar on stderr; ``cb`` is the
+    ``(done, total)`` callback (``None`` when disabled or not a terminal)."""
+
+    def __init__(self, label: str, enabled: bool):
+        self.prog = None
+        if enabled and err.is_terminal:
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
+
+            self.prog = Progress("[progress.description]{task.description}", BarColumn(), MofNCompleteColumn(),
+                                 TimeElapsedColumn(), console=err, transient=True)
+            self.task = self.prog.add_task(label, total=None)
+
+    def __enter__(self):
+        if self.prog is None:
+            return None
+        self.prog.start()
+        return lambda done, total: self.prog.update(self.task, completed=done, total=total)
+
+    def __exit__(self, *exc) -> None:
+        if self.prog is not None:
+            self.prog.stop()

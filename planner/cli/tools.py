@@ -1,0 +1,99 @@
+"""``calibrate``, ``validate``, ``models`` and ``import-hf``: the commands around the planner."""
+
+
+import sys
+from typing import Annotated, Optional
+
+import typer
+
+from planner.cli.app import app, err, out
+from planner.cli.options import Json, default_calibration_path, value
+from planner.errors import InvalidPlan
+from planner.schema.knobs import enum_of
+
+
+@app.command()
+def calibrate(
+    out_file: Annotated[Optional[str], typer.Option("--out", help="Profile to write.", show_default=default_calibration_path())] = None,
+    quick: Annotated[bool, typer.Option("--quick", help="Coarse grids; on a CPU-only machine a small CPU profile.", show_default="off")] = False,
+    progress: Annotated[bool, typer.Option(help="Show a progress bar.")] = True,
+) -> None:
+    """Measure this machine's curves and constants and write a cluster profile (needs the runtime extra)."""
+    import importlib.util
+
+    if importlib.util.find_spec("torch") is None:
+        raise InvalidPlan("planner calibrate", "torch", "is not installed (it needs the runtime extra)",
+                          "pip install 'moe-planner[runtime]'")
+    import calibration
+    path = out_file
+    if path is None:
+        from pathlib import Path
+
+        path = default_calibration_path()
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+    spec = calibration.run(path, quick=quick, progress=progress, command=" ".join(["planner", *sys.argv[2:]]))
+    err.print(f"wrote {path} ({spec.name}): use it with --cluster {path}; to fold a GPU calibration into a declared "
+              f"profile of the same GPU: python3 -m calibration.merge PROFILE {path}")
+
+
+GradLifetimeC = enum_of("grad_lifetime")
+
+
+@app.command()
+def validate(
+    plan: Annotated[str, typer.Argument(help="Plan file (planner search --out).")],
+    layers: Annotated[Optional[int], typer.Option(help="Truncate to N decoder layers (widths, N and degrees kept).")] = None,
+    steps: Annotated[int, typer.Option(help="Steps to run; the last one is compared.")] = 3,
+    rank: Annotated[Optional[int], typer.Option(help="Rank to run (default: the rank class that binds).")] = None,
+    grad_lifetime: Annotated[GradLifetimeC, typer.Option(help="freed: zero_grad(set_to_none=True) between steps; accumulate: gradients kept.")] = GradLifetimeC.freed,
+    json_out: Json = False,
+) -> None:
+    """Run the plan's own step on this GPU and print predicted beside measured memory per phase (needs torch and a GPU)."""
+    import importlib
+    import importlib.util
+
+    if importlib.util.find_spec("torch") is None:
+        raise InvalidPlan("planner validate", "torch", "is not installed (it needs the runtime extra)",
+                          "pip install 'moe-planner[runtime]' on a machine with a GPU")
+    runner = importlib.import_module("planner.runtime.validate")  # torch-side; loaded only here
+    raise typer.Exit(runner.main(plan, layers=layers, steps=steps, rank=rank, grad_lifetime=value(grad_lifetime),
+                                 json_out=json_out, console=out))
+
+
+@app.command()
+def models(json_out: Json = False) -> None:
+    """List the shipped model profiles."""
+    from planner.report.models_view import models_table
+
+    models_table(out, json_out)
+
+
+@app.command("import-hf")
+def import_hf(config: Annotated[str, typer.Argument(help="Hugging Face config.json")],
+              output: Annotated[Optional[str], typer.Option("-o", "--output", help="Write the model YAML here.", show_default="stdout")] = None,
+              name: Annotated[Optional[str], typer.Option(help="Profile name.", show_default="the config's folder or file stem")] = None) -> None:
+    """Turn a Hugging Face config.json into a model profile."""
+    from pathlib import Path
+
+    from planner.schema.hf_import import import_hf as _imp
+    from planner.schema.hf_import import profile_yaml
+    from planner.schema.io import check_writable, read_structured, write_text_atomic
+
+    if output:
+        check_writable(output, "--output")
+    data = read_structured(config)
+    if not isinstance(data, dict):
+        raise InvalidPlan(config, type(data).__name__, "must hold a JSON object", "pass a config.json")
+    from planner.api import refuse_planner_file
+
+    refuse_planner_file(data, config)
+    stem = Path(config).parent.name if Path(config).name == "config.json" else Path(config).stem
+    spec, warnings = _imp(data, name=name or stem)
+    for w in warnings:
+        err.print(f"[yellow]warning:[/] {w}")
+    text = profile_yaml(spec)
+    if output:
+        write_text_atomic(output, text, "--output")
+        err.print(f"wrote {output}: {spec.param_counts()['total'] / 1e9:.2f}B parameters")
+    else:
+        sys.stdout.write(text)
