@@ -90,7 +90,7 @@ def test_cli_starts_without_heavy_imports():
     assert res.stdout.strip() == "", f"core imported {res.stdout.strip()}"
 
 
-RUNTIME_MAY_IMPORT = {"schema", "errors", "units", "plans", "budget", "timing", "api"}
+RUNTIME_MAY_IMPORT = {"schema", "errors", "units", "plans", "context", "budget", "timing", "api"}
 """Core layers the runtime (operators, step harnesses, ``validate``) may import: the schema and plans it
 executes, and the model it is checked against; never the search, the report or the CLI."""
 CALIBRATION_MAY_IMPORT = {"schema", "errors", "units", "timing", "runtime"}
