@@ -18,6 +18,7 @@ from planner.budget.host import host_budget
 from planner.budget.peak import Evaluation, assumed_used, capacity_bytes, evaluate, outside_allocator_bytes
 from planner.budget.resolve import resolve_plan, seq_parallel_note
 from planner.budget.sensitivity import routing_sensitivity
+from planner.plans.routing import routing_basis
 from planner.budget.work_bounds import TooCostly
 from planner.budget.terms import LIVE_SETS, PHASE_KINDS
 from planner.errors import InvalidPlan, PlanError
@@ -306,6 +307,7 @@ class CheckReport:
             "derived": derived_symbols(self.ctx),
             "params": param_summary(self.planfile.model),
             "dispatch_bounds": self.extra.get("dispatch_bounds", {}),
+            "routing": self.extra.get("routing", {}),
             "routing_sensitivity": self.extra.get("routing_sensitivity", {}),
             "plan": planfile_doc(self.planfile, self.cluster_ref),
         }
@@ -340,7 +342,8 @@ def check_planfile(pf: PlanFile) -> CheckReport:
         planfile=resolved_planfile(pf, ctx), ctx=ctx, evaluation=ev, capacity_bytes=capacity_bytes(ctx),
         hbm_bytes=ctx.cluster.topology.hbm_bytes, outside_allocator_bytes=outside_allocator_bytes(ctx),
         host=host, assumed=assumed_used(ctx), provisional=provisional, binding=int(ev.binding_index),
-        extra={"dispatch_bounds": dispatch_bounds(ctx, ev), "step": step_summary(ctx)},
+        extra={"dispatch_bounds": dispatch_bounds(ctx, ev), "step": step_summary(ctx),
+               "routing": routing_basis(pf.model, pf.plan)},
         warnings=[n for n in (seq_parallel_note(pf.model, pf.workload, pf.plan),) if n],
     )
 
@@ -520,6 +523,12 @@ class SearchReport:
     routing_sensitivity: dict = field(default_factory=dict)
     """``{"composed": …, "baseline": …}``: the first-ranked plans' peaks and verdicts under
     balanced, the named skew and worst routing (``budget.sensitivity``)."""
+    routing: str | None = None
+    """The routing the user named (``None``: each plan's default, ``plans.routing.default_routing``)."""
+
+    def routing_basis(self, plan) -> dict:
+        """``{"routing", "default", "why"}`` of a candidate plan's verdict."""
+        return routing_basis(self.model, plan.model_copy(update={"routing": self.routing}))
 
     @property
     def chosen_stack(self) -> str:
@@ -564,7 +573,8 @@ class SearchReport:
             return None if c is None else {
                 "step_s": c.step_s, "tokens_per_s_per_gpu": c.tokens_per_s_per_gpu, "tflops_per_gpu": c.tflops_per_gpu,
                 "peak_bytes": c.peak_bytes, "host_bytes": c.host_bytes, "binding_phase": c.binding_phase,
-                "breakdown": c.breakdown, "plan": c.plan.model_dump(mode="json")}
+                "breakdown": c.breakdown, "routing": self.routing_basis(c.plan),
+                "plan": c.plan.model_dump(mode="json")}
         r = self.result
         ch = self.chosen
         return {"model": self.model.name, "world_size": self.world_size, "seq_len": self.workload.seq_len,
@@ -582,7 +592,7 @@ class SearchReport:
 
 
 def search(*, model: str, cluster: str | None = None, gpus: int, seq_len: int, global_batch_tokens: int | None = None,
-           routing: str = "balanced", dispatch_bound: str = "guarantee", dtype: str = "bf16", top: int = 5,
+           routing: str | None = None, dispatch_bound: str = "guarantee", dtype: str = "bf16", top: int = 5,
            stack: str = "best", cluster_overrides: dict | None = None, progress=None,
            min_headroom: float | None = None) -> SearchReport:
     """``planner search``: fastest fitting configurations and the fastest fitting FSDP2 baseline;
@@ -615,6 +625,7 @@ def search(*, model: str, cluster: str | None = None, gpus: int, seq_len: int, g
             for name, c in (("composed", res.top[0] if res.top else None), ("baseline", res.baseline)) if c}
     rep = SearchReport(pf.model, pf.cluster, pf.workload, gpus, res, time.perf_counter() - t0, stack, closest, ref)
     rep.routing_sensitivity = sens
+    rep.routing = routing
     return rep
 
 
@@ -653,7 +664,7 @@ class SweepRow:
     (``budget.sensitivity``); empty for a dense model, which has no dispatch."""
 
 
-def sweep(*, model: str, cluster: str | None = None, gpus: int, seq_lens: list[int], routing: str = "balanced",
+def sweep(*, model: str, cluster: str | None = None, gpus: int, seq_lens: list[int], routing: str | None = None,
           dtype: str = "bf16", global_batch_tokens: int | None = None, cluster_overrides: dict | None = None,
           progress=None, min_headroom: float | None = None) -> list[SweepRow]:
     """``planner sweep``: best composed plan and best baseline at each context length, with the
@@ -701,7 +712,7 @@ class MinGpusReport:
 
 
 def min_gpus(*, model: str, seq_len: int, cluster: str | None = None, cluster_overrides: dict | None = None,
-             routing: str = "balanced", dispatch_bound: str = "guarantee", dtype: str = "bf16",
+             routing: str | None = None, dispatch_bound: str = "guarantee", dtype: str = "bf16",
              max_gpus: int = MIN_GPUS_MAX, progress=None) -> MinGpusReport:
     """Smallest ``W = 2^k ≤ max_gpus`` for which some legal composed plan fits (HBM and host RAM),
     and the same for the FSDP2 baseline, by the memory model alone (the search's candidate space,

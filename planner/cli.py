@@ -85,6 +85,10 @@ class ACC(str, Enum):
     none = "none"
 
 
+ROUTING_DEFAULT = "the named skew where the dispatch has no launch-time bound, else balanced (README: routing)"
+"""``--help`` text of the routing default (``planner.plans.routing.default_routing``)."""
+
+
 def _d(name: str, part: str = "composed") -> str:
     """The ``--help`` default of a plan knob, read from the schema (one source per fact)."""
     from planner.schema.plan import BaselineKnobs, ComposedKnobs, Plan
@@ -189,7 +193,7 @@ def check(
     llep_alpha: Annotated[Optional[float], typer.Option(help="α: LLEP capacity factor.", show_default=_d("llep_alpha", "composed"))] = None,
     llep_min_tokens: Annotated[Optional[int], typer.Option(help="m: min tokens per spilled GEMM.", show_default=_d("llep_min_tokens", "composed"))] = None,
     llep_lambda: Annotated[Optional[float], typer.Option(help="λ: imbalance threshold.", show_default=_d("llep_lambda", "composed"))] = None,
-    routing: Annotated[Optional[str], typer.Option(help="balanced | worst | R/H (e.g. 80/16).", show_default=_d("routing", "plan"))] = None,
+    routing: Annotated[Optional[str], typer.Option(help="balanced | worst | R/H (e.g. 80/16).", show_default=ROUTING_DEFAULT)] = None,
     dispatch_bound: Annotated[Optional[BoundC], typer.Option(help="Dispatch size the verdict uses.", show_default=_d("dispatch_bound", "plan"))] = None,
     vocab: Annotated[Optional[VocabC], typer.Option(help="Vocabulary head.", show_default=_d("vocab", "composed"))] = None,
     vocab_parallel: Annotated[Optional[int], typer.Option(help="P: vocabulary group size.", show_default=_d("vocab_parallel", "composed"))] = None,
@@ -315,7 +319,7 @@ def search(
     seq_len: Annotated[str, typer.Option("--seq-len", help="S: context length (128k, 1m).")],
     cluster: Cluster = None, global_batch_tokens: GBT = None,
     hbm_gib: HbmGib = None, host_ram_gib: HostRamGib = None, gpus_per_node: GpusPerNode = None,
-    routing: Annotated[str, typer.Option(help="balanced | worst | R/H, for both stacks.")] = "balanced",
+    routing: Annotated[Optional[str], typer.Option(help="balanced | worst | R/H, for both stacks.", show_default=ROUTING_DEFAULT)] = None,
     dispatch_bound: Annotated[BoundC, typer.Option(help="Dispatch size the verdicts use.")] = BoundC.guarantee,
     dtype: Annotated[DtypeC, typer.Option(help="Activation dtype.")] = DtypeC.bf16,
     top: Annotated[int, typer.Option(help="How many composed plans to list.")] = 5,
@@ -367,7 +371,7 @@ def sweep(
     seq_lens: Annotated[str, typer.Option("--seq-lens", help="Comma-separated context lengths (32k,64k,...).")],
     cluster: Cluster = None, global_batch_tokens: GBT = None,
     hbm_gib: HbmGib = None, host_ram_gib: HostRamGib = None, gpus_per_node: GpusPerNode = None,
-    routing: Annotated[str, typer.Option(help="balanced | worst | R/H, for both stacks.")] = "balanced",
+    routing: Annotated[Optional[str], typer.Option(help="balanced | worst | R/H, for both stacks.", show_default=ROUTING_DEFAULT)] = None,
     dtype: Annotated[DtypeC, typer.Option(help="Activation dtype.")] = DtypeC.bf16,
     min_headroom: Annotated[Optional[float], typer.Option(
         help="Fraction of the usable capacity a chosen plan leaves free.", show_default=f"{MIN_HEADROOM}")] = None,
@@ -419,7 +423,7 @@ def min_gpus(
     seq_len: Annotated[str, typer.Option("--seq-len", help="S: context length (128k, 1m).")],
     cluster: Cluster = None,
     hbm_gib: HbmGib = None, host_ram_gib: HostRamGib = None, gpus_per_node: GpusPerNode = None,
-    routing: Annotated[str, typer.Option(help="balanced | worst | R/H, for both stacks.")] = "balanced",
+    routing: Annotated[Optional[str], typer.Option(help="balanced | worst | R/H, for both stacks.", show_default=ROUTING_DEFAULT)] = None,
     dispatch_bound: Annotated[BoundC, typer.Option(help="Dispatch size the verdicts use.")] = BoundC.guarantee,
     dtype: Annotated[DtypeC, typer.Option(help="Activation dtype.")] = DtypeC.bf16,
     max_gpus: Annotated[int, typer.Option(help="Largest W tried (powers of two).")] = 4096,

@@ -9,6 +9,7 @@ import numpy as np
 from planner.budget.context import Ctx
 from planner.budget.resolve import resolve_plan
 from planner.errors import InvalidPlan
+from planner.plans.routing import with_routing
 from planner.schema import ClusterSpec, ModelSpec, Plan, Workload, parse_routing
 from planner.units import DTYPE_BYTES, ceil_div
 
@@ -33,6 +34,7 @@ def make_context(model: ModelSpec, cluster: ClusterSpec, workload: Workload, pla
     """
     if not resolved:
         plan = resolve_plan(model, workload, plan)
+    plan = with_routing(model, plan)
     kind, hot_share, hot = parse_routing(plan.routing)
     check_routing(model, plan.routing)
     params = model.param_counts()

@@ -125,8 +125,10 @@ class Plan(Frozen):
     """Which stack runs: the composed operators or the FSDP2 baseline."""
     world_size: int = Field(gt=0, le=MAX_WORLD_SIZE)
     """``W`` (≤ 2^20): ranks (GPUs) in the job."""
-    routing: str = "balanced"
-    """Routing assumption shared by both stacks: ``balanced``, ``worst`` or a skew ``R/H``."""
+    routing: str | None = None
+    """Routing assumption shared by both stacks: ``balanced``, ``worst`` or a skew ``R/H``; ``None``:
+    the operator's default (``planner.plans.routing.default_routing``: the named skew where the
+    dispatch has no launch-time bound, else ``balanced``)."""
     dispatch_bound: DispatchBound = "guarantee"
     """Which dispatch size the verdict uses: the launch-time guarantee or the plan-evaluated
     expected size under ``routing``."""
@@ -139,9 +141,11 @@ class Plan(Frozen):
 
     @field_validator("routing")
     @classmethod
-    def _routing(cls, v: str) -> str:
+    def _routing(cls, v: str | None) -> str | None:
         from planner.errors import InvalidPlan
 
+        if v is None:
+            return v
         m = _SKEW.match(v)
         if v in ("balanced", "worst"):
             return v

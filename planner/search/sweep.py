@@ -25,7 +25,7 @@ class SweepPoint:
 
 
 def best_plans(model: ModelSpec, cluster: ClusterSpec, *, world_size: int, seq_lens: list[int],
-               routing: str = "balanced", dtype: str = "bf16", global_batch_tokens: int | None = None,
+               routing: str | None = None, dtype: str = "bf16", global_batch_tokens: int | None = None,
                progress=None, min_headroom: float | None = None) -> list[SweepPoint]:
     """Search each length; keep the fastest fitting plan of each stack (or its default)."""
     out = []
