@@ -421,6 +421,7 @@ class FrontierReport:
         out["grid"] = {"values": s.values.tolist(), "tokens_per_rank": s.tokens_per_rank.tolist(),
                        "peak_bytes": s.peak_bytes.tolist(), "host_bytes": s.host_bytes.tolist(),
                        "fits": s.fits.tolist()}
+        out["routing"] = routing_basis(self.planfile.model, self.planfile.plan)
         out["plan"] = planfile_doc(self.planfile, self.cluster_ref)
         return out
 
@@ -662,6 +663,8 @@ class SweepRow:
     routing_sensitivity: dict = field(default_factory=dict)
     """``{routing: {"peak_bytes", "fits_hbm"}}`` under balanced, the named skew and worst routing
     (``budget.sensitivity``); empty for a dense model, which has no dispatch."""
+    routing_basis: dict = field(default_factory=dict)
+    """``{"routing", "default", "why"}``: the routing of the verdict and why (``plans.routing``)."""
 
 
 def sweep(*, model: str, cluster: str | None = None, gpus: int, seq_lens: list[int], routing: str | None = None,
@@ -687,7 +690,8 @@ def sweep(*, model: str, cluster: str | None = None, gpus: int, seq_lens: list[i
             sens = routing_sensitivity(pf.model, pf.cluster, wl, plan) if pf.model.is_moe else {}
             rows.append(SweepRow(pt.seq_len, plan.stack, rep.fits, rep.peak_bytes, rep.capacity_bytes,
                                  {ls: rep.live_set_bytes(ls)[1] for ls in LIVE_SETS}, rep.binding_live_set,
-                                 cand.tokens_per_s_per_gpu if cand else None, rep.planfile.plan, sens))
+                                 cand.tokens_per_s_per_gpu if cand else None, rep.planfile.plan, sens,
+                                 routing_basis(pf.model, plan.model_copy(update={"routing": routing}))))
     return rows
 
 

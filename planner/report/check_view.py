@@ -173,6 +173,9 @@ def render_frontier(rep, console: Console) -> None:
         console.print(f"scanned {len(s.values)} batch sizes; {int(s.fits.sum())} fit; first failure at {fail_txt}; "
                       f"usable HBM {fmt_gib(s.capacity_bytes)}; `planner check --seqs-per-microbatch n` shows "
                       f"what binds")
+    rb = j.get("routing")
+    if rb and rep.planfile.model.is_moe:
+        console.print(f"routing of the verdicts: {rb['routing']} · {rb['why']}", markup=False, highlight=False)
 
 
 def sensitivity_text(rs: dict) -> str:
