@@ -47,18 +47,19 @@ load figure of a real router was found that could be read and cited. What was re
 kind of skew only: the LLEP paper (arXiv 2601.17111, abstract) observes that "even well-trained MoE
 models exhibit significantly imbalanced routing", and its benchmark command
 (SalesforceAIResearch/LeastLoadedEP README) sweeps ``--imbalance_configs "30:4,50:4,80:4,95:4"``.
-A model on which ``80/16`` is no top-k routing (``E < 16``) uses the largest valid ``H < 16`` (``named_skew``)."""
+A model with ``E < 16 + k`` uses the largest ``H`` that leaves cold experts (``named_skew``)."""
 
 
 def named_skew(num_experts: int, top_k: int) -> str:
     """``NAMED_SKEW`` on a model with ``E`` experts and top-``k``: the same hot share with the
-    largest ``H <= 16`` a top-k router can produce (``H >= k``, and ``E - H`` zero or ``>= k``;
-    ``planner.budget.build.check_routing``); ``worst`` where no such ``H`` exists."""
+    largest ``H <= 16`` that a top-k router can produce and that leaves the cold tokens their own
+    experts (``k <= H <= E - k``; ``planner.budget.build.check_routing``). Where none exists,
+    ``H = E`` (every token on the hot experts), or ``worst`` when even ``E < k``."""
     _, share, hot = parse_profile(NAMED_SKEW)
-    for h in range(min(hot, num_experts), 0, -1):
-        if h >= top_k and (num_experts - h == 0 or num_experts - h >= top_k):
-            return f"{round(share * 100)}/{h}"
-    return "worst"
+    h = min(hot, num_experts - top_k)
+    if h >= top_k:
+        return f"{round(share * 100)}/{h}"
+    return f"{round(share * 100)}/{num_experts}" if num_experts >= top_k else "worst"
 
 
 def launch_time_bound(plan) -> bool:
