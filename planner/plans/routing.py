@@ -76,15 +76,12 @@ def default_routing(model, plan) -> tuple[str, str]:
     if not model.is_moe:
         return BALANCED, "default: the model has no routed experts"
     if launch_time_bound(plan):
-        return BALANCED, ("default: PipelinedLLEP's guarantee holds for every routing, so the verdict "
-                          "does not depend on it")
-    op = ("the FSDP2 baseline's EP all-to-all" if plan.stack != "composed" else
+        return BALANCED, "default: PipelinedLLEP's guarantee holds for every routing"
+    op = ("the FSDP2 baseline's expert dispatch" if plan.stack != "composed" else
           {"ep": "standard EP", "llep": "LLEP's routed batch"}.get(plan.composed.dispatch,
                                                                      "PipelinedLLEP's expected size"))
     skew = named_skew(model.num_experts, model.top_k)
-    return skew, (f"default: {op} has no launch-time bound, so the verdict uses the named skew {skew} "
-                  "(a reference benchmark profile, not a measured router figure); "
-                  "name another with --routing")
+    return skew, f"default: {op} has no launch-time bound, so the named skew (a benchmark profile; README: routing)"
 
 
 def routing_basis(model, plan) -> dict:

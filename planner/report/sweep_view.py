@@ -53,9 +53,8 @@ def render_sweep(rows, console: Console) -> None:
                   *((_sensitivity_cell(r.routing_sensitivity),) if sens else ()))
     console.print(t)
     if any(r.routing_basis.get("default") for r in rows):
-        console.print("routing: each plan's default (README: routing): the named skew where the dispatch has no "
-                      "launch-time bound, balanced under PipelinedLLEP's guarantee; name one with --routing",
-                      markup=False, highlight=False)
+        console.print("routing: each plan's default (README: routing): the named skew without a launch-time bound, "
+                      "balanced under PipelinedLLEP's guarantee", markup=False, highlight=False)
 
 
 def _sensitivity_cell(rs: dict) -> str:
