@@ -15,6 +15,7 @@ from planner.budget.host import host_budget
 from planner.budget.peak import Evaluation, assumed_used, capacity_bytes, evaluate, outside_allocator_bytes
 from planner.context.resolve import seq_parallel_note
 from planner.budget.sensitivity import routing_sensitivity
+from planner.plans.routing import routing_basis
 from planner.budget.terms import LIVE_SETS, PHASE_KINDS
 from planner.budget.work_bounds import TooCostly
 from planner.schema import PlanFile
@@ -140,6 +141,7 @@ class CheckReport:
             "derived": derived_symbols(self.ctx),
             "params": param_summary(self.planfile.model),
             "dispatch_bounds": self.extra.get("dispatch_bounds", {}),
+            "routing": self.extra.get("routing", {}),
             "routing_sensitivity": self.extra.get("routing_sensitivity", {}),
             "plan": planfile_doc(self.planfile, self.cluster_ref),
         }
@@ -174,7 +176,8 @@ def check_planfile(pf: PlanFile) -> CheckReport:
         planfile=resolved_planfile(pf, ctx), ctx=ctx, evaluation=ev, capacity_bytes=capacity_bytes(ctx),
         hbm_bytes=ctx.cluster.topology.hbm_bytes, outside_allocator_bytes=outside_allocator_bytes(ctx),
         host=host, assumed=assumed_used(ctx), provisional=provisional, binding=int(ev.binding_index),
-        extra={"dispatch_bounds": dispatch_bounds(ctx, ev), "step": step_summary(ctx)},
+        extra={"dispatch_bounds": dispatch_bounds(ctx, ev), "step": step_summary(ctx),
+               "routing": routing_basis(pf.model, pf.plan)},
         warnings=[n for n in (seq_parallel_note(pf.model, pf.workload, pf.plan),) if n],
     )
 

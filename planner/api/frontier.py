@@ -8,6 +8,7 @@ from typing import Any
 from planner.api.build import build
 from planner.context.resolve import resolve_plan
 from planner.errors import InvalidPlan
+from planner.plans.routing import routing_basis
 from planner.schema import PlanFile
 from planner.schema.cluster_ref import planfile_doc
 
@@ -39,6 +40,7 @@ class FrontierReport:
         out["grid"] = {"values": s.values.tolist(), "tokens_per_rank": s.tokens_per_rank.tolist(),
                        "peak_bytes": s.peak_bytes.tolist(), "host_bytes": s.host_bytes.tolist(),
                        "fits": s.fits.tolist()}
+        out["routing"] = routing_basis(self.planfile.model, self.planfile.plan)
         out["plan"] = planfile_doc(self.planfile, self.cluster_ref)
         return out
 

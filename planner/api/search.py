@@ -9,6 +9,7 @@ from planner.api.build import build
 from planner.api.check import CheckReport, check_planfile
 from planner.api.frontier import _headroom
 from planner.budget.sensitivity import routing_sensitivity
+from planner.plans.routing import routing_basis
 from planner.errors import InvalidPlan, PlanError
 from planner.schema import PlanFile, Workload
 from planner.schema.cluster_ref import planfile_doc
@@ -74,6 +75,12 @@ class SearchReport:
     routing_sensitivity: dict = field(default_factory=dict)
     """``{"composed": …, "baseline": …}``: the first-ranked plans' peaks and verdicts under
     balanced, the named skew and worst routing (``budget.sensitivity``)."""
+    routing: str | None = None
+    """The routing the user named (``None``: each plan's default, ``plans.routing.default_routing``)."""
+
+    def routing_basis(self, plan) -> dict:
+        """``{"routing", "default", "why"}`` of a candidate plan's verdict."""
+        return routing_basis(self.model, plan.model_copy(update={"routing": self.routing}))
 
     @property
     def chosen_stack(self) -> str:
@@ -118,7 +125,8 @@ class SearchReport:
             return None if c is None else {
                 "step_s": c.step_s, "tokens_per_s_per_gpu": c.tokens_per_s_per_gpu, "tflops_per_gpu": c.tflops_per_gpu,
                 "peak_bytes": c.peak_bytes, "host_bytes": c.host_bytes, "binding_phase": c.binding_phase,
-                "breakdown": c.breakdown, "plan": c.plan.model_dump(mode="json")}
+                "breakdown": c.breakdown, "routing": self.routing_basis(c.plan),
+                "plan": c.plan.model_dump(mode="json")}
         r = self.result
         ch = self.chosen
         return {"model": self.model.name, "world_size": self.world_size, "seq_len": self.workload.seq_len,
@@ -136,7 +144,7 @@ class SearchReport:
 
 
 def search(*, model: str, cluster: str | None = None, gpus: int, seq_len: int, global_batch_tokens: int | None = None,
-           routing: str = default("routing"), dispatch_bound: str = default("dispatch_bound"), dtype: str = default("dtype"), top: int = 5,
+           routing: str | None = default("routing"), dispatch_bound: str = default("dispatch_bound"), dtype: str = default("dtype"), top: int = 5,
            stack: str = "best", cluster_overrides: dict | None = None, progress=None,
            min_headroom: float | None = None) -> SearchReport:
     """``planner search``: fastest fitting configurations and the fastest fitting FSDP2 baseline;
@@ -169,6 +177,7 @@ def search(*, model: str, cluster: str | None = None, gpus: int, seq_len: int, g
             for name, c in (("composed", res.top[0] if res.top else None), ("baseline", res.baseline)) if c}
     rep = SearchReport(pf.model, pf.cluster, pf.workload, gpus, res, time.perf_counter() - t0, stack, closest, ref)
     rep.routing_sensitivity = sens
+    rep.routing = routing
     return rep
 
 

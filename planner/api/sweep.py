@@ -11,6 +11,7 @@ from planner.api.frontier import _headroom
 from planner.budget.sensitivity import routing_sensitivity
 from planner.budget.terms import LIVE_SETS
 from planner.errors import Infeasible, InvalidPlan
+from planner.plans.routing import routing_basis
 from planner.schema import PlanFile, Workload
 from planner.schema.io import validate
 from planner.schema.knobs import default
@@ -33,9 +34,11 @@ class SweepRow:
     routing_sensitivity: dict = field(default_factory=dict)
     """``{routing: {"peak_bytes", "fits_hbm"}}`` under balanced, the named skew and worst routing
     (``budget.sensitivity``); empty for a dense model, which has no dispatch."""
+    routing_basis: dict = field(default_factory=dict)
+    """``{"routing", "default", "why"}``: the routing of the verdict and why (``plans.routing``)."""
 
 
-def sweep(*, model: str, cluster: str | None = None, gpus: int, seq_lens: list[int], routing: str = default("routing"),
+def sweep(*, model: str, cluster: str | None = None, gpus: int, seq_lens: list[int], routing: str | None = default("routing"),
           dtype: str = default("dtype"), global_batch_tokens: int | None = None, cluster_overrides: dict | None = None,
           progress=None, min_headroom: float | None = None) -> list[SweepRow]:
     """``planner sweep``: best composed plan and best baseline at each context length, with the
@@ -58,7 +61,8 @@ def sweep(*, model: str, cluster: str | None = None, gpus: int, seq_lens: list[i
             sens = routing_sensitivity(pf.model, pf.cluster, wl, plan) if pf.model.is_moe else {}
             rows.append(SweepRow(pt.seq_len, plan.stack, rep.fits, rep.peak_bytes, rep.capacity_bytes,
                                  {ls: rep.live_set_bytes(ls)[1] for ls in LIVE_SETS}, rep.binding_live_set,
-                                 cand.tokens_per_s_per_gpu if cand else None, rep.planfile.plan, sens))
+                                 cand.tokens_per_s_per_gpu if cand else None, rep.planfile.plan, sens,
+                                 routing_basis(pf.model, plan.model_copy(update={"routing": routing}))))
     return rows
 
 
@@ -83,7 +87,7 @@ class MinGpusReport:
 
 
 def min_gpus(*, model: str, seq_len: int, cluster: str | None = None, cluster_overrides: dict | None = None,
-             routing: str = default("routing"), dispatch_bound: str = default("dispatch_bound"), dtype: str = default("dtype"),
+             routing: str | None = default("routing"), dispatch_bound: str = default("dispatch_bound"), dtype: str = default("dtype"),
              max_gpus: int = MIN_GPUS_MAX, progress=None) -> MinGpusReport:
     """Smallest ``W = 2^k ≤ max_gpus`` for which some legal composed plan fits (HBM and host RAM),
     and the same for the FSDP2 baseline, by the memory model alone (the search's candidate space,

@@ -12,17 +12,19 @@ import numpy as np
 
 from planner.budget.build import make_context
 from planner.budget.peak import capacity_bytes, evaluate
-from planner.plans.routing import NAMED_SKEW
+from planner.plans.routing import NAMED_SKEW, named_skew
 
 ROUTINGS = ("balanced", NAMED_SKEW, "worst")
-"""The routings of the sensitivity, in print order."""
+"""The routings of the sensitivity, in print order (``NAMED_SKEW`` becomes ``named_skew`` of the
+model where ``80/16`` is no top-k routing of it)."""
 
 
 def routing_sensitivity(model, cluster, workload, plan) -> dict[str, dict]:
     """``{routing: {"peak_bytes", "fits_hbm"}}`` for each of ``ROUTINGS`` (HBM verdict only: the
     host does not depend on the routing)."""
     out = {}
-    for r in ROUTINGS:
+    skew = named_skew(model.num_experts, model.top_k)
+    for r in (ROUTINGS[0], skew, ROUTINGS[2]):
         ctx = make_context(model, cluster, workload, plan.model_copy(update={"routing": r}))
         peak = int(np.max(evaluate(ctx).peak_bytes))
         out[r] = {"peak_bytes": peak, "fits_hbm": bool(peak <= capacity_bytes(ctx))}

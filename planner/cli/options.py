@@ -9,6 +9,7 @@ import typer
 
 from planner.budget.frontier import MIN_HEADROOM
 from planner.schema.knobs import KNOBS, Knob, default, enum_of
+from planner.schema.plan import ROUTING_DEFAULT_TEXT
 from planner.units import parse_count
 
 
@@ -45,7 +46,8 @@ def headroom_option(what: str):
         help=f"Fraction of the usable capacity {what} leaves free.", show_default=f"{MIN_HEADROOM}")]
 
 
-Routing = Annotated[str, typer.Option(help="balanced | worst | R/H, for both stacks.")]
+Routing = Annotated[Optional[str], typer.Option(help="balanced | worst | R/H, for both stacks.",
+                                                show_default=ROUTING_DEFAULT_TEXT)]
 DispatchBoundC = enum_of("dispatch_bound")
 DtypeC = enum_of("dtype")
 BoundOpt = Annotated[DispatchBoundC, typer.Option(help="Dispatch size the verdicts use.")]

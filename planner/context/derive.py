@@ -9,6 +9,7 @@ import numpy as np
 
 from planner.context.ctx import CTX_FIELDS, Ctx
 from planner.context.resolve import resolve_plan
+from planner.plans.routing import with_routing
 from planner.errors import InvalidPlan
 from planner.schema import ClusterSpec, ModelSpec, Plan, Workload, parse_routing
 from planner.schema.knobs import BASELINE_KEYS, COMPOSED_KEYS
@@ -36,6 +37,7 @@ def derive_context(model: ModelSpec, cluster: ClusterSpec, workload: Workload, p
     """
     if not resolved:
         plan = resolve_plan(model, workload, plan)
+    plan = with_routing(model, plan)
     kind, hot_share, hot = parse_routing(plan.routing)
     check_routing(model, plan.routing)
     params = model.param_counts()

@@ -6,6 +6,7 @@ Every rejection is one line: ``knob (value) must relation other (value); fix: â€
 from __future__ import annotations
 
 from planner.errors import InvalidPlan
+from planner.plans.routing import with_routing
 from planner.schema import BaselineKnobs, ComposedKnobs, ModelSpec, Plan, Workload
 
 
@@ -154,7 +155,10 @@ def resolve_baseline(model: ModelSpec, workload: Workload, plan: Plan) -> Baseli
 
 
 def resolve_plan(model: ModelSpec, workload: Workload, plan: Plan) -> Plan:
-    """Return ``plan`` with both stacks' defaults filled in and every degree validated."""
+    """Return ``plan`` with both stacks' defaults filled in (the routing included,
+    ``plans.routing.default_routing``) and every degree validated."""
     if plan.stack == "composed":
-        return plan.model_copy(update={"composed": resolve_composed(model, workload, plan)})
-    return plan.model_copy(update={"baseline": resolve_baseline(model, workload, plan)})
+        plan = plan.model_copy(update={"composed": resolve_composed(model, workload, plan)})
+    else:
+        plan = plan.model_copy(update={"baseline": resolve_baseline(model, workload, plan)})
+    return with_routing(model, plan)

@@ -35,9 +35,68 @@ ONE_RANK = "one_rank"
 ADVERSARIAL = (ONE_EXPERT, ONE_RANK)
 _SKEW = re.compile(r"^(\d+)/(\d+)$")
 NAMED_SKEW = "80/16"
-"""The skew the routing sensitivity reports beside ``balanced`` and ``worst``: the reference
-benchmark's hardest named profile (80% of the tokens on 16 hot experts; reference/paper-figures.md,
-shape A). It is a benchmark profile, not a measured production-router figure."""
+"""The skew named beside ``balanced`` and ``worst`` in the routing sensitivity, and the DEFAULT
+routing of the verdict of every plan whose dispatch has no launch-time bound (standard EP, LLEP's
+whole routed batch, the FSDP2 baseline's EP all-to-all; ``default_routing``): 80% of a rank's
+tokens on hot experts, their routes on experts ``0..k-1`` (DESIGN §3.2 profiles).
+
+Source: one of the reference benchmark's named profiles (balanced, 30/16, 80/16, 95/16, 50/4;
+reference/paper-figures.md, shapes A and B; at shape B it takes standard EP from 21.3 to 64.6 GiB).
+It is a benchmark profile, not a measured production-router figure: no per-micro-batch, per-rank
+load figure of a real router was found that could be read and cited. What was read supports the
+kind of skew only: the LLEP paper (arXiv 2601.17111, abstract) observes that "even well-trained MoE
+models exhibit significantly imbalanced routing", and its benchmark command
+(SalesforceAIResearch/LeastLoadedEP README) sweeps ``--imbalance_configs "30:4,50:4,80:4,95:4"``.
+A model with ``E < 16 + k`` uses the largest ``H`` that leaves cold experts (``named_skew``)."""
+
+
+def named_skew(num_experts: int, top_k: int) -> str:
+    """``NAMED_SKEW`` on a model with ``E`` experts and top-``k``: the same hot share with the
+    largest ``H <= 16`` that a top-k router can produce and that leaves the cold tokens their own
+    experts (``k <= H <= E - k``; ``planner.budget.build.check_routing``). Where none exists,
+    ``H = E`` (every token on the hot experts), or ``worst`` when even ``E < k``."""
+    _, share, hot = parse_profile(NAMED_SKEW)
+    h = min(hot, num_experts - top_k)
+    if h >= top_k:
+        return f"{round(share * 100)}/{h}"
+    return f"{round(share * 100)}/{num_experts}" if num_experts >= top_k else "worst"
+
+
+def launch_time_bound(plan) -> bool:
+    """Whether the plan's dispatch has a launch-time bound: PipelinedLLEP sized under its guarantee
+    (DESIGN §3.2). Standard EP, LLEP's routed batch, PipelinedLLEP's ``expected`` size and the
+    FSDP2 baseline's EP all-to-all are sized by the routing the router draws."""
+    return plan.stack == "composed" and plan.composed.dispatch == "pipelined_llep" and \
+        plan.dispatch_bound == "guarantee"
+
+
+def default_routing(model, plan) -> tuple[str, str]:
+    """``(routing, why)`` for a plan that names no routing: ``balanced`` where the routing cannot
+    move the verdict's dispatch (a dense model, or a launch-time bound), else the named skew."""
+    if not model.is_moe:
+        return BALANCED, "default: the model has no routed experts"
+    if launch_time_bound(plan):
+        return BALANCED, "default: PipelinedLLEP's guarantee holds for every routing"
+    op = ("the FSDP2 baseline's expert dispatch" if plan.stack != "composed" else
+          {"ep": "standard EP", "llep": "LLEP's routed batch"}.get(plan.composed.dispatch,
+                                                                     "PipelinedLLEP's expected size"))
+    skew = named_skew(model.num_experts, model.top_k)
+    return skew, f"default: {op} has no launch-time bound, so the named skew (a benchmark profile; README: routing)"
+
+
+def routing_basis(model, plan) -> dict:
+    """``{"routing", "default", "why"}``: the routing the verdict of ``plan`` uses and why."""
+    if plan.routing is not None:
+        return {"routing": plan.routing, "default": False, "why": "given (--routing or the plan file)"}
+    r, why = default_routing(model, plan)
+    return {"routing": r, "default": True, "why": why}
+
+
+def with_routing(model, plan):
+    """``plan`` with its routing filled in (``default_routing`` when it names none)."""
+    if plan.routing is not None:
+        return plan
+    return plan.model_copy(update={"routing": default_routing(model, plan)[0]})
 
 
 def parse_profile(profile: str) -> tuple[str, float, int]:

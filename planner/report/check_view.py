@@ -99,6 +99,9 @@ def render_check(rep, console: Console, explain: bool = False) -> None:
     rs = rep.extra.get("routing_sensitivity")
     if rs and rep.ctx.model.is_moe:
         console.print("routing sensitivity (HBM peak): " + sensitivity_text(rs))
+    rb = rep.extra.get("routing")
+    if rb and rep.ctx.model.is_moe:
+        console.print(f"routing of the verdict: {rb['routing']} · {rb['why']}", markup=False, highlight=False)
     h = rep.host
     console.print(f"host RAM per node ({h.ranks_per_node} ranks): {fmt_gib(h.bytes)} of {fmt_gib(h.capacity_bytes)} "
                   f"usable (baseline {fmt_gib(h.baseline_bytes)}, optimizer {fmt_gib(h.optimizer_bytes)}, "
@@ -170,6 +173,9 @@ def render_frontier(rep, console: Console) -> None:
         console.print(f"scanned {len(s.values)} batch sizes; {int(s.fits.sum())} fit; first failure at {fail_txt}; "
                       f"usable HBM {fmt_gib(s.capacity_bytes)}; `planner check --seqs-per-microbatch n` shows "
                       f"what binds")
+    rb = j.get("routing")
+    if rb and rep.planfile.model.is_moe:
+        console.print(f"routing of the verdicts: {rb['routing']} · {rb['why']}", markup=False, highlight=False)
 
 
 def sensitivity_text(rs: dict) -> str:

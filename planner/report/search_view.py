@@ -48,13 +48,15 @@ def render_search(rep, console: Console) -> None:
     """Top composed plans, the best FSDP2 baseline, and the rejection tallies."""
     r = rep.result
     console.print(f"[bold]{rep.model.name}[/] on {rep.world_size} × {rep.cluster.topology.gpu_name} at "
-                  f"S = {fmt_count(rep.workload.seq_len)} · routing {r.top[0].plan.routing if r.top else 'balanced'}")
+                  f"S = {fmt_count(rep.workload.seq_len)} · routing "
+                  + (rep.routing if getattr(rep, "routing", None) else "each plan's default (README: routing)"))
     t = Table(title="fastest configurations that fit")
     for col in ("#", "stack", "configuration", "step s", "tok/s/GPU", "TFLOP/s/GPU", "peak GiB", "binds in"):
         t.add_column(col, justify="left" if col in ("stack", "configuration", "binds in") else "right")
     rows = [(str(i + 1), c) for i, c in enumerate(r.top)] + ([("base", r.baseline)] if r.baseline else [])
     for tag, c in rows:
-        t.add_row(tag, "composed" if c.plan.stack == "composed" else "FSDP2", _knobs(c.plan), f"{c.step_s:.4f}",
+        t.add_row(tag, "composed" if c.plan.stack == "composed" else "FSDP2", _knobs(c.plan),
+                  f"{c.step_s:.4f}",
                   f"{c.tokens_per_s_per_gpu:,.0f}", f"{c.tflops_per_gpu:.0f}", f"{gib(c.peak_bytes):.1f}",
                   c.binding_phase, end_section=tag == str(len(r.top)))
     console.print(t)
@@ -77,6 +79,13 @@ def render_search(rep, console: Console) -> None:
         for name, label in (("composed", "#1"), ("baseline", "base")):
             if name in sens:
                 console.print(f"routing sensitivity of {label} (HBM peak): {sensitivity_text(sens[name])}")
+        if hasattr(rep, "routing_basis"):
+            groups: dict[tuple, list[str]] = {}
+            for tag, c in rows:
+                b = rep.routing_basis(c.plan)
+                groups.setdefault((b["routing"], b["why"]), []).append("#" + tag if tag != "base" else tag)
+            for (routing, why), tags in groups.items():
+                console.print(f"routing of {', '.join(tags)}: {routing} · {why}", markup=False, highlight=False)
     console.print(f"composed: {r.tally.text()}")
     console.print(f"FSDP2:    {r.baseline_tally.text()}")
     if r.assumed:

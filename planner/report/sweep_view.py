@@ -24,7 +24,8 @@ def frame(rows):
 
     recs = []
     for r in rows:
-        rec = {"seq_len": r.seq_len, "stack": r.stack, "plan": plan_summary(r.plan), "fits": r.fits,
+        rec = {"seq_len": r.seq_len, "stack": r.stack, "plan": plan_summary(r.plan),
+               "routing": r.plan.routing, "routing_why": r.routing_basis.get("why"), "fits": r.fits,
                "peak_gib": r.peak_bytes / GiB,
                "capacity_gib": r.capacity_bytes / GiB, "binding_live_set": r.binding_live_set,
                "tokens_per_s_per_gpu": r.tokens_per_s_per_gpu}
@@ -40,16 +41,20 @@ def frame(rows):
 def render_sweep(rows, console: Console) -> None:
     t = Table(title="sweep: best composed plan vs best FSDP2 baseline")
     sens = any(r.routing_sensitivity for r in rows)
-    cols = ("S", "stack", "plan", "verdict", "peak GiB", "binding live set", "tok/s/GPU") + (
+    cols = ("S", "stack", "plan", "routing", "verdict", "peak GiB", "binding live set", "tok/s/GPU") + (
         ("peak GiB by routing",) if sens else ())
     for col in cols:
         t.add_column(col, justify="right" if col in ("S", "peak GiB", "tok/s/GPU") else "left")
     for r in rows:
         t.add_row(fmt_count(r.seq_len), "composed" if r.stack == "composed" else "FSDP2", plan_summary(r.plan),
+                  r.plan.routing + ("" if r.routing_basis.get("default", True) else " (given)"),
                   "[green]fits[/]" if r.fits else "[red]no fit[/]", f"{gib(r.peak_bytes):.1f}", r.binding_live_set,
                   f"{r.tokens_per_s_per_gpu:,.0f}" if r.tokens_per_s_per_gpu else "·",
                   *((_sensitivity_cell(r.routing_sensitivity),) if sens else ()))
     console.print(t)
+    if any(r.routing_basis.get("default") for r in rows):
+        console.print("routing: each plan's default (README: routing): the named skew without a launch-time bound, "
+                      "balanced under PipelinedLLEP's guarantee", markup=False, highlight=False)
 
 
 def _sensitivity_cell(rs: dict) -> str:

@@ -39,6 +39,9 @@ class Cli:
     live: tuple[str, tuple[str, ...]] | None = None
 
 
+ROUTING_DEFAULT_TEXT = "the named skew where the dispatch has no launch-time bound, else balanced (README: routing)"
+"""``--help`` text of the routing default (``planner.plans.routing.default_routing``)."""
+
 _SKEW = re.compile(r"^([0-9]{1,3})/([0-9]{1,9})$", re.ASCII)
 """``R/H`` in ASCII digits (``\\d`` would take any script's digits, which ``int`` reads)."""
 
@@ -142,8 +145,10 @@ class Plan(Frozen):
     """Which stack runs: the composed operators or the FSDP2 baseline."""
     world_size: int = Field(gt=0, le=MAX_WORLD_SIZE)
     """``W`` (≤ 2^20): ranks (GPUs) in the job."""
-    routing: Annotated[str, Cli("balanced | worst | R/H (e.g. 80/16).")] = "balanced"
-    """Routing assumption shared by both stacks: ``balanced``, ``worst`` or a skew ``R/H``."""
+    routing: Annotated[str | None, Cli("balanced | worst | R/H (e.g. 80/16).", show_default=ROUTING_DEFAULT_TEXT)] = None
+    """Routing assumption shared by both stacks: ``balanced``, ``worst`` or a skew ``R/H``; ``None``:
+    the operator's default (``planner.plans.routing.default_routing``: the named skew where the
+    dispatch has no launch-time bound, else ``balanced``)."""
     dispatch_bound: Annotated[DispatchBound, Cli("Dispatch size the verdict uses.")] = "guarantee"
     """Which dispatch size the verdict uses: the launch-time guarantee or the plan-evaluated
     expected size under ``routing``."""
@@ -156,9 +161,11 @@ class Plan(Frozen):
 
     @field_validator("routing")
     @classmethod
-    def _routing(cls, v: str) -> str:
+    def _routing(cls, v: str | None) -> str | None:
         from planner.errors import InvalidPlan
 
+        if v is None:
+            return v
         m = _SKEW.match(v)
         if v in ("balanced", "worst"):
             return v

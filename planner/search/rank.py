@@ -12,6 +12,7 @@ from typing import Callable
 import numpy as np
 
 from planner.budget.frontier import MIN_HEADROOM
+from planner.plans.routing import launch_time_bound, with_routing
 from planner.schema import ClusterSpec, ModelSpec, Plan, Workload
 from planner.search.evaluate import Evaluated, Tally, evaluate_group, group_plan
 from planner.search.space import baseline_groups, composed_groups
@@ -55,12 +56,9 @@ def _plan_of(ev: Evaluated, i: int) -> Plan:
 
 
 def bounded_dispatch(plan: Plan) -> bool:
-    """Whether the plan's verdict holds for every routing: PipelinedLLEP under its guarantee, or any
-    operator sized under ``worst`` routing (dense models have no dispatch)."""
-    if plan.routing == "worst":
-        return True
-    return plan.stack == "composed" and plan.composed.dispatch == "pipelined_llep" and \
-        plan.dispatch_bound == "guarantee"
+    """Whether the plan's verdict holds for every routing: a launch-time bound
+    (``plans.routing.launch_time_bound``), or any operator sized under ``worst`` routing."""
+    return plan.routing == "worst" or launch_time_bound(plan)
 
 
 
@@ -117,7 +115,7 @@ def _candidates(evs: list[Evaluated], n: int) -> list[Candidate]:
 
 
 def search(model: ModelSpec, cluster: ClusterSpec, workload: Workload, *, world_size: int,
-           routing: str = knob_default("routing"), dispatch_bound: str = knob_default("dispatch_bound"), dtype: str = knob_default("dtype"), top: int = 5,
+           routing: str | None = knob_default("routing"), dispatch_bound: str = knob_default("dispatch_bound"), dtype: str = knob_default("dtype"), top: int = 5,
            time_fn: Callable | None = None, progress: Callable[[int, int], None] | None = None,
            min_headroom: float = MIN_HEADROOM) -> SearchResult:
     """Search the composed space and the FSDP2 space; rank the fitting candidates by step time."""
@@ -127,7 +125,7 @@ def search(model: ModelSpec, cluster: ClusterSpec, workload: Workload, *, world_
     tally, btally = Tally(), Tally()
     comp, base, gaps, assumed = [], [], [], []
     for j, g in enumerate(groups):
-        plan = group_plan(g, world_size, routing, dispatch_bound, dtype)
+        plan = with_routing(model, group_plan(g, world_size, routing, dispatch_bound, dtype))
         t = tally if g.stack == "composed" else btally
         ev = evaluate_group(g, model, cluster, workload, plan, t, time_fn, min_headroom)
         if ev is not None:
@@ -141,7 +139,7 @@ def search(model: ModelSpec, cluster: ClusterSpec, workload: Workload, *, world_
 
 
 def lowest_peak(model: ModelSpec, cluster: ClusterSpec, workload: Workload, *, world_size: int, stack: str,
-                routing: str = knob_default("routing"), dispatch_bound: str = knob_default("dispatch_bound"), dtype: str = knob_default("dtype"),
+                routing: str | None = knob_default("routing"), dispatch_bound: str = knob_default("dispatch_bound"), dtype: str = knob_default("dtype"),
                 host_fallback: bool = False) -> tuple[Plan, int, int]:
     """Memory only: the legal candidate of ``stack`` with the lowest per-rank peak among those that fit
     the host (``(plan, peak_bytes, fitting_count)``); no time model. Answers "does anything fit, and
@@ -163,7 +161,7 @@ def lowest_peak(model: ModelSpec, cluster: ClusterSpec, workload: Workload, *, w
     fitting = 0
     skipped = None
     for g in groups:
-        plan = group_plan(g, world_size, routing, dispatch_bound, dtype)
+        plan = with_routing(model, group_plan(g, world_size, routing, dispatch_bound, dtype))
         try:
             ctx = make_context(model, cluster, workload, plan, resolved=True, overrides=dict(g.numeric))
             peak = np.broadcast_to(evaluate(ctx, critical=True, per_term=False).peak_bytes, (g.size,))

@@ -27,7 +27,7 @@ class SweepPoint:
 
 
 def best_plans(model: ModelSpec, cluster: ClusterSpec, *, world_size: int, seq_lens: list[int],
-               routing: str = knob_default("routing"), dtype: str = knob_default("dtype"), global_batch_tokens: int | None = None,
+               routing: str | None = knob_default("routing"), dtype: str = knob_default("dtype"), global_batch_tokens: int | None = None,
                progress=None, min_headroom: float | None = None) -> list[SweepPoint]:
     """Search each length; keep the fastest fitting plan of each stack (or its default)."""
     out = []

@@ -9,6 +9,7 @@ from typer.testing import CliRunner
 
 from planner import api
 from planner.budget.sensitivity import ROUTINGS
+from planner.plans.routing import NAMED_SKEW
 from planner.cli import app
 
 
@@ -18,7 +19,11 @@ def test_sweep_rows_carry_the_sensitivity_of_their_own_plan():
     for r in rows:
         assert list(r.routing_sensitivity) == list(ROUTINGS)
         bal = r.routing_sensitivity["balanced"]
-        assert bal["peak_bytes"] == r.peak_bytes          # the sweep's own routing is balanced
+        # the row's verdict uses its plan's default routing: balanced under PipelinedLLEP's
+        # guarantee, the named skew for the FSDP2 baseline's EP all-to-all (no launch-time bound)
+        own = "balanced" if r.stack == "composed" and r.plan.composed.dispatch == "pipelined_llep" else NAMED_SKEW
+        assert r.plan.routing == own and r.routing_basis["default"]
+        assert r.routing_sensitivity[own]["peak_bytes"] == r.peak_bytes
         assert r.routing_sensitivity["worst"]["peak_bytes"] >= bal["peak_bytes"]
         for v in r.routing_sensitivity.values():
             assert v["fits_hbm"] == (v["peak_bytes"] <= r.capacity_bytes)
@@ -31,7 +36,8 @@ def test_sweep_json_and_table_show_it():
     res = CliRunner().invoke(app, ["sweep", "gpt-oss-20b", "--gpus", "8", "--seq-lens", "128k", "--json"])
     assert res.exit_code == 0, res.output
     recs = json.loads(res.output)
-    assert {"peak_gib_balanced", "peak_gib_80_16", "peak_gib_worst", "fits_hbm_worst"} <= set(recs[0])
+    assert {"peak_gib_balanced", "peak_gib_80_16", "peak_gib_worst", "fits_hbm_worst", "routing"} <= set(recs[0])
+    assert {r["stack"]: r["routing"] for r in recs}["fsdp2"] == NAMED_SKEW
     res = CliRunner().invoke(app, ["sweep", "gpt-oss-20b", "--gpus", "8", "--seq-lens", "128k", "--no-progress"])
     assert res.exit_code == 0 and "peak GiB by routing" in res.output
 

@@ -55,7 +55,8 @@ def _check(*extra) -> dict:
 
 
 def test_shape_a_prints_both_dispatch_bounds_with_formulas():
-    g, e = _check("--dispatch-bound", "guarantee"), _check("--dispatch-bound", "expected")
+    # one routing for both: by default the expected size (no launch-time bound) uses the named skew
+    g, e = (_check("--routing", "balanced", "--dispatch-bound", b) for b in ("guarantee", "expected"))
     assert g["derived"]["tokens_per_rank"] == 65536 and g["derived"]["num_chunks"] == 10
     for doc in (g, e):
         terms = doc["live_sets"]["dispatch"]["terms"]
