@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from planner.budget.build import make_context
-from planner.budget.resolve import resolve_plan
+from planner.context.resolve import resolve_plan
 from planner.plans.routing import NAMED_SKEW, default_routing, launch_time_bound, routing_basis
 from planner.schema import ModelSpec, Plan, Workload
 from planner.schema.io import load_cluster, load_model
