@@ -10,6 +10,12 @@ inside a non-reentrant region checkpoint:
     backward[r]  recomputed x N·H; gate, up, silu·up saved for down, the gradient of silu·up:
                  4·N·I                                                             (b)
 
+Every MLP-side region's backward first recomputes its input RMSNorm with grad, which saves the
+fp32 input ``x.float()`` ``N·H`` (fp32) and the cast ``y.to(b)`` ``N·H`` (b) for the norm's
+backward, live through the dispatch or FFN backward: the ``ffn_norm recompute`` terms (the normed
+output and the gradient into it take the places of the region input and the outgoing boundary
+gradient, which are not live then).
+
 (the region's input, output and boundary gradients are ``boundaries``; its weights and their
 unreduced gradients ``gathered``). Dense regions: ``I = I_d``; the forward is confirmed by the
 region trace (``tests/trace/test_step_trace.py``), the backward read off the inventory (provisional). Shared experts (``I = I_s``) run after the routed experts,
@@ -27,6 +33,9 @@ from planner.budget.terms import Term
 from planner.units import ceil_div
 
 SOURCE = "tensor inventory of planner/runtime/model_layers.py GatedMLP in a region checkpoint"
+NORM_SOURCE = ("planner/runtime/model_layers.py RMSNorm recomputed with grad in the region's backward; "
+               "H200 allocator history of planner validate (gpt-oss-W8 backward[4], [2]: model_layers.py:72 "
+               "180 MiB = N·H fp32, :74 2 × 90 MiB = the cast and the normed output)")
 
 
 def terms(ctx: Ctx) -> list[Term]:
@@ -36,7 +45,13 @@ def terms(ctx: Ctx) -> list[Term]:
     if ctx.checkpoint == "none":
         return []
     N, H, b, m = ctx.tokens_per_rank, ctx.hidden_size, ctx.act_bytes, ctx.model
-    out: list[Term] = []
+    mlp = tuple(k for k in ("moe", "dense_mlp") if k in set(ctx.regions))
+    out: list[Term] = [
+        Term("ffn_norm recompute: saved fp32 input x.float()", "ffn", N * H, 4, "N·H (fp32)", ("backward",),
+             regions=mlp, source=NORM_SOURCE),
+        Term("ffn_norm recompute: saved cast y.to(b)", "ffn", N * H, b, "N·H", ("backward",), regions=mlp,
+             source=NORM_SOURCE),
+    ] if mlp else []
     if "dense_mlp" in set(ctx.regions):
         I_d = ctx.dense_ffn
         out += [
