@@ -22,14 +22,20 @@ region trace (``tests/trace/test_step_trace.py``), the backward read off the inv
 beside the routed output ``N·H``; counted on top of ``dispatch`` (conservative) and provisional
 until a MoE region with shared experts is traced.
 
+The MLP-side forward's input RMSNorm (fp32 input, fp32 normed copy, cast, output) can exceed the
+FFN/dispatch sub-step: its excess is a term (``_norm_forward_substep``); the router's input ``x_NH``
+(the normed output) is held through the dispatch.
+
 Without checkpointing these tensors are saved activations (``boundaries``); the FSDP2 baseline's
 per-layer regions count them there.
 """
 
 from __future__ import annotations
 
+import numpy as np
+
 from planner.budget.context import Ctx
-from planner.budget.terms import Term
+from planner.budget.terms import Phase, Term
 from planner.units import ceil_div
 
 SOURCE = "tensor inventory of planner/runtime/model_layers.py GatedMLP in a region checkpoint"
@@ -61,6 +67,10 @@ def terms(ctx: Ctx) -> list[Term]:
                  N * (H + 4 * I_d), b, "N·(H + 4·I_d)", ("backward",), regions=("dense_mlp",), provisional=True,
                  source=SOURCE),
         ]
+    if "moe" in set(ctx.regions):
+        out.append(Term("ffn_norm output x_NH (the router's and dispatcher's input)", "ffn", N * H, b, "N·H",
+                        ("forward",), regions=("moe",), source=NORM_SOURCE + "; forward[2]: model_layers.py:74 "
+                        "90 MiB beside the dispatch buffers"))
     I_s = m.shared_expert_ffn
     if I_s and "moe" in set(ctx.regions):
         out += [
@@ -69,6 +79,33 @@ def terms(ctx: Ctx) -> list[Term]:
             Term("shared experts backward: gate, up, silu·up, its gradient", "ffn", N * (H + 4 * I_s), b,
                  "N·(H + 4·I_s)", ("backward",), regions=("moe",), provisional=True, source=SOURCE),
         ]
+    return out + _norm_forward_substep(ctx, out)
+
+
+def _norm_forward_substep(ctx: Ctx, own: list[Term]) -> list[Term]:
+    """The MLP-side region's forward holds the larger of two sub-steps: its input RMSNorm (the fp32
+    input and the fp32 normed copy, the cast and the weighted output: ``N·H`` fp32 ×2 and ``N·H`` b
+    ×2, the region output not yet made) and the FFN/dispatch sub-step (the region output, which
+    ``boundaries`` counts, and the interior: these ``ffn`` terms and ``dispatch``). The term is the
+    norm sub-step's excess, per region kind."""
+    from planner.budget import dispatch
+
+    N, H, b = ctx.tokens_per_rank, ctx.hidden_size, ctx.act_bytes
+    norm = N * H * (8 + 2 * b)                          # bytes
+    ts = [*own, *dispatch.terms(ctx)]
+    out = []
+    for kind in ("moe", "dense_mlp"):
+        if kind not in set(ctx.regions):
+            continue
+        ph = Phase("forward", 1 + ctx.regions.index(kind), kind)
+        interior = sum((np.asarray(t.bytes_in(ph), dtype=np.int64) for t in ts), np.int64(0))
+        v = np.maximum(np.asarray(norm, dtype=np.int64) - N * H * b - interior, 0)
+        v = -(-v // b)
+        out.append(Term(f"ffn_norm forward sub-step: fp32 input and normed copy, cast, output (excess, {kind})",
+                        "ffn", int(v) if np.ndim(v) == 0 else v, b,
+                        "max(0, N·H·(8 + 2b) − N·H·b − interior)/b  (interior: ffn + dispatch of the region)",
+                        ("forward",), regions=(kind,), source=NORM_SOURCE + "; qwen3-W1 forward[2]: the peak "
+                        "is inside ffn_norm, model_layers.py:72/73/74 = 512 + 512 + 2 × 256 MiB"))
     return out
 
 
