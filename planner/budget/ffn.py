@@ -7,8 +7,8 @@ decoder's gated FFN (``planner/runtime/model_layers.GatedMLP``: ``down(silu(gate
 inside a non-reentrant region checkpoint:
 
     forward[r]   normed input x N·H, gate(x), silu(gate(x)), up(x): 3·N·I        (b)
-    backward[r]  recomputed x N·H; gate, up, silu·up saved for down, the gradient of silu·up:
-                 4·N·I                                                             (b)
+    backward[r]  saved gate, silu, up and the gradients of silu·up, silu and up: 6·N·I  (b)
+                 (the recomputed normed input takes the place of the region input)
 
 Every MLP-side region's backward first recomputes its input RMSNorm with grad, which saves the
 fp32 input ``x.float()`` ``N·H`` (fp32) and the cast ``y.to(b)`` ``N·H`` (b) for the norm's
@@ -18,9 +18,11 @@ gradient, which are not live then).
 
 (the region's input, output and boundary gradients are ``boundaries``; its weights and their
 unreduced gradients ``gathered``). Dense regions: ``I = I_d``; the forward is confirmed by the
-region trace (``tests/trace/test_step_trace.py``), the backward read off the inventory (provisional). Shared experts (``I = I_s``) run after the routed experts,
-beside the routed output ``N·H``; counted on top of ``dispatch`` (conservative) and provisional
-until a MoE region with shared experts is traced.
+region trace (``tests/trace/test_step_trace.py``), the backward by the H200 allocator history
+of ``planner validate`` (deepseek-v2-lite backward[2]). Shared experts (``I = I_s``) run after the
+routed experts, beside the routed output ``N·H`` (the region output): a MoE region holds the larger
+of the shared experts' and the dispatch's sub-steps, so their terms are the excess over
+``dispatch``.
 
 The MLP-side forward's input RMSNorm (fp32 input, fp32 normed copy, cast, output) can exceed the
 FFN/dispatch sub-step: its excess is a term (``_norm_forward_substep``); the router's input ``x_NH``
@@ -39,6 +41,14 @@ from planner.budget.terms import Phase, Term
 from planner.units import ceil_div
 
 SOURCE = "tensor inventory of planner/runtime/model_layers.py GatedMLP in a region checkpoint"
+GATED_BWD = ("; H200 allocator history of planner validate, deepseek-v2-lite W1 backward[2] (dense FFN): "
+             "model_layers.py:109 3 × 1368 MiB (gate, silu, up = N·I_d each), MulBackward0 2 × 1368, "
+             "MmBackward0 1368 (the gradient of silu·up); the recomputed normed input takes the place of "
+             "the region input, which is not live then")
+SHARED_SRC = ("; the shared experts run after the routed experts (moe_block.py:143), so the phase holds the "
+              "larger of the two sub-steps: deepseek-v2-lite W1 forward[4] holds model_layers.py:109 3 × 352 MiB "
+              "beside the dispatcher's output and no dispatch buffer; backward[4] 3 × 352 + MulBackward0 2 × 352 "
+              "+ MmBackward0 352; the routed output is the region output (boundaries)")
 NORM_SOURCE = ("planner/runtime/model_layers.py RMSNorm recomputed with grad in the region's backward; "
                "H200 allocator history of planner validate (gpt-oss-W8 backward[4], [2]: model_layers.py:72 "
                "180 MiB = N·H fp32, :74 2 × 90 MiB = the cast and the normed output)")
@@ -63,9 +73,8 @@ def terms(ctx: Ctx) -> list[Term]:
         out += [
             Term("dense FFN forward: normed input, gate, silu, up", "ffn", N * (H + 3 * I_d), b,
                  "N·(H + 3·I_d)", ("forward",), regions=("dense_mlp",), source=SOURCE),
-            Term("dense FFN backward: recomputed input, gate, up, silu·up, its gradient", "ffn",
-                 N * (H + 4 * I_d), b, "N·(H + 4·I_d)", ("backward",), regions=("dense_mlp",), provisional=True,
-                 source=SOURCE),
+            Term("dense FFN backward: saved gate, silu, up and the gradients of silu·up, silu, up", "ffn",
+                 6 * N * I_d, b, "6·N·I_d", ("backward",), regions=("dense_mlp",), source=SOURCE + GATED_BWD),
         ]
     if "moe" in set(ctx.regions):
         out.append(Term("ffn_norm output x_NH (the router's and dispatcher's input)", "ffn", N * H, b, "N·H",
@@ -73,13 +82,38 @@ def terms(ctx: Ctx) -> list[Term]:
                         "90 MiB beside the dispatch buffers"))
     I_s = m.shared_expert_ffn
     if I_s and "moe" in set(ctx.regions):
+        d_fwd, d_bwd = _dispatch_bytes(ctx)
+        # freed gradients: the routed experts' gradients of this region first exist in the dispatch's
+        # backward, after the shared experts' (persistent counts them in the whole backward[r])
+        eg = (m.num_experts * m.expert_params() // np.asarray(ctx.expert_parallel) * b
+              if ctx.grad_lifetime == "freed" else 0)
+        fw = _excess(3 * N * I_s * b, d_fwd, b)
+        bw = _excess(6 * N * I_s * b, d_bwd + eg, b)
         out += [
-            Term("shared experts forward: gate, silu, up, routed output", "ffn", N * (H + 3 * I_s), b,
-                 "N·(H + 3·I_s)", ("forward",), regions=("moe",), provisional=True, source=SOURCE),
-            Term("shared experts backward: gate, up, silu·up, its gradient", "ffn", N * (H + 4 * I_s), b,
-                 "N·(H + 4·I_s)", ("backward",), regions=("moe",), provisional=True, source=SOURCE),
+            Term("shared experts forward: gate, silu, up (excess over the dispatch sub-step)", "ffn", fw, b,
+                 "max(0, 3·N·I_s·b − dispatch forward)/b", ("forward",), regions=("moe",), source=SOURCE
+                 + SHARED_SRC),
+            Term("shared experts backward: saved gate, silu, up and 3 gradients (excess over the dispatch)",
+                 "ffn", bw, b, "max(0, 6·N·I_s·b − dispatch backward [− b·Θ_exp_layer/E_p, freed])/b", ("backward",), regions=("moe",),
+                 source=SOURCE + SHARED_SRC + GATED_BWD),
         ]
     return out + _norm_forward_substep(ctx, out)
+
+
+def _excess(sub, other, b):
+    v = np.maximum(np.asarray(sub, dtype=np.int64) - np.asarray(other, dtype=np.int64), 0)
+    v = -(-v // b)
+    return int(v) if np.ndim(v) == 0 else v
+
+
+def _dispatch_bytes(ctx: Ctx):
+    """Bytes of the ``dispatch`` live set in a MoE region's forward and backward."""
+    from planner.budget import dispatch
+
+    r = 1 + ctx.regions.index("moe")
+    ts = dispatch.terms(ctx)
+    return tuple(sum((np.asarray(t.bytes_in(Phase(k, r, "moe")), dtype=np.int64) for t in ts), np.int64(0))
+                 for k in ("forward", "backward"))
 
 
 def _norm_forward_substep(ctx: Ctx, own: list[Term]) -> list[Term]:
@@ -92,7 +126,7 @@ def _norm_forward_substep(ctx: Ctx, own: list[Term]) -> list[Term]:
 
     N, H, b = ctx.tokens_per_rank, ctx.hidden_size, ctx.act_bytes
     norm = N * H * (8 + 2 * b)                          # bytes
-    ts = [*own, *dispatch.terms(ctx)]
+    ts = [*own, *dispatch.terms(ctx)]   # the shared experts' term is already their excess over dispatch
     out = []
     for kind in ("moe", "dense_mlp"):
         if kind not in set(ctx.regions):
