@@ -97,7 +97,37 @@ def terms(ctx: Ctx) -> list[Term]:
                  "ffn", bw, b, "max(0, 6·N·I_s·b − dispatch backward [− b·Θ_exp_layer/E_p, freed])/b", ("backward",), regions=("moe",),
                  source=SOURCE + SHARED_SRC + GATED_BWD),
         ]
-    return out + _norm_forward_substep(ctx, out)
+    return out + _norm_forward_substep(ctx, out) + _norm_backward_substep(ctx, out)
+
+
+def _norm_backward_substep(ctx: Ctx, own: list[Term]) -> list[Term]:
+    """The MLP-side region's backward ends with its input RMSNorm's backward in fp32: the saved fp32
+    input and five fp32 temporaries over ``N·H`` (as QK-norm's over q: PowBackward0 3×, MulBackward0,
+    MeanBackward1 in qwen3-W1 backward[3]), beside the incoming boundary gradient and the gradient
+    into the normed output (``N·H`` b each). The interior it follows holds the norm's saved fp32
+    input and cast, the region input and the boundary gradients (``boundaries``) and the
+    FFN/dispatch backward; the term is the norm backward's excess over that interior, per kind."""
+    N, H, b = ctx.tokens_per_rank, ctx.hidden_size, ctx.act_bytes
+    sub = N * H * (6 * 4 + 2 * b)
+    ts = [t for t in (*own, *_dispatch_terms(ctx)) if not t.name.startswith("ffn_norm recompute")]
+    out = []
+    for kind in ("moe", "dense_mlp"):
+        if kind not in set(ctx.regions):
+            continue
+        ph = Phase("backward", 1 + ctx.regions.index(kind), kind)
+        interior = sum((np.asarray(t.bytes_in(ph), dtype=np.int64) for t in ts), np.int64(0))
+        v = _excess(sub, N * H * (4 + b) + 3 * N * H * b + interior, b)
+        out.append(Term(f"ffn_norm backward sub-step: fp32 input and 5 fp32 temporaries, 2 gradients (excess, {kind})",
+                        "ffn", v, b, "max(0, N·H·(24 + 2b) − N·H·(4 + 4b) − interior)/b  (interior: ffn + dispatch "
+                        "backward of the region)", ("backward",), regions=(kind,), provisional=True,
+                        source=NORM_SOURCE + "; the fp32 backward of planner/runtime/model_layers.py RMSNorm"))
+    return out
+
+
+def _dispatch_terms(ctx: Ctx) -> list[Term]:
+    from planner.budget import dispatch
+
+    return dispatch.terms(ctx)
 
 
 def _excess(sub, other, b):
