@@ -11,8 +11,9 @@ Composed stack:
                                                                 unsharded table + its output
     embedding re-gathered      V·H                              backward[1]: FSDP2 prefetches the
                                                                 table during region 1's backward
-    embedding grad sub-step    max(0, 2·V·H − A_b)              backward[1]: dense grad + its
-                                                                reduce-scatter input copy
+    embedding grad sub-step    max(0, 2·V·H [+ V·H/W] − A_b)    backward[1]: dense grad + its
+                                                                reduce-scatter input copy (+ its
+                                                                shard, freed gradients)
     head (ZeRO-3, P = 1)       V·H                              head
 
 The embedding runs before region 1's attention (forward) and after it (backward), so its tensors
@@ -124,14 +125,16 @@ def _embedding_substeps(ctx: Ctx, own: list[Term]) -> list[Term]:
                     source=SOURCE + "; H200 validate run: backward[1] − backward[3] ≈ V·H (Qwen3 614 vs "
                     "594 MiB), gpt-oss backward[1] 0.99-1.01 with it")
     own = [*own, prefetch]
+    from planner.budget.persistent import embedding_grad_shard
+
     fwd = excess((2 * VH + N * H) * b, "forward")
-    bwd = excess(2 * VH * b, "backward")
+    bwd = excess((2 * VH + embedding_grad_shard(ctx)) * b, "backward")
     return [prefetch,
         Term("embedding sub-step: all-gather output + unsharded table + output (excess over region 1)",
              "gathered", fwd, b, "max(0, 2·V·H + N·H − A_f)", ("forward",), first_region_only=True,
              source=SOURCE + "; whole-step trace forward[1]"),
         Term("embedding grad sub-step: dense grad + reduce-scatter input (excess over region 1)",
-             "gathered", bwd, b, "max(0, 2·V·H − A_b)", ("backward",), first_region_only=True,
+             "gathered", bwd, b, "max(0, 2·V·H [+ ceil(V·H/W), freed] − A_b)", ("backward",), first_region_only=True,
              source=SOURCE + "; whole-step trace backward[1]"),
     ]
 
