@@ -69,7 +69,10 @@ def _output_regions(ctx: Ctx) -> tuple[str, ...] | None:
     """Region kinds whose forward peak holds an ``N·H`` output: the MoE regions (the dispatcher
     accumulates into it); an attention or dense FFN region makes its output after its interior is
     freed. A stack without MoE regions keeps the output in every region (the stand-in regions of
-    the SCO trace hold input and output together)."""
+    the SCO trace hold input and output together), and so does the FSDP2 baseline's per-layer
+    region."""
+    if ctx.stack == "fsdp2":   # one region per layer: the baseline's inventory (planner.budget.fsdp2*)
+        return None
     return ("moe",) if "moe" in set(ctx.regions) else None
 
 
