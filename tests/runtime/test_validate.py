@@ -152,3 +152,19 @@ def test_bench_dry_run(tmp_path):
                     "freed", "accumulate"}
     assert max(c["S"] for c in cases if c["W"] == 1) <= 65536
     assert all("--steps 2" in c["command"] for c in cases)
+
+
+@pytest.mark.parametrize("residue,cls_name", [("source", "PipelinedLLEPSource"), ("destination", "PipelinedLLEP")])
+def test_composed_step_runs_the_planned_pipelined_variant(residue, cls_name):
+    """The composed step's PipelinedLLEP is the variant ``dispatch_residue`` names, the one the budget
+    counts (``planner.budget.dispatch``: ``pipelined_llep_source`` for ``source``)."""
+    from types import SimpleNamespace
+
+    from planner.runtime.mop import _dispatcher
+    from planner.schema import ComposedKnobs
+    from tests.conftest import tiny_moe
+
+    knobs = ComposedKnobs(dispatch="pipelined_llep", dispatch_residue=residue)
+    make = _dispatcher("pipelined_llep", tiny_moe(), SimpleNamespace(expert=None), knobs, torch.device("meta"),
+                       torch.bfloat16)
+    assert type(make(0)).__name__ == cls_name
