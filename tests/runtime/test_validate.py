@@ -43,7 +43,8 @@ def test_truncation_keeps_widths_and_degrees(plan_path):
 
 
 def test_freed_gradients_first_exist_in_their_backward(plan_path):
-    """``freed``: no gradient in forward, the head's from the head on, region j's from backward[j],
+    """``freed``: no gradient in forward or at the head's peak, the head's from backward[L_b] on,
+    region j's from backward[j],
     all of them by backward[1] but the embedding's; ``accumulate``: all of them everywhere."""
     tr = truncate(plan_path[1], 2)
     acc = predict(tr.planfile, "accumulate", timing=False)
@@ -54,7 +55,8 @@ def test_freed_gradients_first_exist_in_their_backward(plan_path):
     assert fr.term_bytes("forward[4]", grads) == 0
     seq = [fr.term_bytes(lbl, grads) for lbl in ("head", "backward[4]", "backward[3]", "backward[2]",
                                                  "backward[1]", "optimizer")]
-    assert all(a <= b for a, b in zip(seq, seq[1:])) and 0 < seq[0] < seq[1] and seq[-1] == full
+    # the head's gradient is made after the head phase's peak: none there yet
+    assert all(a <= b for a, b in zip(seq, seq[1:])) and 0 == seq[0] < seq[1] and seq[-1] == full
     # the embedding's gradient shard first exists in the embedding's backward, after region 1's
     from planner.budget.persistent import embedding_grad_shard
     emb = embedding_grad_shard(fr.ctx) * fr.ctx.act_bytes
