@@ -53,9 +53,12 @@ DENSE = ("dense FFN backward: region 2's own gradients and the outgoing boundary
          "not yet live at the FFN's backward peak (H200 deepseek-v2-lite W1 backward[2] 1.03)")
 SLIDE = ("sliding-window backward at W = 64, N = 4096: formula 0.98 of the trace (1.02 of the H200 measurement "
          "at W = 8, N = 16384)")
+HEAD = ("head phase: the fake-tensor trace holds the head's gradient at the phase's peak; the H200 allocator "
+        "history does not (ring_dtp.py:101 allocates it after the logit strips are freed: gpt-oss-W8 head "
+        "0.999 without it), and the formula follows the GPU (test_step_head_formula_vs_trace checks the rest)")
 T, O = "phase total", "optimizer_step (peak above start)"
 _MOE_ROWS = {("forward[2]", T): MOE, ("forward[4]", T): MOE, ("backward[4]", T): MOE, ("backward[2]", T): MOE}
-_OPT_ROWS = {("optimizer", T): OPT, ("optimizer", O): OPT}
+_OPT_ROWS = {("optimizer", T): OPT, ("optimizer", O): OPT, ("head", T): HEAD}
 KNOWN_GAPS = {
     ("gpt-oss-20b", 8): {**_MOE_ROWS, **_OPT_ROWS, ("backward[3]", T): SINKS},
     ("gpt-oss-20b", 64): {**_MOE_ROWS, **_OPT_ROWS, ("backward[3]", T): SINKS, ("backward[1]", T): SLIDE},
@@ -104,10 +107,19 @@ def test_step_persistent_formula_vs_trace(model, W):
 @pytest.mark.parametrize("model", MODELS)
 def test_step_head_formula_vs_trace(model, W):
     """The head phase: every retained boundary, the final norm's saved tensors, the Ring-DTP head,
-    the weights and the gradients that exist by then (freed lifetime)."""
+    the weights (freed lifetime: no gradient yet; the trace's head gradient, which the GPU does not
+    hold at the peak, is taken out of the trace's bytes)."""
     res = _trace(model, W)
     row = next(r for r in res.rows if r.phase == "head")
-    assert abs(row.predicted - row.measured) <= FORMULA_VS_TRACE * row.measured, _table(res)
+    # the trace holds the head's gradient at the peak, the GPU does not (KNOWN_GAPS' HEAD): compare the rest
+    from planner.runtime.validate_plan import predict
+
+    acc = predict(trace_planfile(model, world_size=W, seq_len=SEQ_LEN), "accumulate", timing=False,
+                  dispatch_bound="expected")
+    grad = acc.term_bytes("head", ("head grad (vocab shard)",))   # P > 1 here: the Ring-DTP shard
+    assert grad > 0 and res.prediction.term_bytes("head", ("head grad (vocab shard)",)) == 0
+    measured = row.measured - grad
+    assert abs(row.predicted - measured) <= FORMULA_VS_TRACE * measured, _table(res)
 
 
 @pytest.mark.skipif(not STEP_TRACES, reason="PLANNER_FAST_TRACES=1")
