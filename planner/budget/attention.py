@@ -24,9 +24,9 @@ import dataclasses
 
 import numpy as np
 
-from planner.budget.attention_sliding import excess_terms
+from planner.budget.attention_sliding import backward_excess_terms, excess_terms
 from planner.context.ctx import Ctx
-from planner.budget.terms import FWD_BWD, Term
+from planner.budget.terms import FWD_BWD, Phase, Term
 from planner.units import ceil_div
 
 PROVISIONAL = True
@@ -200,6 +200,7 @@ def _gqa_terms(ctx: Ctx, N, H, b, n_h, n_kv, d_qk, d_v) -> list[Term]:
 
     bw = ("backward",)
     out = [t if t.phases != FWD_BWD else dataclasses.replace(t, phases=fw) for t in out]
+
     glob_fw = np.maximum(rope_b * b + rope_f * 4, ex_b * b + ex_f * 4) // b
     out += excess_terms(ctx, n_kv, glob_fw)
     out += [
@@ -217,4 +218,10 @@ def _gqa_terms(ctx: Ctx, N, H, b, n_h, n_kv, d_qk, d_v) -> list[Term]:
              "2·N·n_kv·d_qk  [when the QK-norm backward binds]", bw, regions=R, source=SRC_DECODER,
              provisional=PROVISIONAL),
     ]
+    # a local layer's backward over its block copies: excess over the global backward terms above and
+    # the GQA expansion workspace (a local layer's K/V are expanded before the kernel)
+    ph = Phase("backward", 1, "attention")
+    glob_bw = sum((np.asarray(t.bytes_in(ph), dtype=np.int64) for t in out if t.phases == bw), np.int64(0))
+    glob_bw = glob_bw + (N * n_h * (d_qk + d_v) * b if n_kv < n_h else 0)
+    out += backward_excess_terms(ctx, glob_bw)
     return out

@@ -80,6 +80,58 @@ def sliding_peak(ctx: Ctx, n_kv: int):
     return peak, N * H + layouts * qkv + peak
 
 
+def sliding_backward(ctx: Ctx):
+    """Bytes of a local layer's backward sub-step (the memory-efficient kernel's backward over the
+    block copies), beyond the kernel's fp32 accumulator (``workspace``) and the boundaries:
+
+        saved by the recompute   qb R·w_q, padded kv blocks P = R·L_p/w·(w_k + w_v), the additive
+                                 bias B·n_b·w·L_p, the output R·w_v (b) and its lse R (fp32)
+        gradients                dq and a second R·w_q block, dk/dv P, the output's R·w_v (the
+                                 slice's backward) (b), the kernel's delta R (fp32)
+        region                   the attention_norm's saved fp32 input N·H and cast N·H (b); the
+                                 cos/sin tables N·d_qk (fp32)"""
+    m, N, H, b = ctx.model, ctx.tokens_per_rank, ctx.hidden_size, ctx.act_bytes
+    n_h, d_qk, d_v, w = m.num_heads, m.head_dim, m.v_dim, int(m.sliding_window)
+    D, B = ctx.seq_parallel, ctx.seqs_per_microbatch
+    S = np.asarray(N) * D // B
+    hl = ceil_div(n_h, D)
+    nb = -(-S // w)
+    R = B * nb * w * hl
+    sink = bool(m.attention_sinks)
+    wq = wk = d_qk + (SINK_PAD if sink else 0)
+    wv = d_qk + SINK_PAD if sink else d_v
+    lk_p = -(-(2 * w + int(sink)) // MASK_ALIGN) * MASK_ALIGN
+    P = R * lk_p // w * (wk + wv)
+    bias = B * nb * w * lk_p
+    return (b * (3 * R * wq + 2 * P + 2 * R * wv + bias) + 4 * 2 * R + N * H * (4 + b) + 4 * N * d_qk)
+
+
+def backward_excess_terms(ctx: Ctx, global_backward) -> list[Term]:
+    """The local layers' backward sub-step's excess over ``global_backward`` (bytes: the global
+    layer's attention backward and its GQA expansion workspace, which a local layer, whose K/V are
+    already expanded, does not make). Empty without local layers."""
+    regions = local_regions(ctx)
+    if not regions:
+        return []
+    b = ctx.act_bytes
+    extra = np.maximum(np.asarray(sliding_backward(ctx)) - np.asarray(global_backward), 0)
+    extra = -(-extra // b)
+    extra = int(extra) if np.ndim(extra) == 0 else extra
+
+    def at(ph: Phase):
+        return extra if ph.region in regions else 0
+
+    text = ("max(0, b·(3·R·w_q + 2·R·L_p/w·(w_k+w_v) + 2·R·w_v + B·n_b·w·L_p) + 8·R + N·H·(4+b) + 4·N·d_qk "
+            "− global backward)/b  [local layers; planner/budget/attention_sliding.py]")
+    return [Term("sliding window backward: block copies, their gradients, the norm's saved input "
+                 "(excess over a global layer)", "attention", extra, b, text, ("backward",),
+                 regions=("attention",), at=at, provisional=True,
+                 source=SOURCE + "; H200 allocator history of planner validate, gpt-oss-W8 backward[1]: "
+                 "sdpa.py:151 2 × 306 MiB, :113 144, :159 68, :56 144 + 4, SliceBackward0 144, "
+                 "EfficientAttentionBackward0 306 + 306 + 144 + 144 + 4 (+ its 512 MiB accumulator), "
+                 "model_layers.py:72/74 180 + 90")]
+
+
 def excess_terms(ctx: Ctx, n_kv: int, global_forward) -> list[Term]:
     """The sliding sub-step's excess over ``global_forward`` (elements of the global layer's
     forward at b bytes) in the forward of local layers' regions. Empty without local layers."""

@@ -10,7 +10,9 @@ tensor inventory of ``planner/runtime/sco.py`` and confirmed by ``tests/trace/te
 
     retained boundaries      forward[r], backward[r]: max(0, r−1−n_off)·N·H     head: (L_b−n_off)·N·H
     region input             forward[r], backward[r]: N·H   (h_r; retained, or restored under SCO)
-    region output            forward[r]: N·H                (h_{r+1} as the region writes it)
+    region output            forward[r]: N·H                (moe regions: the dispatcher's output, which
+                                                            becomes h_{r+1}; attention and dense FFN
+                                                            regions make it after their interior)
     prefetched boundary      backward[r]: N·H if 2 ≤ r ≤ n_off+1 (h_{r−1} restoring while r recomputes)
     boundary grad in/out     backward[r]: 2·N·H
 
@@ -57,6 +59,23 @@ def _retained(r, n_off):
     return np.maximum(0, r - 1 - np.asarray(n_off))
 
 
+OUTPUT_SOURCE = ("; H200 allocator history of planner validate: at the interior peak of an attention "
+                 "or dense FFN region's forward (qwen3-W1 forward[1]: RoPE's fp32 temporaries) only the "
+                 "region's input is live; a MoE region's forward holds the dispatcher's N·H output "
+                 "(pipelined_llep.py:117, gpt-oss-W8 forward[2])")
+
+
+def _output_regions(ctx: Ctx) -> tuple[str, ...] | None:
+    """Region kinds whose forward peak holds an ``N·H`` output: the MoE regions (the dispatcher
+    accumulates into it); an attention or dense FFN region makes its output after its interior is
+    freed. A stack without MoE regions keeps the output in every region (the stand-in regions of
+    the SCO trace hold input and output together), and so does the FSDP2 baseline's per-layer
+    region."""
+    if ctx.stack == "fsdp2":   # one region per layer: the baseline's inventory (planner.budget.fsdp2*)
+        return None
+    return ("moe",) if "moe" in set(ctx.regions) else None
+
+
 def _checkpointed(ctx: Ctx, NH, L_b: int, n_off, sco: bool, provisional: bool) -> list[Term]:
     def retained(ph: Phase):
         return (L_b - np.asarray(n_off)) * NH if ph.kind == "head" else _retained(ph.region, n_off) * NH
@@ -71,8 +90,9 @@ def _checkpointed(ctx: Ctx, NH, L_b: int, n_off, sco: bool, provisional: bool) -
              provisional=provisional, source=SOURCE),
         Term("region input (retained or restored)", "boundaries", NH, ctx.act_bytes, "N·H", FWD_BWD,
              provisional=provisional, source=SOURCE),
-        Term("region output", "boundaries", NH, ctx.act_bytes, "N·H", ("forward",),
-             provisional=provisional, source=SOURCE),
+        Term("region output (MoE: the dispatcher's output accumulator, which becomes it)", "boundaries", NH,
+             ctx.act_bytes, "N·H  [forward of moe regions]", ("forward",), regions=_output_regions(ctx),
+             provisional=provisional, source=SOURCE + OUTPUT_SOURCE),
         Term("boundary grad in/out", "boundaries", 2 * NH, ctx.act_bytes, "2·N·H", ("backward",),
              provisional=provisional, source=SOURCE),
     ]

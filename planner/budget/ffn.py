@@ -7,14 +7,26 @@ decoder's gated FFN (``planner/runtime/model_layers.GatedMLP``: ``down(silu(gate
 inside a non-reentrant region checkpoint:
 
     forward[r]   normed input x N·H, gate(x), silu(gate(x)), up(x): 3·N·I        (b)
-    backward[r]  recomputed x N·H; gate, up, silu·up saved for down, the gradient of silu·up:
-                 4·N·I                                                             (b)
+    backward[r]  saved gate, silu, up and the gradients of silu·up, silu and up: 6·N·I  (b)
+                 (the recomputed normed input takes the place of the region input)
+
+Every MLP-side region's backward first recomputes its input RMSNorm with grad, which saves the
+fp32 input ``x.float()`` ``N·H`` (fp32) and the cast ``y.to(b)`` ``N·H`` (b) for the norm's
+backward, live through the dispatch or FFN backward: the ``ffn_norm recompute`` terms (the normed
+output and the gradient into it take the places of the region input and the outgoing boundary
+gradient, which are not live then).
 
 (the region's input, output and boundary gradients are ``boundaries``; its weights and their
 unreduced gradients ``gathered``). Dense regions: ``I = I_d``; the forward is confirmed by the
-region trace (``tests/trace/test_step_trace.py``), the backward read off the inventory (provisional). Shared experts (``I = I_s``) run after the routed experts,
-beside the routed output ``N·H``; counted on top of ``dispatch`` (conservative) and provisional
-until a MoE region with shared experts is traced.
+region trace (``tests/trace/test_step_trace.py``), the backward by the H200 allocator history
+of ``planner validate`` (deepseek-v2-lite backward[2]). Shared experts (``I = I_s``) run after the
+routed experts, beside the routed output ``N·H`` (the region output): a MoE region holds the larger
+of the shared experts' and the dispatch's sub-steps, so their terms are the excess over
+``dispatch``.
+
+The MLP-side forward's input RMSNorm (fp32 input, fp32 normed copy, cast, output) can exceed the
+FFN/dispatch sub-step: its excess is a term (``_norm_forward_substep``); the router's input ``x_NH``
+(the normed output) is held through the dispatch.
 
 Without checkpointing these tensors are saved activations (``boundaries``); the FSDP2 baseline's
 per-layer regions count them there.
@@ -22,11 +34,24 @@ per-layer regions count them there.
 
 from __future__ import annotations
 
+import numpy as np
+
 from planner.context.ctx import Ctx
-from planner.budget.terms import Term
+from planner.budget.terms import Phase, Term
 from planner.units import ceil_div
 
 SOURCE = "tensor inventory of planner/runtime/model_layers.py GatedMLP in a region checkpoint"
+GATED_BWD = ("; H200 allocator history of planner validate, deepseek-v2-lite W1 backward[2] (dense FFN): "
+             "model_layers.py:109 3 × 1368 MiB (gate, silu, up = N·I_d each), MulBackward0 2 × 1368, "
+             "MmBackward0 1368 (the gradient of silu·up); the recomputed normed input takes the place of "
+             "the region input, which is not live then")
+SHARED_SRC = ("; the shared experts run after the routed experts (moe_block.py:143), so the phase holds the "
+              "larger of the two sub-steps: deepseek-v2-lite W1 forward[4] holds model_layers.py:109 3 × 352 MiB "
+              "beside the dispatcher's output and no dispatch buffer; backward[4] 3 × 352 + MulBackward0 2 × 352 "
+              "+ MmBackward0 352; the routed output is the region output (boundaries)")
+NORM_SOURCE = ("planner/runtime/model_layers.py RMSNorm recomputed with grad in the region's backward; "
+               "H200 allocator history of planner validate (gpt-oss-W8 backward[4], [2]: model_layers.py:72 "
+               "180 MiB = N·H fp32, :74 2 × 90 MiB = the cast and the normed output)")
 
 
 def terms(ctx: Ctx) -> list[Term]:
@@ -36,24 +61,115 @@ def terms(ctx: Ctx) -> list[Term]:
     if ctx.checkpoint == "none":
         return []
     N, H, b, m = ctx.tokens_per_rank, ctx.hidden_size, ctx.act_bytes, ctx.model
-    out: list[Term] = []
+    mlp = tuple(k for k in ("moe", "dense_mlp") if k in set(ctx.regions))
+    out: list[Term] = [
+        Term("ffn_norm recompute: saved fp32 input x.float()", "ffn", N * H, 4, "N·H (fp32)", ("backward",),
+             regions=mlp, source=NORM_SOURCE),
+        Term("ffn_norm recompute: saved cast y.to(b)", "ffn", N * H, b, "N·H", ("backward",), regions=mlp,
+             source=NORM_SOURCE),
+    ] if mlp else []
     if "dense_mlp" in set(ctx.regions):
         I_d = ctx.dense_ffn
         out += [
             Term("dense FFN forward: normed input, gate, silu, up", "ffn", N * (H + 3 * I_d), b,
                  "N·(H + 3·I_d)", ("forward",), regions=("dense_mlp",), source=SOURCE),
-            Term("dense FFN backward: recomputed input, gate, up, silu·up, its gradient", "ffn",
-                 N * (H + 4 * I_d), b, "N·(H + 4·I_d)", ("backward",), regions=("dense_mlp",), provisional=True,
-                 source=SOURCE),
+            Term("dense FFN backward: saved gate, silu, up and the gradients of silu·up, silu, up", "ffn",
+                 6 * N * I_d, b, "6·N·I_d", ("backward",), regions=("dense_mlp",), source=SOURCE + GATED_BWD),
         ]
+    if "moe" in set(ctx.regions):
+        out.append(Term("ffn_norm output x_NH (the router's and dispatcher's input)", "ffn", N * H, b, "N·H",
+                        ("forward",), regions=("moe",), source=NORM_SOURCE + "; forward[2]: model_layers.py:74 "
+                        "90 MiB beside the dispatch buffers"))
     I_s = m.shared_expert_ffn
     if I_s and "moe" in set(ctx.regions):
+        d_fwd, d_bwd = _dispatch_bytes(ctx)
+        # freed gradients: the routed experts' gradients of this region first exist in the dispatch's
+        # backward, after the shared experts' (persistent counts them in the whole backward[r])
+        eg = (m.num_experts * m.expert_params() // np.asarray(ctx.expert_parallel) * b
+              if ctx.grad_lifetime == "freed" else 0)
+        fw = _excess(3 * N * I_s * b, d_fwd, b)
+        bw = _excess(6 * N * I_s * b, d_bwd + eg, b)
         out += [
-            Term("shared experts forward: gate, silu, up, routed output", "ffn", N * (H + 3 * I_s), b,
-                 "N·(H + 3·I_s)", ("forward",), regions=("moe",), provisional=True, source=SOURCE),
-            Term("shared experts backward: gate, up, silu·up, its gradient", "ffn", N * (H + 4 * I_s), b,
-                 "N·(H + 4·I_s)", ("backward",), regions=("moe",), provisional=True, source=SOURCE),
+            Term("shared experts forward: gate, silu, up (excess over the dispatch sub-step)", "ffn", fw, b,
+                 "max(0, 3·N·I_s·b − dispatch forward)/b", ("forward",), regions=("moe",), source=SOURCE
+                 + SHARED_SRC),
+            Term("shared experts backward: saved gate, silu, up and 3 gradients (excess over the dispatch)",
+                 "ffn", bw, b, "max(0, 6·N·I_s·b − dispatch backward [− b·Θ_exp_layer/E_p, freed])/b", ("backward",), regions=("moe",),
+                 source=SOURCE + SHARED_SRC + GATED_BWD),
         ]
+    return out + _norm_forward_substep(ctx, out) + _norm_backward_substep(ctx, out)
+
+
+def _norm_backward_substep(ctx: Ctx, own: list[Term]) -> list[Term]:
+    """The MLP-side region's backward ends with its input RMSNorm's backward in fp32: the saved fp32
+    input and five fp32 temporaries over ``N·H`` (as QK-norm's over q: PowBackward0 3×, MulBackward0,
+    MeanBackward1 in qwen3-W1 backward[3]), beside the incoming boundary gradient and the gradient
+    into the normed output (``N·H`` b each). The interior it follows holds the norm's saved fp32
+    input and cast, the region input and the boundary gradients (``boundaries``) and the
+    FFN/dispatch backward; the term is the norm backward's excess over that interior, per kind."""
+    N, H, b = ctx.tokens_per_rank, ctx.hidden_size, ctx.act_bytes
+    sub = N * H * (6 * 4 + 2 * b)
+    ts = [t for t in (*own, *_dispatch_terms(ctx)) if not t.name.startswith("ffn_norm recompute")]
+    out = []
+    for kind in ("moe", "dense_mlp"):
+        if kind not in set(ctx.regions):
+            continue
+        ph = Phase("backward", 1 + ctx.regions.index(kind), kind)
+        interior = sum((np.asarray(t.bytes_in(ph), dtype=np.int64) for t in ts), np.int64(0))
+        v = _excess(sub, N * H * (4 + b) + 3 * N * H * b + interior, b)
+        out.append(Term(f"ffn_norm backward sub-step: fp32 input and 5 fp32 temporaries, 2 gradients (excess, {kind})",
+                        "ffn", v, b, "max(0, N·H·(24 + 2b) − N·H·(4 + 4b) − interior)/b  (interior: ffn + dispatch "
+                        "backward of the region)", ("backward",), regions=(kind,), provisional=True,
+                        source=NORM_SOURCE + "; the fp32 backward of planner/runtime/model_layers.py RMSNorm"))
+    return out
+
+
+def _dispatch_terms(ctx: Ctx) -> list[Term]:
+    from planner.budget import dispatch
+
+    return dispatch.terms(ctx)
+
+
+def _excess(sub, other, b):
+    v = np.maximum(np.asarray(sub, dtype=np.int64) - np.asarray(other, dtype=np.int64), 0)
+    v = -(-v // b)
+    return int(v) if np.ndim(v) == 0 else v
+
+
+def _dispatch_bytes(ctx: Ctx):
+    """Bytes of the ``dispatch`` live set in a MoE region's forward and backward."""
+    from planner.budget import dispatch
+
+    r = 1 + ctx.regions.index("moe")
+    ts = dispatch.terms(ctx)
+    return tuple(sum((np.asarray(t.bytes_in(Phase(k, r, "moe")), dtype=np.int64) for t in ts), np.int64(0))
+                 for k in ("forward", "backward"))
+
+
+def _norm_forward_substep(ctx: Ctx, own: list[Term]) -> list[Term]:
+    """The MLP-side region's forward holds the larger of two sub-steps: its input RMSNorm (the fp32
+    input and the fp32 normed copy, the cast and the weighted output: ``N·H`` fp32 ×2 and ``N·H`` b
+    ×2, the region output not yet made) and the FFN/dispatch sub-step (the region output, which
+    ``boundaries`` counts, and the interior: these ``ffn`` terms and ``dispatch``). The term is the
+    norm sub-step's excess, per region kind."""
+    from planner.budget import dispatch
+
+    N, H, b = ctx.tokens_per_rank, ctx.hidden_size, ctx.act_bytes
+    norm = N * H * (8 + 2 * b)                          # bytes
+    ts = [*own, *dispatch.terms(ctx)]   # the shared experts' term is already their excess over dispatch
+    out = []
+    for kind in ("moe", "dense_mlp"):
+        if kind not in set(ctx.regions):
+            continue
+        ph = Phase("forward", 1 + ctx.regions.index(kind), kind)
+        interior = sum((np.asarray(t.bytes_in(ph), dtype=np.int64) for t in ts), np.int64(0))
+        v = np.maximum(np.asarray(norm, dtype=np.int64) - N * H * b - interior, 0)
+        v = -(-v // b)
+        out.append(Term(f"ffn_norm forward sub-step: fp32 input and normed copy, cast, output (excess, {kind})",
+                        "ffn", int(v) if np.ndim(v) == 0 else v, b,
+                        "max(0, N·H·(8 + 2b) − N·H·b − interior)/b  (interior: ffn + dispatch of the region)",
+                        ("forward",), regions=(kind,), source=NORM_SOURCE + "; qwen3-W1 forward[2]: the peak "
+                        "is inside ffn_norm, model_layers.py:72/73/74 = 512 + 512 + 2 × 256 MiB"))
     return out
 
 

@@ -14,9 +14,10 @@ At ``b = 2`` and ``E_p = P = W`` this is ``16Θ/W`` (``4Θ/W`` with offload).
 Gradient lifetime (``Ctx.grad_lifetime``): ``accumulate`` (gradients kept across micro-steps, the
 default and the conservative one) keeps every gradient resident in every phase. ``freed``
 (``zero_grad(set_to_none=True)`` between steps) means a gradient first exists when its owner's
-backward produces it: the head's and the final norm's in ``head``, region ``j``'s in
-``backward[j]`` (so ``backward[r]`` holds the regions ``j ≥ r``), the embedding's in
-``backward[1]``; none in ``forward[r]``.
+backward produces it: the head's and the final norm's after the head phase's peak (counted from
+``backward[L_b]``), region ``j``'s in
+``backward[j]`` (so ``backward[r]`` holds the regions ``j ≥ r``), the embedding's in its own
+backward after region 1's (``gathered``'s embedding sub-step counts it); none in ``forward[r]``.
 
 FSDP2 baseline: ``planner.budget.fsdp2_persistent`` (per-unit padded shards, gradient lifetime).
 """
@@ -31,8 +32,11 @@ from planner.budget.terms import ALWAYS, Phase, Term
 from planner.units import ceil_div
 
 SOURCE = "DESIGN §3.2 Persistent"
-GRAD_PHASES = ("head", "backward", "optimizer")
-"""Where gradients exist when they are freed between steps."""
+GRAD_PHASES = ("backward", "optimizer")
+"""Where gradients exist when they are freed between steps: the head's is made at the end of the
+head's backward, after the phase's peak (the H200 allocator history of ``planner validate``: no
+head gradient at the head phase's peak, gpt-oss-W8's 138.1 MiB Ring-DTP shard, ring_dtp.py:101,
+from backward[4] on; Qwen3-W1's 593.5 MiB ZeRO-3 one likewise)."""
 
 
 def _region_grads(ctx: Ctx) -> tuple[list[int], list[int]]:
@@ -49,19 +53,31 @@ def _region_grads(ctx: Ctx) -> tuple[list[int], list[int]]:
     return dense, experts
 
 
-def _grad_at(full, per_region: list[int], before_regions, div):
+def _grad_at(full, per_region: list[int], before_regions, div, after_regions=0):
     """``phase -> count`` of a gradient that grows through the backward (``freed`` lifetime):
-    ``before_regions`` (head, final norm) from ``head`` on, plus regions ``j ≥ r`` in
-    ``backward[r]``, everything in ``optimizer``; ``div`` shards it."""
+    ``before_regions`` (head, final norm) from ``backward[L_b]`` on, plus regions ``j ≥ r`` in
+    ``backward[r]``, everything in ``optimizer``; ``div`` shards it. ``after_regions`` (the
+    embedding's shard) first exists in the embedding's backward, after region 1's: counted there by
+    ``gathered``'s embedding sub-step, not in ``backward[1]``."""
     tail = np.cumsum(per_region[::-1])[::-1].tolist() + [0]  # tail[r-1] = Σ_{j≥r}
 
     def at(ph: Phase):
-        if ph.kind == "optimizer" or (ph.kind == "backward" and ph.region == 1):
+        if ph.kind == "optimizer":
             return full
-        if ph.kind == "head":
-            return ceil_div(before_regions, div)
+        if ph.kind == "backward" and ph.region == 1:
+            return np.maximum(full - after_regions, 0)
         return np.minimum(full, ceil_div(before_regions + tail[ph.region - 1], div))
     return at
+
+
+def embedding_grad_shard(ctx: Ctx):
+    """Elements of this rank's embedding-gradient shard, ``ceil(V·H/W)`` (untied embeddings; tied
+    ones are the head's, which exists from ``backward[L_b]`` on): with ``freed`` gradients it first exists in
+    the embedding's backward, after region 1's (H200 allocator history, gpt-oss-W8 backward[1]:
+    the 1104.6 MiB table re-gathered, no embedding gradient at the region's peak)."""
+    if ctx.model.tie_embeddings or ctx.grad_lifetime != "freed":
+        return 0
+    return ceil_div(ctx.vocab_size * ctx.hidden_size, ctx.world_size)
 
 
 def terms(ctx: Ctx) -> list[Term]:
@@ -86,9 +102,11 @@ def terms(ctx: Ctx) -> list[Term]:
     grad_txt = ""
     if freed:
         d_reg, e_reg = _region_grads(ctx)
-        grad_at["dense"] = _grad_at(dense, d_reg, head_in_dense + ctx.hidden_size + p["mtp"], W)
+        grad_at["dense"] = _grad_at(dense, d_reg, head_in_dense + ctx.hidden_size + p["mtp"], W,
+                                    embedding_grad_shard(ctx))
         grad_at["experts"] = _grad_at(experts, e_reg, 0, ctx.expert_parallel)
-        grad_txt = "; freed: head + final norm from head, regions j ≥ r in backward[r], all at backward[1]"
+        grad_txt = ("; freed: head + final norm from backward[L_b], regions j ≥ r in backward[r], all but "
+                    "the embedding's at backward[1]")
     out = [
         Term("dense weights (ZeRO-3 shard)", "persistent", dense, b, "(Θ_dense [+ Θ_head if P=1])/W",
              ALWAYS, source=SOURCE),
@@ -107,7 +125,7 @@ def terms(ctx: Ctx) -> list[Term]:
             Term("head weight (vocab shard)", "persistent", head_whole, b, "ceil(V/P)·H if P>1", ALWAYS,
                  source=SOURCE),
             Term("head grad (vocab shard)", "persistent", head_whole, b, "ceil(V/P)·H if P>1"
-                 + ("; freed: from head on" if freed else ""), gph, source=SOURCE),
+                 + ("; freed: from backward[L_b] on" if freed else ""), gph, source=SOURCE),
         ]
     if ctx.optimizer == "gpu":
         state = ceil_div(p["dense"] + head, W) + ceil_div(p["experts"], W)

@@ -2,10 +2,12 @@
 
 ``full_phases`` lists every ``forward[r]``, the ``head``, every ``backward[r]`` (``r = L_b … 1``)
 and the ``optimizer`` step. ``critical_phases`` keeps only the phases that can hold the peak:
-forward[1] and backward[1] (the embedding gather and its dense gradient), the last forward and
-backward region of each region kind (retained boundaries grow with ``r``; every other term depends
-only on the region kind), the last sliding-window attention region (its block copies), the head and
-the optimizer. A test checks the two agree.
+forward[1] and backward[1] (the embedding gather and its dense gradient), the last two forward and
+backward regions of each region kind (retained boundaries grow with ``r``; every other term depends
+only on the region kind, except the reduce-scatter input held from the unit before: the next
+region's in ``backward[r]``, the final norm [and head]'s in ``backward[L_b]``), the last
+sliding-window attention region (its block copies), the head and the optimizer. A test checks the
+two agree.
 """
 
 from __future__ import annotations
@@ -24,11 +26,11 @@ def full_phases(ctx: Ctx) -> list[Phase]:
 
 
 def critical_phases(ctx: Ctx) -> list[Phase]:
-    """The phases that can bind: region 1, the last region of each kind, head, optimizer."""
+    """The phases that can bind: region 1, the last two regions of each kind, head, optimizer."""
     kinds = ctx.regions
     keep = {1}
     for kind in set(kinds):
-        keep.add(max(r for r in range(1, len(kinds) + 1) if kinds[r - 1] == kind))
+        keep.update(sorted(r for r in range(1, len(kinds) + 1) if kinds[r - 1] == kind)[-2:])
     local = [r for r in local_regions(ctx) if r <= len(kinds)]
     if local:
         keep.add(max(local))

@@ -10,7 +10,8 @@ embedding, the head when ``P = 1``, Ring-DTP's included) are ZeRO-3 over all ``W
 ``fully_shard``: one unit
 per region (``[attention_norm, attention]`` and ``[ffn_norm, ffn]``, the routed experts ignored),
 one for the embedding, one for ``[norm, head]``, and the root. Routed experts live whole per
-expert shard (EP / LLEP / PipelinedLLEP over the expert group); the head is Ring-DTP or
+expert shard (EP / LLEP / PipelinedLLEP over the expert group; PipelinedLLEP in the variant the
+plan's ``dispatch_residue`` names, source-side by default); the head is Ring-DTP or
 vocab-parallel over the vocabulary group when ``P > 1``; their gradients are reduce-scattered over
 the replicas (ZeRO-2) before the optimizer. Attention is Ulysses over the sequence group.
 Checkpointing: none / per region / SCO. Optimizer: AdamW on the GPU (fp32 masters), CPU offload,
@@ -68,11 +69,13 @@ def resolve_layout(pf, num_layers: int | None = None) -> Layout:
 
 
 def _dispatcher(name: str, spec, groups, knobs, device, dtype):
-    from planner.runtime import expert_parallel, llep, pipelined_llep
+    from planner.runtime import expert_parallel, llep, pipelined_llep, pipelined_llep_source
     from planner.runtime.expert_mlp import ExpertShard
 
-    cls = {"ep": expert_parallel.ExpertParallel, "llep": llep.LLEP,
-           "pipelined_llep": pipelined_llep.PipelinedLLEP}[name]
+    # PipelinedLLEP runs the variant the plan's dispatch_residue names (the budget counts that one)
+    pipelined = (pipelined_llep_source.PipelinedLLEPSource if knobs.dispatch_residue == "source"
+                 else pipelined_llep.PipelinedLLEP)
+    cls = {"ep": expert_parallel.ExpertParallel, "llep": llep.LLEP, "pipelined_llep": pipelined}[name]
     Ep, r = shim.group_size(groups.expert), shim.group_rank(groups.expert)
     n = spec.num_experts // Ep
 

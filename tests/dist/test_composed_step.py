@@ -85,7 +85,7 @@ def _spec(kind):
 
     name, over = SPECS[kind]
     here = os.path.dirname(os.path.abspath(__file__))
-    with open(os.path.join(here, "..", "..", "profiles", "models", f"{name}.yaml")) as f:
+    with open(os.path.join(here, "..", "..", "planner", "profiles", "models", f"{name}.yaml")) as f:
         d = yaml.safe_load(f)
     d.update(over)
     return ModelSpec(**d)

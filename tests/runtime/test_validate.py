@@ -43,8 +43,9 @@ def test_truncation_keeps_widths_and_degrees(plan_path):
 
 
 def test_freed_gradients_first_exist_in_their_backward(plan_path):
-    """``freed``: no gradient in forward, the head's from the head on, region j's from backward[j],
-    all of them by backward[1]; ``accumulate``: all of them everywhere."""
+    """``freed``: no gradient in forward or at the head's peak, the head's from backward[L_b] on,
+    region j's from backward[j],
+    all of them by backward[1] but the embedding's; ``accumulate``: all of them everywhere."""
     tr = truncate(plan_path[1], 2)
     acc = predict(tr.planfile, "accumulate", timing=False)
     fr = predict(tr.planfile, "freed", timing=False)
@@ -54,7 +55,12 @@ def test_freed_gradients_first_exist_in_their_backward(plan_path):
     assert fr.term_bytes("forward[4]", grads) == 0
     seq = [fr.term_bytes(lbl, grads) for lbl in ("head", "backward[4]", "backward[3]", "backward[2]",
                                                  "backward[1]", "optimizer")]
-    assert all(a <= b for a, b in zip(seq, seq[1:])) and 0 < seq[0] < seq[1] and seq[-2] == seq[-1] == full
+    # the head's gradient is made after the head phase's peak: none there yet
+    assert all(a <= b for a, b in zip(seq, seq[1:])) and 0 == seq[0] < seq[1] and seq[-1] == full
+    # the embedding's gradient shard first exists in the embedding's backward, after region 1's
+    from planner.budget.persistent import embedding_grad_shard
+    emb = embedding_grad_shard(fr.ctx) * fr.ctx.act_bytes
+    assert emb > 0 and seq[-2] == full - emb
     # region 4 (moe) brings its experts in backward[4]
     e = ("expert grads (whole per shard)",)
     assert fr.term_bytes("backward[4]", e) == fr.term_bytes("optimizer", e) > 0 == fr.term_bytes("head", e)
@@ -138,3 +144,29 @@ def test_bench_dry_run(tmp_path):
     assert {c["W"] for c in cases} == {1, 8, 64} and {c["lifetime"] for c in cases} == {"freed", "accumulate"}
     assert all(c["predicted_peak_bytes"] <= c["capacity_bytes"] for c in cases)
     assert all((tmp_path / "plans" / Path(c["command"].split()[2]).name).exists() for c in cases)
+    # every (model, W) at two context lengths or more, each under both lifetimes; real runs up to 65536
+    for m in {c["model"] for c in cases}:
+        for W in (1, 8, 64):
+            seqs = {c["S"] for c in cases if c["model"] == m and c["W"] == W}
+            assert len(seqs) >= 2, (m, W, seqs)
+            for S in seqs:
+                assert {c["lifetime"] for c in cases if (c["model"], c["W"], c["S"]) == (m, W, S)} == {
+                    "freed", "accumulate"}
+    assert max(c["S"] for c in cases if c["W"] == 1) <= 65536
+    assert all("--steps 2" in c["command"] for c in cases)
+
+
+@pytest.mark.parametrize("residue,cls_name", [("source", "PipelinedLLEPSource"), ("destination", "PipelinedLLEP")])
+def test_composed_step_runs_the_planned_pipelined_variant(residue, cls_name):
+    """The composed step's PipelinedLLEP is the variant ``dispatch_residue`` names, the one the budget
+    counts (``planner.budget.dispatch``: ``pipelined_llep_source`` for ``source``)."""
+    from types import SimpleNamespace
+
+    from planner.runtime.mop import _dispatcher
+    from planner.schema import ComposedKnobs
+    from tests.conftest import tiny_moe
+
+    knobs = ComposedKnobs(dispatch="pipelined_llep", dispatch_residue=residue)
+    make = _dispatcher("pipelined_llep", tiny_moe(), SimpleNamespace(expert=None), knobs, torch.device("meta"),
+                       torch.bfloat16)
+    assert type(make(0)).__name__ == cls_name

@@ -9,8 +9,8 @@ validate`` measures it) left out:
 - the persistent bytes at the step's start (weights; gradients freed), ``forward[1]`` (the larger of
   the embedding's sub-step and region 1's forward) and the head phase agree within
   ``FORMULA_VS_TRACE``;
-- every phase's peak is meant to agree too; it does not yet (``KNOWN_MISSES``), so that test is a
-  strict xfail: it fails the day the formula and the trace agree, and must then become a plain test;
+- every other phase's peak agrees too, except the rows of ``KNOWN_GAPS`` (each with its reason): a
+  new miss fails, and so does a known gap that comes within tolerance;
 - one checkpointed region's forward (``trace_region``: GQA attention with QK-norm, a global
   attention layer with sinks, a sliding-window layer with sinks, DeepSeek-V2-Lite's dense FFN) agrees with the ``attention`` and
   ``ffn`` live sets within ``FORMULA_VS_TRACE``.
@@ -36,16 +36,44 @@ D = 8 / 16)."""
 STEP_TRACES = os.environ.get("PLANNER_FAST_TRACES", "") != "1"
 """The six whole-step traces take 15-45 s each on a CPU (the weights are real: FSDP2 cannot build
 under fake tensors); PLANNER_FAST_TRACES=1 skips them locally. The region traces below are fast."""
-KNOWN_MISSES = (
-    "formula vs trace per phase is not yet within 1%: the persistent bytes, forward[1] (embedding "
-    "sub-step or region 1 with gpt-oss's sliding-window copies) and the head phase are (test above), "
-    "and one region's forward (region tests below); still missing: the MoE region's forward and "
-    "backward (formula 0.80-0.98 of the trace; gc at the expert block shows a fake tensor whose storage "
-    "is the whole local expert stack: the real weights converted under fake mode, which the H200 run "
-    "does not show: forward[2] 0.97 there), MLA regions (DeepSeek forward[3] 1.15 / 1.30), attention "
-    "backward (sliding-window layer 0 region trace 635 vs 385 MiB at N = 4096; QK-norm / global "
-    "0.86-1.06), the optimizer phase at W = 64 (a head-shard-sized buffer, 0.84-0.90, that the H200 "
-    "run does not show either: optimizer_step 1.000 there)")
+MOE = ("MoE region under fake mode: gc at the expert block shows a fake tensor whose storage is the whole "
+       "local expert stack (the real weights converted under fake mode); the H200 allocator history of the same "
+       "step agrees with the formula (gpt-oss-W8 forward[2] 0.999, backward[4] 0.999, backward[2] 0.999)")
+OPT = ("optimizer: a head-shard-sized buffer in the trace that the H200 run does not show (optimizer phase "
+       "1.000 there)")
+SINKS = ("global attention backward with sinks: the formula counts the sequence-layout q, k, v, the output and "
+         "the o-proj output, which the H200 history shows freed at the kernel's backward (gpt-oss-W8 backward[3] "
+         "1.10 there): over, conservative")
+QKN = ("QK-norm attention backward: the attention_norm recompute's saved fp32 input and cast (N·H·(4+b), "
+       "model_layers.py:72/74 in the H200 history) are not yet counted in attention regions; on the GPU the "
+       "FlashAttention workspace terms over-count more than that (qwen3-W1 backward[3] 1.04)")
+MLA = ("MLA regions: the forward (latents, decompressed keys) and backward are counted off the layouts, not an "
+       "inventory (deepseek-v2-lite W1 on the H200: forward[3] 1.15, backward[3] 1.33, backward[1] 1.37)")
+DENSE = ("dense FFN backward: region 2's own gradients and the outgoing boundary gradient are counted though "
+         "not yet live at the FFN's backward peak (H200 deepseek-v2-lite W1 backward[2] 1.03)")
+SLIDE = ("sliding-window backward at W = 64, N = 4096: formula 0.98 of the trace (1.02 of the H200 measurement "
+         "at W = 8, N = 16384)")
+HEAD = ("head phase: the fake-tensor trace holds the head's gradient at the phase's peak; the H200 allocator "
+        "history does not (ring_dtp.py:101 allocates it after the logit strips are freed: gpt-oss-W8 head "
+        "0.999 without it), and the formula follows the GPU (test_step_head_formula_vs_trace checks the rest)")
+T, O = "phase total", "optimizer_step (peak above start)"
+_MOE_ROWS = {("forward[2]", T): MOE, ("forward[4]", T): MOE, ("backward[4]", T): MOE, ("backward[2]", T): MOE}
+_OPT_ROWS = {("optimizer", T): OPT, ("optimizer", O): OPT, ("head", T): HEAD}
+KNOWN_GAPS = {
+    ("gpt-oss-20b", 8): {**_MOE_ROWS, **_OPT_ROWS, ("backward[3]", T): SINKS},
+    ("gpt-oss-20b", 64): {**_MOE_ROWS, **_OPT_ROWS, ("backward[3]", T): SINKS, ("backward[1]", T): SLIDE},
+    ("qwen3-30b-a3b", 8): {**_MOE_ROWS, **_OPT_ROWS, ("backward[3]", T): QKN, ("backward[1]", T): QKN},
+    ("qwen3-30b-a3b", 64): {**_MOE_ROWS, **_OPT_ROWS, ("backward[3]", T): QKN, ("backward[1]", T): QKN},
+    ("deepseek-v2-lite", 8): {("forward[4]", T): MOE, ("backward[4]", T): MOE, **_OPT_ROWS,
+                              ("forward[3]", T): MLA, ("backward[3]", T): MLA, ("backward[1]", T): MLA,
+                              ("backward[2]", T): DENSE},
+    ("deepseek-v2-lite", 64): {("forward[4]", T): MOE, ("backward[4]", T): MOE, **_OPT_ROWS,
+                               ("forward[3]", T): MLA, ("backward[3]", T): MLA, ("backward[1]", T): MLA,
+                               ("backward[2]", T): DENSE},
+}
+"""Per traced case, the rows (phase, what) known to miss ``FORMULA_VS_TRACE``, with the reason. A row
+outside the list that misses fails the test; a listed row that comes within tolerance fails it too
+(remove it from the list)."""
 _CACHE: dict = {}
 
 
@@ -79,10 +107,19 @@ def test_step_persistent_formula_vs_trace(model, W):
 @pytest.mark.parametrize("model", MODELS)
 def test_step_head_formula_vs_trace(model, W):
     """The head phase: every retained boundary, the final norm's saved tensors, the Ring-DTP head,
-    the weights and the gradients that exist by then (freed lifetime)."""
+    the weights (freed lifetime: no gradient yet; the trace's head gradient, which the GPU does not
+    hold at the peak, is taken out of the trace's bytes)."""
     res = _trace(model, W)
     row = next(r for r in res.rows if r.phase == "head")
-    assert abs(row.predicted - row.measured) <= FORMULA_VS_TRACE * row.measured, _table(res)
+    # the trace holds the head's gradient at the peak, the GPU does not (KNOWN_GAPS' HEAD): compare the rest
+    from planner.runtime.validate_plan import predict
+
+    acc = predict(trace_planfile(model, world_size=W, seq_len=SEQ_LEN), "accumulate", timing=False,
+                  dispatch_bound="expected")
+    grad = acc.term_bytes("head", ("head grad (vocab shard)",))   # P > 1 here: the Ring-DTP shard
+    assert grad > 0 and res.prediction.term_bytes("head", ("head grad (vocab shard)",)) == 0
+    measured = row.measured - grad
+    assert abs(row.predicted - measured) <= FORMULA_VS_TRACE * measured, _table(res)
 
 
 @pytest.mark.skipif(not STEP_TRACES, reason="PLANNER_FAST_TRACES=1")
@@ -98,12 +135,19 @@ def test_step_first_forward_formula_vs_trace(model, W):
 
 
 @pytest.mark.skipif(not STEP_TRACES, reason="PLANNER_FAST_TRACES=1")
-@pytest.mark.xfail(strict=True, reason=KNOWN_MISSES)
 @pytest.mark.parametrize("W", WORLDS)
 @pytest.mark.parametrize("model", MODELS)
 def test_step_phases_formula_vs_trace(model, W):
+    """Every judged row agrees within ``FORMULA_VS_TRACE`` except the known gaps (``KNOWN_GAPS``),
+    which still miss."""
     res = _trace(model, W)
-    assert res.ok, _table(res)
+    gaps = KNOWN_GAPS[model, W]
+    rows = {(r.phase, r.what): r for r in res.rows if r.judged}
+    assert set(gaps) <= set(rows), set(gaps) - set(rows)
+    new = [k for k, r in rows.items() if not r.ok and k not in gaps]
+    fixed = [k for k in gaps if rows[k].ok]
+    assert not new, "new misses:\n" + _table(res)
+    assert not fixed, f"known gaps now within tolerance (remove them from KNOWN_GAPS): {fixed}\n" + _table(res)
 
 
 REGIONS = [("qwen3-30b-a3b", 1), ("gpt-oss-20b", 3), ("gpt-oss-20b", 1), ("deepseek-v2-lite", 2)]

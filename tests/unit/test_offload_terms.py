@@ -77,7 +77,10 @@ def test_sco_boundaries_by_phase(h200):
     got = _by_phase(ctx, boundaries)
     final_norm = N * ctx.hidden_size * 4 + N * 4 + nh  # saved fp32 input + rsqrt, normed input
     assert got["head"] == (L_b - 3) * nh + final_norm
-    assert got["forward[1]"] == 2 * nh and got[f"forward[{L_b}]"] == (L_b - 1 - 3 + 2) * nh
+    # forward[1] is an attention region (its output comes after its interior: input only); the last
+    # region is a MoE region, whose forward holds the dispatcher's output beside its input
+    assert ctx.regions[0] == "attention" and ctx.regions[-1] == "moe"
+    assert got["forward[1]"] == nh and got[f"forward[{L_b}]"] == (L_b - 1 - 3 + 2) * nh
     assert got["backward[1]"] == 3 * nh  # input + grad in/out, nothing to prefetch
     assert got["backward[2]"] == got["backward[4]"] == 4 * nh  # input + prefetch + grads
     assert got["backward[5]"] == 4 * nh  # h_4 retained + input h_5 + grads
