@@ -17,22 +17,21 @@ beside the routed output ``N·H``; counted on top of ``dispatch`` (conservative)
 until a MoE region with shared experts is traced.
 
 Without checkpointing these tensors are saved activations (``boundaries``); the FSDP2 baseline's
-per-layer regions count them there.
+FFN sub-steps are in ``planner.budget.fsdp2_layer``.
 """
 
 from __future__ import annotations
 
 from planner.budget.context import Ctx
 from planner.budget.terms import Term
-from planner.units import ceil_div
 
 SOURCE = "tensor inventory of planner/runtime/model_layers.py GatedMLP in a region checkpoint"
 
 
 def terms(ctx: Ctx) -> list[Term]:
     """FFN working-set terms of one rank (composed stack, checkpointed regions)."""
-    if ctx.stack == "fsdp2":
-        return _fsdp2_terms(ctx)
+    if ctx.stack == "fsdp2":   # the baseline's FFN sub-steps: planner.budget.fsdp2_layer
+        return []
     if ctx.checkpoint == "none":
         return []
     N, H, b, m = ctx.tokens_per_rank, ctx.hidden_size, ctx.act_bytes, ctx.model
@@ -55,18 +54,3 @@ def terms(ctx: Ctx) -> list[Term]:
                  "N·(H + 4·I_s)", ("backward",), regions=("moe",), provisional=True, source=SOURCE),
         ]
     return out
-
-
-def _fsdp2_terms(ctx: Ctx) -> list[Term]:
-    """FSDP2 baseline, ``ac = full`` (the whole layer is one checkpoint): in the MoE layer's backward
-    the recompute has saved the shared experts' gate, up and silu·up, and their backward adds the
-    gradient of silu·up, ``4·N·I_s`` beside the routed experts' saved tensors (whole-step trace,
-    ``tests/trace/test_fsdp2_trace.py``, bf16 case with a shared expert). Dense layers need no term
-    there (their trace agrees without one); under ``selective``/``none`` these are saved activations
-    (``boundaries``)."""
-    I_s = ctx.model.shared_expert_ffn
-    if ctx.ac != "full" or not I_s or "moe" not in set(ctx.regions):
-        return []
-    N = ceil_div(ctx.tokens_per_rank, ctx.tp)
-    return [Term("shared experts backward: saved gate, up, silu·up and its gradient", "ffn", N * 4 * I_s,
-                 ctx.act_bytes, "4·N·I_s/tp", ("backward",), regions=("moe",), provisional=True, source=SOURCE)]

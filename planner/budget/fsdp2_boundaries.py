@@ -1,0 +1,82 @@
+"""Live set ``boundaries`` of the FSDP2 baseline (one checkpointed region per layer, ``L_b = L``):
+what the layers other than the current one leave alive, the current layer's input and output
+gradient, and the final norm's saved tensors.
+
+Legend: ``N_sp = ceil(N/tp)`` tokens of a sequence-parallel boundary, ``H`` hidden, ``b`` bytes per
+activation scalar, ``r`` the layer of the phase, ``s(ℓ)`` the saved activations of layer ``ℓ`` per
+token (``planner.budget.boundaries.saved_per_token``: every tensor autograd saves for ``ac = none``,
+the op-level SAC subset for ``ac = selective``).
+
+    ac = full       retained layer inputs   forward[r], backward[r]: (r−1)·N_sp·H; head: L·N_sp·H
+    ac = none /     saved activations of    forward[r], backward[r]: Σ_{ℓ<r} s(ℓ)·N_sp; head: Σ_ℓ
+    selective       the layers before r     (SAC adds each layer's input, the checkpoint input)
+    every ac        layer input             forward[r]: N_sp·H; backward[r] as the checkpoint's
+                                            input (full, selective): under ac = none autograd saves
+                                            no layer input (RMSNorm keeps its fp32 copy instead)
+                    layer-output gradient   backward[r]: N_sp·H (autograd's gradient of the layer
+                                            output while the layer's backward runs)
+
+The current layer's own saved and transient tensors are the sub-steps of
+``planner.budget.fsdp2_layer``. The final norm runs outside the checkpoints: its saved fp32 input and
+rsqrt and its normed input live through the head (``planner.budget.boundaries``'s ``_final_norm``).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from planner.budget import boundaries
+from planner.budget.context import Ctx
+from planner.budget.terms import ALL_STEP, FWD_BWD, Phase, Term
+from planner.units import ceil_div
+
+SOURCE = ("tensor inventory of planner/runtime/fsdp2.py + model.py; GPU allocator history of planner "
+          "validate's step (bench/memory_snapshot.py, H200)")
+
+
+def saved_layer_per_token(ctx: Ctx, kind: str, selective: bool) -> tuple[int, int]:
+    """Saved activations of one baseline layer (attention + its FFN) per token, (b-byte, fp32)."""
+    a = boundaries.saved_per_token(ctx, "attention", selective)
+    f = boundaries.saved_per_token(ctx, kind, selective)
+    return a[0] + f[0], a[1] + f[1]
+
+
+def terms(ctx: Ctx) -> list[Term]:
+    H = ctx.hidden_size
+    N_sp = ceil_div(ctx.tokens_per_rank, ctx.tp)
+    NH = N_sp * H
+    kinds = ctx.regions
+    L = len(kinds)
+    b = ctx.act_bytes
+    out = [
+        Term("layer input", "boundaries", NH, b, "N_sp·H", FWD_BWD if ctx.ac != "none" else ("forward",),
+             source=SOURCE),
+        Term("layer-output gradient", "boundaries", NH, b, "N_sp·H", ("backward",), source=SOURCE),
+    ]
+    out += boundaries._final_norm(ctx, N_sp, H)
+
+    def before(ph: Phase) -> int:
+        return L if ph.kind == "head" else ph.region - 1
+
+    if ctx.ac == "full":
+        return [Term("retained layer inputs", "boundaries", L * NH, b,
+                     "forward[r]/backward[r]: (r−1)·N_sp·H; head: L·N_sp·H", ALL_STEP,
+                     at=lambda ph: before(ph) * NH, source=SOURCE)] + out
+    selective = ctx.ac == "selective"
+    per = [saved_layer_per_token(ctx, k, selective) for k in kinds]
+    cum_b = np.cumsum([0] + [p[0] for p in per]).tolist()
+    cum_f = np.cumsum([0] + [p[1] for p in per]).tolist()
+    how = "op-level SAC" if selective else "every saved tensor"
+    out += [
+        Term("saved activations of the layers before r", "boundaries", cum_b[-1] * N_sp, b,
+             f"Σ_{{ℓ<r}} s(ℓ)·N_sp ({how}; b-byte tensors; head: every layer)", ALL_STEP,
+             at=lambda ph: cum_b[before(ph)] * N_sp, provisional=True, source=boundaries.SAVED_SOURCE),
+        Term("saved activations of the layers before r (fp32)", "boundaries", cum_f[-1] * N_sp, 4,
+             f"Σ_{{ℓ<r}} s(ℓ)·N_sp ({how}; fp32 tensors)", ALL_STEP,
+             at=lambda ph: cum_f[before(ph)] * N_sp, provisional=True, source=boundaries.SAVED_SOURCE),
+    ]
+    if selective:
+        out.append(Term("inputs of the layers before r (SAC keeps the checkpoint input)", "boundaries",
+                        L * NH, b, "(r−1)·N_sp·H (head: L·N_sp·H)", ALL_STEP, at=lambda ph: before(ph) * NH,
+                        provisional=True, source=boundaries.SAVED_SOURCE))
+    return out

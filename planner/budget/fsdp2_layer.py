@@ -1,0 +1,280 @@
+"""The current layer's working set in the FSDP2 baseline (one region per layer): its sub-steps run
+one after the other, so a layer phase holds the **largest** of them, not their sum.
+
+Legend: ``N`` tokens per rank (``S/cp``), ``N_sp = ceil(N/tp)``, ``H`` hidden, ``b`` bytes per
+activation scalar, ``h_q = n_h/tp``, ``h_kv = n_kv/tp`` heads, ``qkv = N·(h_q·d_qk + h_kv·(d_qk+d_v))``,
+``o = N·h_q·d_v``, ``I_d`` dense FFN width, ``I_s`` shared-expert width, ``D`` the routed experts'
+dispatch working set of the phase (``planner.budget.dispatch``, standard EP; it includes the MoE
+rows autograd saves), ``A`` the attention's saved tensors (``planner.budget.boundaries``
+``saved_per_token``: normed input and its weighted copy, q, k, v, output, the norm's fp32 copy and
+rsqrt, lse, and the RoPE cos/sin tables ``N·d_rot`` fp32), ``Θ^d`` / ``Θ^e`` the layer's dense /
+expert parameters (``planner.budget.fsdp2_gathered``), ``[c]`` 1 when ``c`` holds.
+
+Sub-steps (GPU allocator history of ``planner validate``'s step, ``bench/memory_snapshot.py``, H200;
+the site named is the allocating line of ``planner/runtime``):
+
+forward[r]
+    attention      normed input N·H, qkv, o, lse N·h_q (fp32), o-proj output N·H, the context-
+                   parallel K/V buffers, the layer's all-gather output Θ^d held by FSDP2 [F>1]
+    ffn (moe)      the attention-region output N_sp·H (``model.py`` attention_region), the normed
+                   FFN input N·H (``model_layers.py`` RMSNorm), D; the experts' all-gather output
+                   Θ^e held [F/ep > 1] (the layer's own is freed by the experts' all-gather); under
+                   ac = none / selective the attention's saved A (A_SAC) as well
+    ffn (dense)    the same two N·H, gate, silu and up 3·N·I_d/tp (``model_layers.py`` GatedMLP:
+                   DeepSeek W64 forward[1], three 684 MiB blocks), the layer's all-gather output
+                   Θ^d held [F>1] (the 309 MiB of its 11 blocks = 2·Θ^d)
+    shared experts the two N·H, the routed output N·H, the shared experts' 3·N·I_s/tp (they run
+                   after the routed experts, whose rows are freed by then)
+
+backward[r] (ac = full recomputes the whole layer first, so A and the FFN's saved tensors exist
+again; ac = none keeps them from the forward)
+    ffn (moe)      A, the FFN norm's fp32 copy and normed input N·H·4 + 2·N·H·b, D
+    ffn (dense)    A, the FFN norm's, GatedMLP's saved gate, silu, up 3·N·I_d/tp and the in-flight
+                   gradients of the product, gate and up 3·N·I_d/tp (DeepSeek W64 backward[1])
+    attention      A, the gradients of q, k, v and o, the attention-region gradient N_sp·H, the
+                   attention's weight gradients Θ_attn/tp, FlashAttention's dq_accum/softmax_d
+                   ``w_fa·N·h_q·d_qk`` bytes and (GQA) its dk/dv expansion ``N·h_q·(d_qk+d_v)·b``
+    grad RS        the layer's unsharded gradients Θ_r (param dtype) and their fp32 reduce-scatter
+                   input Θ_r, the layer-input gradient N_sp·H
+    embedding (r=1) the embedding's unsharded table and its dense gradient V·H/tp (param dtype),
+                   its fp32 reduce-scatter input V·H/tp, the gradient of its output N_sp·H
+
+The reference sub-step (ffn) is counted term by term (D stays in ``dispatch``); every other
+sub-step adds its excess over the reference, ``max(0, T_s − T_ffn)``, so a phase holds
+``max_s T_s``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from planner.budget import boundaries, dispatch, fsdp2_gathered as fg, regions
+from planner.budget.attention_sliding import CHUNKED_LOCAL_TYPES
+from planner.budget.context import Ctx
+from planner.budget.terms import Phase, Term
+from planner.plans.sdpa_layout import MASK_ALIGN, SINK_PAD
+from planner.units import ceil_div
+
+SOURCE = ("tensor inventory of planner/runtime/{fsdp2,model,model_layers,attention,moe_block}.py; GPU "
+          "allocator history of planner validate's step (bench/memory_snapshot.py, H200)")
+
+
+@dataclass(frozen=True)
+class Item:
+    live_set: str
+    name: str
+    count: Any
+    elem_bytes: int
+    formula: str
+
+    @property
+    def nbytes(self):
+        return np.asarray(self.count, dtype=np.int64) * self.elem_bytes
+
+
+def _dims(ctx: Ctx):
+    m = ctx.model
+    n_kv = m.num_heads if m.attention == "mla" else m.num_kv_heads
+    return ceil_div(m.num_heads, ctx.tp), ceil_div(n_kv, ctx.tp), m.head_dim, m.v_dim
+
+
+def _rot_dim(ctx: Ctx) -> int:
+    m = ctx.model
+    return m.mla.qk_rope_head_dim if m.attention == "mla" and m.mla is not None else m.head_dim
+
+
+def local_layers(ctx: Ctx) -> frozenset[int]:
+    """1-based layers (= baseline regions) whose attention runs ``planner.runtime.sdpa._sliding``."""
+    m = ctx.model
+    if m.sliding_window is None or m.model_type in CHUNKED_LOCAL_TYPES or m.attention == "mla":
+        return frozenset()
+    return frozenset(i + 1 for i in m.local_layers)
+
+
+def attention_saved_counts(ctx: Ctx, selective: bool, local: bool):
+    """``(b-byte elements, fp32 elements)`` autograd keeps of one layer's attention.
+
+    The per-token inventory of ``boundaries.saved_per_token`` times ``N_sp``, the RoPE cos/sin
+    tables ``N·d_rot`` (fp32), and without SAC what the GPU allocator history shows beyond it:
+    QK-norm's RMSNorm over q and k keeps its fp32 copy, rsqrt and normed output,
+    ``N·(h_q+h_kv)·(d_qk (fp32) + 1 (fp32) + d_qk (b))`` (Qwen3 W8 backward[2]: 576 + 4.5 + 288 MiB at
+    ``model_layers.py`` RMSNorm under ``attention.py`` q_norm/k_norm); attention sinks pad q, k, v and
+    the output by ``SINK_PAD`` channels and copy the sliced output for the o-projection,
+    ``N·(SINK_PAD·(2·h_q + 2·h_kv) + h_q·d_v)`` (gpt-oss W32 backward[2]: ``sdpa.py`` _global q3/k3/v3
+    288 + 36 + 36 MiB, ``attention.py`` o-proj input 256 MiB); a sliding-window layer saves its
+    blocks instead of q, k, v and o (``planner.plans.sdpa_layout``; ``R = B·n_b·w·h_q``): query blocks
+    ``R·w_q``, key/value blocks padded to ``L_p``, ``R·L_p/w·(w_k+w_v)``, the additive mask
+    ``B·n_b·w·L_p``, the blocked output ``R·w_v`` and its unblocked copy ``N·h_q·d_v`` (gpt-oss W32
+    backward[1]: 288, 1224, 17, 288 and 256 MiB at ``sdpa.py`` _blocks/_sliding).
+    """
+    m = ctx.model
+    N, N_sp = ctx.tokens_per_rank, ceil_div(ctx.tokens_per_rank, ctx.tp)
+    hq, hkv, d_qk, d_v = _dims(ctx)
+    eb, ef = boundaries.saved_per_token(ctx, "attention", selective)
+    cb, cf = eb * N_sp, ef * N_sp + N * _rot_dim(ctx)
+    if selective:
+        return cb, cf
+    if m.qk_norm:
+        cb, cf = cb + N * (hq + hkv) * d_qk, cf + N * (hq + hkv) * (d_qk + 1)
+    sink = bool(m.attention_sinks)
+    if local and m.sliding_window:
+        w, B = int(m.sliding_window), ctx.seqs_per_microbatch
+        S = np.asarray(N) // B
+        nb = -(-S // w)
+        R = B * nb * w * hq
+        wq = wk = d_qk + (SINK_PAD if sink else 0)
+        wv = d_qk + SINK_PAD if sink else d_v
+        lk_p = -(-(2 * w + int(sink)) // MASK_ALIGN) * MASK_ALIGN
+        blocks = R * wq + R * lk_p // w * (wk + wv) + B * nb * w * lk_p + R * wv + N * hq * d_v
+        cb = cb - N * (hq * d_qk + hkv * (d_qk + d_v)) - N * hq * d_v + blocks
+    elif sink:
+        cb = cb + N * (SINK_PAD * (2 * hq + 2 * hkv) + hq * d_v)
+    return cb, cf
+
+
+def attention_saved(ctx: Ctx, selective: bool = False, local: bool = False) -> list[Item]:
+    """``A``: what autograd keeps of one layer's attention (``attention_saved_counts``)."""
+    cb, cf = attention_saved_counts(ctx, selective, local)
+    tag = "SAC subset" if selective else "every saved tensor"
+    return [Item("attention", f"attention saved tensors ({tag})", cb, ctx.act_bytes,
+                 "s_attn·N_sp (+ QK-norm, sinks, sliding blocks; b-byte)"),
+            Item("attention", f"attention saved tensors ({tag}, fp32)", cf, 4,
+                 "s_attn·N_sp + N·d_rot (+ QK-norm; fp32: norm copies, rsqrt, lse; RoPE cos/sin)")]
+
+
+def _cp_kv(ctx: Ctx, N, hkv, d_qk, d_v) -> Item:
+    cp = np.asarray(ctx.cp)
+    shards = cp if ctx.cp_rotate == "allgather" else 2
+    return Item("attention", f"context-parallel K/V buffers ({ctx.cp_rotate})",
+                shards * N * hkv * (d_qk + d_v) * (cp > 1), ctx.act_bytes,
+                ("cp" if ctx.cp_rotate == "allgather" else "2") + "·N·h_kv·(d_qk+d_v) if cp > 1")
+
+
+def _substeps(ctx: Ctx, kind: str, rkind: str, local: bool) -> tuple[dict[str, list[Item]], str]:
+    """``({sub-step: items}, reference)`` of a ``kind`` phase of a ``rkind`` layer."""
+    N, H, b = ctx.tokens_per_rank, ctx.hidden_size, ctx.act_bytes
+    N_sp = ceil_div(N, ctx.tp)
+    hq, hkv, d_qk, d_v = _dims(ctx)
+    qkv, o = N * (hq * d_qk + hkv * (d_qk + d_v)), N * hq * d_v
+    F, Fe = fg.fsdp_degree(ctx), fg.expert_degree(ctx)
+    th_d, th_e = fg.layer_dense_params(ctx, rkind), fg.layer_expert_params(ctx, rkind)
+    mid = [Item("boundaries", "attention-region output", N_sp * H, b, "N_sp·H"),
+           Item("ffn", "normed FFN input", N * H, b, "N·H")]
+    saved_regime = ctx.ac != "full"
+    moe = rkind == "moe"
+    I_d = ceil_div(ctx.dense_ffn, ctx.tp) if not moe else 0
+    I_s = ceil_div(ctx.model.shared_expert_ffn or 0, ctx.tp)
+    if kind == "forward":
+        att = [Item("attention", "normed attention input (all-gathered)", N * H, b, "N·H"),
+               Item("attention", "q, k, v", qkv, b, "qkv"), Item("attention", "attention output", o, b, "o"),
+               Item("attention", "log-sum-exp (fp32)", N * hq, 4, "N·h_q"),
+               Item("attention", "o-proj output (before reduce-scatter)", N * H, b, "N·H"),
+               _cp_kv(ctx, N, hkv, d_qk, d_v),
+               Item("gathered", "layer all-gather output held (dense part)", th_d * (F > 1), b, "Θ^d·[F>1]")]
+        keep = attention_saved(ctx, ctx.ac == "selective", local) if saved_regime else []
+        if moe:
+            ffn = mid + keep + [Item("gathered", "experts' all-gather output held", th_e * (Fe > 1), b,
+                                     "Θ^e·[F/ep>1]")]
+            out = {"ffn": ffn, "attention": att}
+            if I_s:
+                out["shared experts"] = mid + keep + [
+                    Item("ffn", "routed output", N * H, b, "N·H"),
+                    Item("ffn", "shared experts: gate, silu, up", 3 * N * I_s, b, "3·N·I_s/tp")]
+            return out, "ffn"
+        ffn = mid + keep + [Item("ffn", "dense FFN: gate, silu, up", 3 * N * I_d, b, "3·N·I_d/tp"),
+                            Item("gathered", "layer all-gather output held", th_d * (F > 1), b, "Θ^d·[F>1]")]
+        return {"ffn": ffn, "attention": att}, "ffn"
+    A = attention_saved(ctx, local=local)
+    norm = [Item("ffn", "FFN norm: saved fp32 copy", N_sp * H, 4, "N_sp·H"),
+            Item("ffn", "FFN norm: saved normed input and its weighted copy", 2 * N * H, b, "2·N·H")]
+    mem = ctx.cluster.memory
+    fa = N * hq * d_qk * int(mem.flash_workspace_bytes_per_elem.value)
+    exp = N * hq * (d_qk + d_v) * b if hkv < hq else 0
+    att_params = ceil_div(regions.attention_region_params(ctx.model), ctx.tp)
+    att = A + [Item("attention", "grads of q, k, v, o", qkv + o, b, "qkv + o"),
+               Item("attention", "attention-region gradient", N_sp * H, b, "N_sp·H"),
+               Item("attention", "attention weight gradients", att_params, b, "Θ_attn/tp"),
+               Item("workspace", "FlashAttention backward dq_accum/softmax_d", fa, 1, "w_fa·N·h_q·d_qk (bytes)"),
+               Item("workspace", "FlashAttention GQA dk/dv expansion", exp, 1, "N·h_q·(d_qk+d_v)·b if h_kv < h_q")]
+    th = fg.layer_params(ctx, rkind)
+    rs = [Item("gathered", "layer unsharded gradients (param dtype)", th, b, "Θ_r"),
+          Item("gathered", "layer fp32 reduce-scatter input", th, 4, "Θ_r"),
+          Item("boundaries", "layer-input gradient", N_sp * H, b, "N_sp·H")]
+    if moe:
+        ffn = A + norm
+        if I_s:
+            ffn = ffn + [Item("ffn", "shared experts: saved gate, silu, up and the product's gradient",
+                              4 * N * I_s, b, "4·N·I_s/tp")]
+    else:
+        ffn = A + norm + [Item("ffn", "dense FFN: saved gate, silu, up", 3 * N * I_d, b, "3·N·I_d/tp"),
+                          Item("ffn", "dense FFN: gradients of the product, gate and up", 3 * N * I_d, b,
+                               "3·N·I_d/tp")]
+    out = {"ffn": ffn, "attention": att, "grad reduce-scatter": rs}
+    return out, "ffn"
+
+
+def _embedding_grad(ctx: Ctx) -> list[Item]:
+    b, N_sp = ctx.act_bytes, ceil_div(ctx.tokens_per_rank, ctx.tp)
+    VH_tp = ceil_div(ctx.vocab_size * ctx.hidden_size, ctx.tp)
+    return [Item("gathered", "embedding table, unsharded", VH_tp, b, "V·H/tp"),
+            Item("gathered", "embedding dense gradient", VH_tp, b, "V·H/tp"),
+            Item("gathered", "embedding fp32 reduce-scatter input", VH_tp, 4, "V·H/tp"),
+            Item("boundaries", "embedding-output gradient", N_sp * ctx.hidden_size, b, "N_sp·H")]
+
+
+def _dispatch_bytes(ctx: Ctx, kind: str):
+    ph = Phase(kind, 1, "moe")
+    return sum((np.asarray(t.bytes_in(ph), dtype=np.int64) for t in dispatch.terms(ctx)), np.int64(0))
+
+
+def _total(items: list[Item]):
+    return sum((i.nbytes for i in items), np.int64(0))
+
+
+def _scalar(v):
+    return int(v) if np.ndim(v) == 0 else v
+
+
+def _pick(g, l, local):
+    """``at`` for a count that differs on the sliding-window layers ``local``."""
+    g, l = _scalar(g), _scalar(l)
+    return np.maximum(g, l), (lambda ph: l if ph.region in local else g)
+
+
+def _excess(sub: dict, ref: str, t_ref, extra: dict | None = None):
+    d = {s: v for s, v in sub.items() if s != ref}
+    d.update(extra or {})
+    return np.maximum.reduce(np.broadcast_arrays(np.int64(0), *[_total(v) - t_ref for v in d.values()]))
+
+
+def terms(ctx: Ctx) -> list[Term]:
+    kinds = ctx.regions
+    local = local_layers(ctx)
+    out: list[Term] = []
+    for kind in ("forward", "backward"):
+        for rkind in sorted(set(kinds)):
+            (sub, ref), (sub_l, _) = _substeps(ctx, kind, rkind, False), _substeps(ctx, kind, rkind, True)
+            D = _dispatch_bytes(ctx, kind) if rkind == "moe" else np.int64(0)
+            t_ref, t_ref_l = _total(sub[ref]) + D, _total(sub_l[ref]) + D
+            reg = (rkind,)
+            for i, il in zip(sub[ref], sub_l[ref]):
+                count, at = _pick(i.count, il.count, local)
+                out.append(Term(i.name, i.live_set, count, i.elem_bytes,
+                                f"{i.formula}  [{kind}, {ref} sub-step" + (" beside D]" if rkind == "moe" else "]"),
+                                (kind,), regions=reg, at=at, source=SOURCE))
+            emb = {"embedding gradient": _embedding_grad(ctx)} if kind == "backward" and kinds[0] == rkind else {}
+            ex, ex_l = _excess(sub, ref, t_ref), _excess(sub_l, ref, t_ref_l)
+            ex1 = _excess(sub_l if 1 in local else sub, ref, t_ref_l if 1 in local else t_ref, emb)
+            ex, ex_l, ex1 = _scalar(ex), _scalar(ex_l), _scalar(ex1)
+            what = "; ".join(f"T_{{{n}}} = " + " + ".join(f"{i.name} {i.formula}" for i in v)
+                             for n, v in {**{s: v for s, v in sub.items() if s != ref}, **emb}.items())
+            out.append(Term(f"{kind} sub-steps after the {ref}: excess over it", "attention",
+                            np.maximum.reduce(np.broadcast_arrays(ex, ex_l, ex1)), 1,
+                            f"max(0, max_s T_s − T_{ref}) over the other sub-steps ({what}"
+                            + ("; the embedding's at r = 1 only)" if emb else ")"), (kind,), regions=reg,
+                            at=lambda ph, ex=ex, ex_l=ex_l, ex1=ex1: ex1 if ph.region == 1 else
+                            (ex_l if ph.region in local else ex), source=SOURCE))
+    return out
