@@ -18,8 +18,9 @@ validate``'s own step (``bench/memory_snapshot.py``, H200, torch 2.11):
                                  V·H/tp·[F>1]       backward[1]: the embedding's (1104.6 MiB)
     held reduce-scatter input    V·H/tp + H (fp32)  backward[L]: the head's, kept until this
                                  Θ_{r+1} (fp32)     layer reduces; backward[r < L]: layer r+1's
-                                                    (reduce_scatter_max_input_buffers = 1; gpt-oss
-                                                    W32 backward[1]: 196.6 MiB = Θ_2 · 4 B)
+                                                    (reduce_scatter_max_input_buffers = 1; the
+                                                    experts' part, on a one-rank mesh with freed
+                                                    gradients, is their gradient shard itself)
     head unit (param dtype)      V·H/tp             head (``reshard_after_forward=False``). Its
                                                     forward all-gather output is freed at the root's
                                                     post-forward, before the loss's backward
@@ -96,8 +97,16 @@ def terms(ctx: Ctx) -> list[Term]:
             return VH_tp * (F > 1)
         return dense[kinds[ph.region - 2]] * (F > 1)
 
+    Fe = expert_degree(ctx)
+    own = ctx.grad_lifetime == "freed"
+
     def held_rs(ph: Phase):
-        return head_rs_input(ctx) if ph.region == L else theta[kinds[ph.region]]
+        if ph.region == L:
+            return head_rs_input(ctx)
+        k = kinds[ph.region]
+        # freed gradients on a one-rank expert mesh: the experts' fp32 input is their gradient shard
+        # (persistent), not a second buffer (Qwen3 W8 backward[1]: 361 MiB = Θ_2·4 B in all)
+        return theta[k] - (layer_expert_params(ctx, k) * (Fe == 1) if own else 0)
 
     big = max(theta.values(), key=lambda v: int(np.max(v)))
     return [
@@ -109,7 +118,8 @@ def terms(ctx: Ctx) -> list[Term]:
              at=prefetch, source=SOURCE),
         Term("held fp32 reduce-scatter input of the previous unit", "gathered",
              np.maximum(head_rs_input(ctx), big), 4,
-             "backward[L]: V·H/tp + H (the head's); backward[r < L]: Θ_{r+1}", ("backward",), at=held_rs,
+             "backward[L]: V·H/tp + H (the head's); backward[r < L]: Θ_{r+1} (less Θ^e_{r+1} when freed "
+             "gradients have a one-rank expert mesh: that input is their persistent shard)", ("backward",), at=held_rs,
              source=SOURCE),
         Term("head unit (param dtype)", "gathered", VH_tp, b, "V·H/tp", ("head",), source=SOURCE),
     ]

@@ -28,9 +28,16 @@ forward[r]
 
 backward[r] (ac = full recomputes the whole layer first, so A and the FFN's saved tensors exist
 again; ac = none keeps them from the forward)
-    ffn (moe)      A, the FFN norm's fp32 copy and normed input N·H·4 + 2·N·H·b, D
-    ffn (dense)    A, the FFN norm's, GatedMLP's saved gate, silu, up 3·N·I_d/tp and the in-flight
-                   gradients of the product, gate and up 3·N·I_d/tp (DeepSeek W64 backward[1])
+    ffn (moe)      A, the FFN norm's fp32 copy and normed input N·H·4 + 2·N·H·b, D; with shared
+                   experts (they ran last, so their backward ran first) their weight gradients
+                   3·H·I_s/tp and input gradient N·H (DeepSeek W64 backward[2]: MmBackward0 3 × 11
+                   + 128 MiB; none of their activations)
+    shared experts A, the FFN norm's, the routed experts' saved rows (≈ D_f), the shared experts'
+                   saved gate, silu, up and in-flight gradients 6·N·I_s/tp, their weight gradients
+    ffn (dense)    A, the FFN norm's, GatedMLP's saved gate, silu, up 3·N·I_d/tp, the in-flight
+                   gradients of the product, gate and up 3·N·I_d/tp and the down projection's weight
+                   gradient H·I_d/tp (DeepSeek W64 backward[1]: MulBackward0 2 × 684, MmBackward0 684
+                   + 42.8 MiB)
     attention      A, the gradients of q, k, v and o, the attention-region gradient N_sp·H, the
                    attention's weight gradients Θ_attn/tp, FlashAttention's dq_accum/softmax_d
                    ``w_fa·N·h_q·d_qk`` bytes and (GQA) its dk/dv expansion ``N·h_q·(d_qk+d_v)·b``
@@ -101,7 +108,10 @@ def attention_saved_counts(ctx: Ctx, selective: bool, local: bool):
     tables ``N·d_rot`` (fp32), and without SAC what the GPU allocator history shows beyond it:
     QK-norm's RMSNorm over q and k keeps its fp32 copy, rsqrt and normed output,
     ``N·(h_q+h_kv)·(d_qk (fp32) + 1 (fp32) + d_qk (b))`` (Qwen3 W8 backward[2]: 576 + 4.5 + 288 MiB at
-    ``model_layers.py`` RMSNorm under ``attention.py`` q_norm/k_norm); attention sinks pad q, k, v and
+    ``model_layers.py`` RMSNorm under ``attention.py`` q_norm/k_norm); MLA keeps the keys' no-RoPE
+    part twice (in the ``kv_b`` output that v views and in the concatenated k), ``N·h_q·d_nope``, and
+    its latent norms' fp32 copies ``N·(kv_lora + q_lora)`` (DeepSeek W64 backward[1]: ``attention.py``
+    kv 256 + k 192 MiB, the kv-norm's 64 MiB fp32 copy); attention sinks pad q, k, v and
     the output by ``SINK_PAD`` channels and copy the sliced output for the o-projection,
     ``N·(SINK_PAD·(2·h_q + 2·h_kv) + h_q·d_v)`` (gpt-oss W32 backward[2]: ``sdpa.py`` _global q3/k3/v3
     288 + 36 + 36 MiB, ``attention.py`` o-proj input 256 MiB); a sliding-window layer saves its
@@ -119,6 +129,10 @@ def attention_saved_counts(ctx: Ctx, selective: bool, local: bool):
         return cb, cf
     if m.qk_norm:
         cb, cf = cb + N * (hq + hkv) * d_qk, cf + N * (hq + hkv) * (d_qk + 1)
+    if m.attention == "mla" and m.mla is not None:
+        a = m.mla
+        cb = cb + N * hq * a.qk_nope_head_dim
+        cf = cf + N * (a.kv_lora_rank + (a.q_lora_rank or 0))
     sink = bool(m.attention_sinks)
     if local and m.sliding_window:
         w, B = int(m.sliding_window), ctx.seqs_per_microbatch
@@ -203,16 +217,25 @@ def _substeps(ctx: Ctx, kind: str, rkind: str, local: bool) -> tuple[dict[str, l
     rs = [Item("gathered", "layer unsharded gradients (param dtype)", th, b, "Θ_r"),
           Item("gathered", "layer fp32 reduce-scatter input", th, 4, "Θ_r"),
           Item("boundaries", "layer-input gradient", N_sp * H, b, "N_sp·H")]
+    out = {}
     if moe:
         ffn = A + norm
-        if I_s:
-            ffn = ffn + [Item("ffn", "shared experts: saved gate, silu, up and the product's gradient",
-                              4 * N * I_s, b, "4·N·I_s/tp")]
+        if I_s:   # their backward ran first (they ran last): their weight and input gradients remain
+            H = ctx.hidden_size
+            sh_w = Item("ffn", "shared experts: weight gradients", 3 * H * I_s, b, "3·H·I_s/tp")
+            ffn = ffn + [sh_w, Item("ffn", "shared experts: input gradient", N * H, b, "N·H")]
+            out["shared experts"] = A + norm + [
+                Item("dispatch", "routed experts' saved rows (their forward working set D_f)",
+                     _dispatch_bytes(ctx, "forward"), 1, "D_f (bytes)"),
+                Item("ffn", "shared experts: saved gate, silu, up and their in-flight gradients", 6 * N * I_s,
+                     b, "6·N·I_s/tp"), sh_w]
     else:
         ffn = A + norm + [Item("ffn", "dense FFN: saved gate, silu, up", 3 * N * I_d, b, "3·N·I_d/tp"),
                           Item("ffn", "dense FFN: gradients of the product, gate and up", 3 * N * I_d, b,
-                               "3·N·I_d/tp")]
-    out = {"ffn": ffn, "attention": att, "grad reduce-scatter": rs}
+                               "3·N·I_d/tp"),
+                          Item("ffn", "dense FFN: down-projection weight gradient", ctx.hidden_size * I_d, b,
+                               "H·I_d/tp")]
+    out.update({"ffn": ffn, "attention": att, "grad reduce-scatter": rs})
     return out, "ffn"
 
 
