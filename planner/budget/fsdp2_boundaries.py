@@ -34,11 +34,16 @@ SOURCE = ("tensor inventory of planner/runtime/fsdp2.py + model.py; GPU allocato
           "validate's step (bench/memory_snapshot.py, H200)")
 
 
-def saved_layer_per_token(ctx: Ctx, kind: str, selective: bool) -> tuple[int, int]:
-    """Saved activations of one baseline layer (attention + its FFN) per token, (b-byte, fp32)."""
-    a = boundaries.saved_per_token(ctx, "attention", selective)
-    f = boundaries.saved_per_token(ctx, kind, selective)
-    return a[0] + f[0], a[1] + f[1]
+def saved_layer(ctx: Ctx, kind: str, selective: bool, local: bool) -> tuple:
+    """Saved activations of one baseline layer, ``(b-byte, fp32)`` elements: its attention's
+    (``fsdp2_layer.attention_saved_counts``, with QK-norm, MLA, sinks, sliding blocks) and its FFN's
+    (``boundaries.saved_per_token`` × ``N_sp``)."""
+    from planner.budget.fsdp2_layer import attention_saved_counts
+
+    N_sp = ceil_div(ctx.tokens_per_rank, ctx.tp)
+    cb, cf = attention_saved_counts(ctx, selective, local)
+    eb, ef = boundaries.saved_per_token(ctx, kind, selective)
+    return cb + eb * N_sp, cf + ef * N_sp
 
 
 def terms(ctx: Ctx) -> list[Term]:
@@ -63,17 +68,20 @@ def terms(ctx: Ctx) -> list[Term]:
                      "forward[r]/backward[r]: (r−1)·N_sp·H; head: L·N_sp·H", ALL_STEP,
                      at=lambda ph: before(ph) * NH, source=SOURCE)] + out
     selective = ctx.ac == "selective"
-    per = [saved_layer_per_token(ctx, k, selective) for k in kinds]
-    cum_b = np.cumsum([0] + [p[0] for p in per]).tolist()
-    cum_f = np.cumsum([0] + [p[1] for p in per]).tolist()
+    from planner.budget.fsdp2_layer import local_layers
+
+    loc = local_layers(ctx)
+    per = [saved_layer(ctx, k, selective, r in loc) for r, k in enumerate(kinds, start=1)]
+    cum_b = [np.int64(0)] + list(np.cumsum(np.broadcast_arrays(*[p[0] for p in per]), axis=0))
+    cum_f = [np.int64(0)] + list(np.cumsum(np.broadcast_arrays(*[p[1] for p in per]), axis=0))
     how = "op-level SAC" if selective else "every saved tensor"
     out += [
-        Term("saved activations of the layers before r", "boundaries", cum_b[-1] * N_sp, b,
-             f"Σ_{{ℓ<r}} s(ℓ)·N_sp ({how}; b-byte tensors; head: every layer)", ALL_STEP,
-             at=lambda ph: cum_b[before(ph)] * N_sp, provisional=True, source=boundaries.SAVED_SOURCE),
-        Term("saved activations of the layers before r (fp32)", "boundaries", cum_f[-1] * N_sp, 4,
-             f"Σ_{{ℓ<r}} s(ℓ)·N_sp ({how}; fp32 tensors)", ALL_STEP,
-             at=lambda ph: cum_f[before(ph)] * N_sp, provisional=True, source=boundaries.SAVED_SOURCE),
+        Term("saved activations of the layers before r", "boundaries", cum_b[-1], b,
+             f"Σ_{{ℓ<r}} s(ℓ) ({how}; planner.budget.fsdp2_boundaries.saved_layer; b-byte; head: every layer)", ALL_STEP,
+             at=lambda ph: cum_b[before(ph)], provisional=True, source=boundaries.SAVED_SOURCE),
+        Term("saved activations of the layers before r (fp32)", "boundaries", cum_f[-1], 4,
+             f"Σ_{{ℓ<r}} s(ℓ) ({how}; fp32 tensors)", ALL_STEP,
+             at=lambda ph: cum_f[before(ph)], provisional=True, source=boundaries.SAVED_SOURCE),
     ]
     if selective:
         out.append(Term("inputs of the layers before r (SAC keeps the checkpoint input)", "boundaries",

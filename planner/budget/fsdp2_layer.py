@@ -273,8 +273,29 @@ def _excess(sub: dict, ref: str, t_ref, extra: dict | None = None):
     return np.maximum.reduce(np.broadcast_arrays(np.int64(0), *[_total(v) - t_ref for v in d.values()]))
 
 
+def _head_gather(ctx: Ctx, rkind: str, local: bool) -> list[Item]:
+    """forward[L] ends with the ``[norm, head]`` unit's all-gather (FSDP2's pre-forward hook of the
+    final norm runs before the head phase starts): the last layer's output, the head's unsharded
+    weight and its all-gather output, which FSDP2 holds [F>1] (Qwen3 W8 ac = none forward[2]:
+    ``fsdp2.py`` norm call, 2 × 593.5 MiB); without checkpointing the last layer's saved tensors too."""
+    b, N_sp = ctx.act_bytes, ceil_div(ctx.tokens_per_rank, ctx.tp)
+    VH_tp = ceil_div(ctx.vocab_size * ctx.hidden_size, ctx.tp)
+    out = [Item("boundaries", "last layer output", N_sp * ctx.hidden_size, b, "N_sp·H"),
+           Item("gathered", "head unit, unsharded", VH_tp, b, "V·H/tp"),
+           Item("gathered", "head unit all-gather output held", VH_tp * (fg.fsdp_degree(ctx) > 1), b,
+                "V·H/tp·[F>1]")]
+    if ctx.ac != "full":
+        selective = ctx.ac == "selective"
+        cb, cf = attention_saved_counts(ctx, selective, local)
+        eb, ef = boundaries.saved_per_token(ctx, rkind, selective)
+        out += [Item("boundaries", "last layer's saved tensors", cb + eb * N_sp, b, "(s_attn + s_ffn)·N_sp"),
+                Item("boundaries", "last layer's saved tensors (fp32)", cf + ef * N_sp, 4, "(s_attn + s_ffn)·N_sp")]
+    return out
+
+
 def terms(ctx: Ctx) -> list[Term]:
     kinds = ctx.regions
+    L = len(kinds)
     local = local_layers(ctx)
     out: list[Term] = []
     for kind in ("forward", "backward"):
@@ -288,16 +309,23 @@ def terms(ctx: Ctx) -> list[Term]:
                 out.append(Term(i.name, i.live_set, count, i.elem_bytes,
                                 f"{i.formula}  [{kind}, {ref} sub-step" + (" beside D]" if rkind == "moe" else "]"),
                                 (kind,), regions=reg, at=at, source=SOURCE))
-            emb = {"embedding gradient": _embedding_grad(ctx)} if kind == "backward" and kinds[0] == rkind else {}
-            ex, ex_l = _excess(sub, ref, t_ref), _excess(sub_l, ref, t_ref_l)
-            ex1 = _excess(sub_l if 1 in local else sub, ref, t_ref_l if 1 in local else t_ref, emb)
-            ex, ex_l, ex1 = _scalar(ex), _scalar(ex_l), _scalar(ex1)
+
+            def ends(r: int) -> dict:
+                if kind == "backward" and r == 1:
+                    return {"embedding gradient (r = 1)": _embedding_grad(ctx)}
+                if kind == "forward" and r == L:
+                    return {"head all-gather (r = L)": _head_gather(ctx, rkind, r in local)}
+                return {}
+
+            ex = {}
+            for r in [r for r in range(1, L + 1) if kinds[r - 1] == rkind]:
+                loc = r in local
+                ex[r] = _scalar(_excess(sub_l if loc else sub, ref, t_ref_l if loc else t_ref, ends(r)))
+            named = {**{n: v for n, v in sub.items() if n != ref}, **ends(1), **ends(L)}
             what = "; ".join(f"T_{{{n}}} = " + " + ".join(f"{i.name} {i.formula}" for i in v)
-                             for n, v in {**{s: v for s, v in sub.items() if s != ref}, **emb}.items())
+                             for n, v in named.items())
             out.append(Term(f"{kind} sub-steps after the {ref}: excess over it", "attention",
-                            np.maximum.reduce(np.broadcast_arrays(ex, ex_l, ex1)), 1,
-                            f"max(0, max_s T_s − T_{ref}) over the other sub-steps ({what}"
-                            + ("; the embedding's at r = 1 only)" if emb else ")"), (kind,), regions=reg,
-                            at=lambda ph, ex=ex, ex_l=ex_l, ex1=ex1: ex1 if ph.region == 1 else
-                            (ex_l if ph.region in local else ex), source=SOURCE))
+                            np.maximum.reduce(np.broadcast_arrays(*ex.values())), 1,
+                            f"max(0, max_s T_s − T_{ref}) over the other sub-steps ({what})", (kind,),
+                            regions=reg, at=lambda ph, ex=ex: ex[ph.region], source=SOURCE))
     return out
