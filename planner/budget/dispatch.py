@@ -231,7 +231,7 @@ FORMULAS = {
     "sent rows": "R·H (R = k·N)", "received rows": "Q·H", "slot-major rows": "Q·H (saved)",
     "saved gate|up, silu, h": "Q·4I (saved by the grouped MLP)",
     "permutation indices": "Q int64 per permutation (slot-major and back)",
-    "expert outputs": "Q·H per buffer", "combine rows": "Q·H + R·H",
+    "expert outputs": "Q·H per buffer", "combine rows": "R·H beside the permuted expert outputs Q·H (Q·H + R·H without saving)",
     "weights cast": "R (route weights in the activation dtype, saved)",
     "sent route weights": "R fp32", "route weight grad": "R",
     "stacked weight grads": "(n + X)·3·H·I", "grad expert outputs": "Q·H per buffer",

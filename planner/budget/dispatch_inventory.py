@@ -250,7 +250,9 @@ def unchunked(s: Shape, Q, r, X, X_e, n_local, *, standalone: bool) -> dict[str,
         _m(base, {("received rows", b): Q * H, ("slot-major rows", b): Q * H,
                   ("permutation indices", I64): Q}),
         _m(base, saved, {("expert outputs", b): 2 * Q * H}),
-        _m(base, saved, {("expert outputs", b): Q * H, ("combine rows", b): Q * H + R * H}),
+        # run_unchunked frees o_QH once permuted: the all-to-all holds y_QH and y_RH (GPU allocator
+        # history, FSDP2 Qwen3 W8 ac = none forward[1]: exchange.py 256 MiB beside 256 of y_QH)
+        _m(base, saved, {("expert outputs", b): Q * H, ("combine rows", b): R * H}),
         _m(base, saved, {("combined rows", b): 2 * R * H, ("weights cast", b): wb,
                          ("output", b): N * H}),
     ]

@@ -17,7 +17,8 @@ forward[r]
     attention      normed input N·H, qkv, o, lse N·h_q (fp32), o-proj output N·H, the context-
                    parallel K/V buffers, the layer's all-gather output Θ^d held by FSDP2 [F>1]
     ffn (moe)      the attention-region output N_sp·H (``model.py`` attention_region), the normed
-                   FFN input N·H (``model_layers.py`` RMSNorm), D; the experts' all-gather output
+                   FFN input N·H (``model_layers.py`` RMSNorm; without checkpointing its saved fp32
+                   copy N_sp·H·4 and both outputs 2·N·H instead), D; the experts' all-gather output
                    Θ^e held [F/ep > 1] (the layer's own is freed by the experts' all-gather); under
                    ac = none / selective the attention's saved A (A_SAC) as well
     ffn (dense)    the same two N·H, gate, silu and up 3·N·I_d/tp (``model_layers.py`` GatedMLP:
@@ -175,9 +176,12 @@ def _substeps(ctx: Ctx, kind: str, rkind: str, local: bool) -> tuple[dict[str, l
     qkv, o = N * (hq * d_qk + hkv * (d_qk + d_v)), N * hq * d_v
     F, Fe = fg.fsdp_degree(ctx), fg.expert_degree(ctx)
     th_d, th_e = fg.layer_dense_params(ctx, rkind), fg.layer_expert_params(ctx, rkind)
+    saved_regime = ctx.ac != "full"
     mid = [Item("boundaries", "attention-region output", N_sp * H, b, "N_sp·H"),
            Item("ffn", "normed FFN input", N * H, b, "N·H")]
-    saved_regime = ctx.ac != "full"
+    if saved_regime and kind == "forward":   # autograd keeps the FFN norm's fp32 copy and both outputs
+        mid = mid[:1] + [Item("ffn", "FFN norm: saved fp32 copy", N_sp * H, 4, "N_sp·H"),
+                         Item("ffn", "FFN norm: saved normed input and its weighted copy", 2 * N * H, b, "2·N·H")]
     moe = rkind == "moe"
     I_d = ceil_div(ctx.dense_ffn, ctx.tp) if not moe else 0
     I_s = ceil_div(ctx.model.shared_expert_ffn or 0, ctx.tp)
@@ -284,6 +288,12 @@ def _head_gather(ctx: Ctx, rkind: str, local: bool) -> list[Item]:
            Item("gathered", "head unit, unsharded", VH_tp, b, "V·H/tp"),
            Item("gathered", "head unit all-gather output held", VH_tp * (fg.fsdp_degree(ctx) > 1), b,
                 "V·H/tp·[F>1]")]
+    # by then the last layer is resharded, and without checkpointing its input is gone: the phase's
+    # common terms that are not live at this moment (Qwen3 W8 ac = none forward[2]: no layer block)
+    out += [Item("gathered", "last layer's params, resharded by then (not live)", -fg.layer_params(ctx, rkind), b,
+                 "−Θ_L"),
+            Item("boundaries", "last layer's input, not saved (not live)",
+                 -N_sp * ctx.hidden_size * (ctx.ac == "none"), b, "−N_sp·H [ac = none]")]
     if ctx.ac != "full":
         selective = ctx.ac == "selective"
         cb, cf = attention_saved_counts(ctx, selective, local)
