@@ -37,9 +37,11 @@ SOURCE = ("tensor inventory of planner/runtime/fsdp2.py + model.py; GPU allocato
 def saved_layer(ctx: Ctx, kind: str, selective: bool, local: bool) -> tuple:
     """Saved activations of one baseline layer, ``(b-byte, fp32)`` elements: its attention's
     (``fsdp2_layer.attention_saved_counts``, with QK-norm, MLA, sinks, sliding blocks) and its FFN's
-    (``boundaries.saved_per_token`` × ``N_sp``)."""
-    from planner.budget.fsdp2_layer import attention_saved_counts
+    (``boundaries.saved_per_token`` × ``N_sp``); under SAC ``fsdp2_layer.sac_saved_counts``."""
+    from planner.budget.fsdp2_layer import attention_saved_counts, sac_saved_counts
 
+    if selective:
+        return sac_saved_counts(ctx, kind)
     N_sp = ceil_div(ctx.tokens_per_rank, ctx.tp)
     cb, cf = attention_saved_counts(ctx, selective, local)
     eb, ef = boundaries.saved_per_token(ctx, kind, selective)

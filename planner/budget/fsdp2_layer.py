@@ -150,6 +150,30 @@ def attention_saved_counts(ctx: Ctx, selective: bool, local: bool):
     return cb, cf
 
 
+def sac_saved_counts(ctx: Ctx, kind: str):
+    """``(b-byte, fp32)`` elements op-level SAC keeps of one layer (``planner.runtime.fsdp2_layout
+    .sac_policy``, torchtitan's): the SDPA output ``N·h_q·d_v`` and its lse ``N·h_q`` (fp32), and
+    the outputs of the odd-numbered matmuls of the layer in order, the router's excluded and the
+    routed experts' grouped MLP not an ``aten.mm`` (GQA: q, v of ``q, k, v, o``; MLA: the first and
+    third of ``[q_a,] q(_b), kv_a, kv_b, o``; then the dense FFN's or shared experts' ``gate, up,
+    down``). The checkpoint input is counted apart. Qwen3 W8 selective forward[2]: per layer
+    ``attention.py`` q 128 and v 16 MiB, ``sdpa.py`` 128 + 2 MiB, no k, o-proj or expert rows."""
+    m = ctx.model
+    N, H = ctx.tokens_per_rank, ctx.hidden_size
+    hq, hkv, d_qk, d_v = _dims(ctx)
+    if m.attention == "mla" and m.mla is not None:
+        a = m.mla
+        mms = ([ceil_div(a.q_lora_rank, ctx.tp)] if a.q_lora_rank else []) + [
+            hq * d_qk, a.kv_lora_rank + a.qk_rope_head_dim, hq * (a.qk_nope_head_dim + d_v), H]
+    else:
+        mms = [hq * d_qk, hkv * d_qk, hkv * d_v, H]
+    I = ceil_div(ctx.dense_ffn, ctx.tp) if kind == "dense_mlp" else ceil_div(m.shared_expert_ffn or 0, ctx.tp)
+    if I:
+        mms += [I, I, H]
+    kept = sum(w for j, w in enumerate(mms) if j % 2 == 0)
+    return N * (kept + hq * d_v), N * hq
+
+
 def attention_saved(ctx: Ctx, selective: bool = False, local: bool = False) -> list[Item]:
     """``A``: what autograd keeps of one layer's attention (``attention_saved_counts``)."""
     cb, cf = attention_saved_counts(ctx, selective, local)
@@ -179,7 +203,7 @@ def _substeps(ctx: Ctx, kind: str, rkind: str, local: bool) -> tuple[dict[str, l
     saved_regime = ctx.ac != "full"
     mid = [Item("boundaries", "attention-region output", N_sp * H, b, "N_sp·H"),
            Item("ffn", "normed FFN input", N * H, b, "N·H")]
-    if saved_regime and kind == "forward":   # autograd keeps the FFN norm's fp32 copy and both outputs
+    if ctx.ac == "none" and kind == "forward":   # autograd keeps the FFN norm's fp32 copy and both outputs
         mid = mid[:1] + [Item("ffn", "FFN norm: saved fp32 copy", N_sp * H, 4, "N_sp·H"),
                          Item("ffn", "FFN norm: saved normed input and its weighted copy", 2 * N * H, b, "2·N·H")]
     moe = rkind == "moe"
@@ -192,7 +216,12 @@ def _substeps(ctx: Ctx, kind: str, rkind: str, local: bool) -> tuple[dict[str, l
                Item("attention", "o-proj output (before reduce-scatter)", N * H, b, "N·H"),
                _cp_kv(ctx, N, hkv, d_qk, d_v),
                Item("gathered", "layer all-gather output held (dense part)", th_d * (F > 1), b, "Θ^d·[F>1]")]
-        keep = attention_saved(ctx, ctx.ac == "selective", local) if saved_regime else []
+        if ctx.ac == "selective":
+            cb, cf = sac_saved_counts(ctx, rkind)
+            keep = [Item("attention", "this layer's SAC-saved matmul and SDPA outputs", cb, b, "s_SAC·N"),
+                    Item("attention", "this layer's SAC-saved lse (fp32)", cf, 4, "N·h_q")]
+        else:
+            keep = attention_saved(ctx, False, local) if saved_regime else []
         if moe:
             ffn = mid + keep + [Item("gathered", "experts' all-gather output held", th_e * (Fe > 1), b,
                                      "Θ^e·[F/ep>1]")]
@@ -295,11 +324,11 @@ def _head_gather(ctx: Ctx, rkind: str, local: bool) -> list[Item]:
             Item("boundaries", "last layer's input, not saved (not live)",
                  -N_sp * ctx.hidden_size * (ctx.ac == "none"), b, "−N_sp·H [ac = none]")]
     if ctx.ac != "full":
-        selective = ctx.ac == "selective"
-        cb, cf = attention_saved_counts(ctx, selective, local)
-        eb, ef = boundaries.saved_per_token(ctx, rkind, selective)
-        out += [Item("boundaries", "last layer's saved tensors", cb + eb * N_sp, b, "(s_attn + s_ffn)·N_sp"),
-                Item("boundaries", "last layer's saved tensors (fp32)", cf + ef * N_sp, 4, "(s_attn + s_ffn)·N_sp")]
+        from planner.budget.fsdp2_boundaries import saved_layer
+
+        cb, cf = saved_layer(ctx, rkind, ctx.ac == "selective", local)
+        out += [Item("boundaries", "last layer's saved tensors", cb, b, "s(L)"),
+                Item("boundaries", "last layer's saved tensors (fp32)", cf, 4, "s(L)")]
     return out
 
 
