@@ -16,7 +16,9 @@ the op-level SAC subset for ``ac = selective``).
                     layer-output gradient   backward[r]: N_sp·H (autograd's gradient of the layer
                                             output while the layer's backward runs)
 
-The current layer's own saved and transient tensors are the sub-steps of
+The step's inputs are here too: the tokens and targets ``2·B·S`` int64 in every phase, the positions
+``S`` and, under context parallelism, the buffers' clones and shards ``2·B·S + 3·N`` int64 during the
+step (``planner/runtime/fsdp2.py`` forward_backward). The current layer's own saved and transient tensors are the sub-steps of
 ``planner.budget.fsdp2_layer``. The final norm runs outside the checkpoints: its saved fp32 input and
 rsqrt and its normed input live through the head (``planner.budget.boundaries``'s ``_final_norm``).
 """
@@ -27,7 +29,7 @@ import numpy as np
 
 from planner.budget import boundaries
 from planner.budget.context import Ctx
-from planner.budget.terms import ALL_STEP, FWD_BWD, Phase, Term
+from planner.budget.terms import ALL_STEP, ALWAYS, FWD_BWD, Phase, Term
 from planner.units import ceil_div
 
 SOURCE = ("tensor inventory of planner/runtime/fsdp2.py + model.py; GPU allocator history of planner "
@@ -61,6 +63,15 @@ def terms(ctx: Ctx) -> list[Term]:
         Term("layer-output gradient", "boundaries", NH, b, "N_sp·H", ("backward",), source=SOURCE),
     ]
     out += boundaries._final_norm(ctx, N_sp, H)
+    BS = np.asarray(ctx.tokens_per_rank) * np.asarray(ctx.cp)   # the rank's whole sequences, B·S tokens
+    cp_on = np.asarray(ctx.cp) > 1
+    out += [
+        Term("input batch: tokens and targets (int64)", "boundaries", 2 * BS, 8, "2·B·S", ALWAYS,
+             source=SOURCE + " (validate.py synthetic_batch: 2 × 1 MiB at cp8 S = 131072)"),
+        Term("positions; under cp the buffers' clones and shards (int64)", "boundaries",
+             BS // np.asarray(ctx.seqs_per_microbatch) + cp_on * (2 * BS + 3 * np.asarray(ctx.tokens_per_rank)), 8,
+             "S + [cp>1]·(2·B·S + 3·N)", ALL_STEP, source=SOURCE + " (fsdp2.py forward_backward, context_parallel buffers)"),
+    ]
 
     def before(ph: Phase) -> int:
         return L if ph.kind == "head" else ph.region - 1

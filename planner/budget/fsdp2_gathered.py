@@ -24,7 +24,9 @@ validate``'s own step (``bench/memory_snapshot.py``, H200, torch 2.11):
     head unit (param dtype)      V·H/tp             head (``reshard_after_forward=False``). Its
                                                     forward all-gather output is freed at the root's
                                                     post-forward, before the loss's backward
-                                                    (DeepSeek W64 head: one 400 MiB block)
+                                                    (DeepSeek W64 head: one 400 MiB block); the
+                                                    chunked head runs inside that forward, so it
+                                                    holds it too [F>1] (Qwen3 W8: 2 × 593.5 MiB)
 
 The all-gather outputs FSDP2 holds in the forward (``AllGatherState``, until the next unit's
 all-gather, on meshes of more than one rank) and the layer's own gradient reduce-scatter are
@@ -122,4 +124,8 @@ def terms(ctx: Ctx) -> list[Term]:
              "gradients have a one-rank expert mesh: that input is their persistent shard)", ("backward",), at=held_rs,
              source=SOURCE),
         Term("head unit (param dtype)", "gathered", VH_tp, b, "V·H/tp", ("head",), source=SOURCE),
+        Term("head all-gather output held (chunked head)", "gathered",
+             VH_tp * (F > 1) * (ctx.head == "chunked"), b, "V·H/tp·[F>1] (chunked head)", ("head",),
+             source=SOURCE + "; the chunked head computes its gradients inside the root's forward, before "
+             "FSDP2 frees the last all-gather output (Qwen3 W8 chunked head: 2 × 593.5 MiB at the norm)"),
     ]

@@ -119,7 +119,9 @@ def attention_saved_counts(ctx: Ctx, selective: bool, local: bool):
     blocks instead of q, k, v and o (``planner.plans.sdpa_layout``; ``R = B·n_b·w·h_q``): query blocks
     ``R·w_q``, key/value blocks padded to ``L_p``, ``R·L_p/w·(w_k+w_v)``, the additive mask
     ``B·n_b·w·L_p``, the blocked output ``R·w_v`` and its unblocked copy ``N·h_q·d_v`` (gpt-oss W32
-    backward[1]: 288, 1224, 17, 288 and 256 MiB at ``sdpa.py`` _blocks/_sliding).
+    backward[1]: 288, 1224, 17, 288 and 256 MiB at ``sdpa.py`` _blocks/_sliding); under context
+    parallelism the ring attention's output is copied for the o-projection, ``N·h_q·d_v`` (Qwen3 W8
+    cp8 backward[1]: ``attention.py`` 128 MiB).
     """
     m = ctx.model
     N, N_sp = ctx.tokens_per_rank, ceil_div(ctx.tokens_per_rank, ctx.tp)
@@ -147,6 +149,8 @@ def attention_saved_counts(ctx: Ctx, selective: bool, local: bool):
         cb = cb - N * (hq * d_qk + hkv * (d_qk + d_v)) - N * hq * d_v + blocks
     elif sink:
         cb = cb + N * (SINK_PAD * (2 * hq + 2 * hkv) + hq * d_v)
+    elif np.any(np.asarray(ctx.cp) > 1):   # the ring attention's output is copied for the o-projection
+        cb = cb + N * hq * d_v * (np.asarray(ctx.cp) > 1)
     return cb, cf
 
 
@@ -241,7 +245,7 @@ def _substeps(ctx: Ctx, kind: str, rkind: str, local: bool) -> tuple[dict[str, l
     fa = N * hq * d_qk * int(mem.flash_workspace_bytes_per_elem.value)
     exp = N * hq * (d_qk + d_v) * b if hkv < hq else 0
     att_params = ceil_div(regions.attention_region_params(ctx.model), ctx.tp)
-    att = A + [Item("attention", "grads of q, k, v, o", qkv + o, b, "qkv + o"),
+    att = A + [Item("attention", "grads of q, k, v, o", qkv + o, b, "qkv + o"), _cp_kv(ctx, N, hkv, d_qk, d_v),
                Item("attention", "attention-region gradient", N_sp * H, b, "N_sp·H"),
                Item("attention", "attention weight gradients", att_params, b, "Θ_attn/tp"),
                Item("workspace", "FlashAttention backward dq_accum/softmax_d", fa, 1, "w_fa·N·h_q·d_qk (bytes)"),
