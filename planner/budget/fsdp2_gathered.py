@@ -14,13 +14,17 @@ validate``'s own step (``bench/memory_snapshot.py``, H200, torch 2.11):
     backward prefetch            Θ_{r−1}^d·[F>1]    backward[r ≥ 2]: the previous layer's all-gather
                                                     output, issued before its copy-out
                                                     (``_fsdp_collectives allocate``, gpt-oss W32
-                                                    backward[2]: 50.8 MiB = its dense part);
-                                 V·H/tp·[F>1]       backward[1]: the embedding's (1104.6 MiB)
+                                                    backward[2]: 50.8 MiB = its dense part); with
+                                 Θ_{r−1} if F = 1   every mesh of one rank the whole previous layer
+                                                    (CPU trace at W = 1: backward[2] held Θ_1·b more)
+                                 V·H/tp             backward[1]: the embedding's (1104.6 MiB)
     held reduce-scatter input    V·H/tp + H (fp32)  backward[L]: the head's, kept until this
                                  Θ_{r+1} (fp32)     layer reduces; backward[r < L]: layer r+1's
                                                     (reduce_scatter_max_input_buffers = 1; the
-                                                    experts' part, on a one-rank mesh with freed
-                                                    gradients, is their gradient shard itself)
+                                                    experts' part, on a one-rank expert mesh beside
+                                                    a larger dense one with freed gradients, is
+                                                    their gradient shard itself: Qwen3 W8 one 288
+                                                    MiB block; at W = 1 the CPU trace holds it whole)
     head unit (param dtype)      V·H/tp             head (``reshard_after_forward=False``). Its
                                                     forward all-gather output is freed at the root's
                                                     post-forward, before the loss's backward
@@ -94,10 +98,13 @@ def terms(ctx: Ctx) -> list[Term]:
     def params(ph: Phase):
         return theta[ph.region_kind]
 
+    one = F == 1   # every mesh of one rank (W = 1, or tp·ep only): no all-gather buffers at all
+
     def prefetch(ph: Phase):
         if ph.region == 1:
-            return VH_tp * (F > 1)
-        return dense[kinds[ph.region - 2]] * (F > 1)
+            return VH_tp
+        k = kinds[ph.region - 2]
+        return np.where(one, theta[k], dense[k] * (F > 1))
 
     Fe = expert_degree(ctx)
     own = ctx.grad_lifetime == "freed"
@@ -108,15 +115,16 @@ def terms(ctx: Ctx) -> list[Term]:
         k = kinds[ph.region]
         # freed gradients on a one-rank expert mesh: the experts' fp32 input is their gradient shard
         # (persistent), not a second buffer (Qwen3 W8 backward[1]: 361 MiB = Θ_2·4 B in all)
-        return theta[k] - (layer_expert_params(ctx, k) * (Fe == 1) if own else 0)
+        return theta[k] - (layer_expert_params(ctx, k) * ((Fe == 1) & (F > 1)) if own else 0)
 
     big = max(theta.values(), key=lambda v: int(np.max(v)))
     return [
         Term("layer params, current layer (param dtype)", "gathered", big, b, "Θ_r", FWD_BWD, at=params,
              source=SOURCE),
         Term("backward prefetch: previous unit's all-gather output", "gathered",
-             np.maximum(VH_tp, max(dense.values(), key=lambda v: int(np.max(v)))) * (F > 1), b,
-             "backward[r ≥ 2]: Θ_{r−1}^d·[F>1]; backward[1]: V·H/tp·[F>1] (the embedding)", ("backward",),
+             np.maximum(VH_tp, big), b,
+             "backward[r ≥ 2]: Θ_{r−1}^d·[F>1], Θ_{r−1} when F = 1; backward[1]: V·H/tp (the embedding)",
+             ("backward",),
              at=prefetch, source=SOURCE),
         Term("held fp32 reduce-scatter input of the previous unit", "gathered",
              np.maximum(head_rs_input(ctx), big), 4,
