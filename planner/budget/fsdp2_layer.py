@@ -26,6 +26,11 @@ forward[r]
                    Θ^d held [F>1] (the 309 MiB of its 11 blocks = 2·Θ^d)
     shared experts the two N·H, the routed output N·H, the shared experts' 3·N·I_s/tp (they run
                    after the routed experts, whose rows are freed by then)
+    head gather    (r = L) the last layer's output, the head unit's unsharded weight and its held
+                   all-gather output V·H/tp·[F>1] (FSDP2's pre-forward of the final norm runs
+                   before the head phase starts), less the resharded layer's Θ_L; without
+                   checkpointing the last layer's saved tensors too
+    ac = selective keeps, instead of A, torchtitan's SAC outputs (``sac_saved_counts``)
 
 backward[r] (ac = full recomputes the whole layer first, so A and the FFN's saved tensors exist
 again; ac = none keeps them from the forward)
@@ -39,7 +44,8 @@ again; ac = none keeps them from the forward)
                    gradients of the product, gate and up 3·N·I_d/tp and the down projection's weight
                    gradient H·I_d/tp (DeepSeek W64 backward[1]: MulBackward0 2 × 684, MmBackward0 684
                    + 42.8 MiB)
-    attention      A, the gradients of q, k, v and o, the attention-region gradient N_sp·H, the
+    attention      A, the gradients of q, k, v and o, the context-parallel K/V buffers, the
+                   attention-region gradient N_sp·H, the
                    attention's weight gradients Θ_attn/tp, FlashAttention's dq_accum/softmax_d
                    ``w_fa·N·h_q·d_qk`` bytes and (GQA) its dk/dv expansion ``N·h_q·(d_qk+d_v)·b``
     grad RS        the layer's unsharded gradients Θ_r (param dtype) and their fp32 reduce-scatter
@@ -49,7 +55,9 @@ again; ac = none keeps them from the forward)
 
 The reference sub-step (ffn) is counted term by term (D stays in ``dispatch``); every other
 sub-step adds its excess over the reference, ``max(0, T_s − T_ffn)``, so a phase holds
-``max_s T_s``.
+``max_s T_s`` (a sub-step may list a phase-wide term that is not live at its moment with a
+negative count: only its total is used). Not read off an allocator history yet: ``tp > 1`` (the
+MoE block's tokens and expert sharding under TP) and the CPU trace's dense first layer.
 """
 
 from __future__ import annotations

@@ -52,7 +52,11 @@ CASES = {
     "bf16_chunked_head": ({}, {"head": "chunked", "head_chunk_tokens": 128}, "freed", "bf16"),
     "bf16_dense_layer_and_shared_expert": (SHARED, {"ac": "full"}, "freed", "bf16"),
     "bf16_dp8_ep2_none_accumulate": ({}, {"ac": "none", "ep": 2}, "accumulate", "bf16"),
+    "bf16_w1_full_freed": ({}, {"ac": "full"}, "freed", "bf16"),
+    "bf16_tp4_ep1_w4": ({}, {"ac": "full", "tp": 4, "ep": 1}, "freed", "bf16"),
 }
+WORLD = {"bf16_w1_full_freed": 1, "bf16_tp4_ep1_w4": 4}
+"""World sizes other than ``W``: every FSDP mesh of one rank (``dp_shard·cp = 1``)."""
 
 _FWD_HEAD_OPT = ("forward[1]", "forward[2]", "head", "optimizer")
 AGREES: dict[str, tuple[str, ...]] = {
@@ -69,6 +73,8 @@ AGREES: dict[str, tuple[str, ...]] = {
     "bf16_chunked_head": _FWD_HEAD_OPT + ("backward[2]", "backward[1]"),
     "bf16_dense_layer_and_shared_expert": ("forward[2]", "head", "backward[2]", "optimizer"),
     "bf16_dp8_ep2_none_accumulate": ("head", "backward[2]", "optimizer"),
+    "bf16_w1_full_freed": _FWD_HEAD_OPT + ("backward[2]",),
+    "bf16_tp4_ep1_w4": ("head", "optimizer"),
 }
 """Phases whose total the formula matches within ``FORMULA_VS_TRACE`` from above as well: under full
 AC every forward phase (the larger of the attention and FFN sub-steps), the head, the optimizer; in
@@ -85,6 +91,9 @@ KNOWN_UNDER: dict[str, dict[str, str]] = {
     "bf16_dp8_ep2_none_accumulate": {"forward[1]": _CPU_FWD_L, "forward[2]": _CPU_FWD_L},
     "dense_layer_and_shared_expert": {"forward[1]": _CPU_DENSE_1},
     "bf16_dense_layer_and_shared_expert": {"forward[1]": _CPU_DENSE_1, "backward[1]": _CPU_DENSE_1},
+    "bf16_tp4_ep1_w4": {p: "tp > 1 with one-rank FSDP meshes: the layer forward is 7% under (gpt-oss tp = 8 "
+                        "on the H200: 0.88); the MoE block's tokens and expert sharding under TP are not "
+                        "yet read off an allocator history" for p in ("forward[1]", "forward[2]")},
 }
 """Phases the formula still under-counts against the CPU trace by more than ``FORMULA_VS_TRACE``
 (asserted to stay under, so a fix shows)."""
@@ -104,7 +113,7 @@ def _table(rows) -> str:
 def test_fsdp2_trace(name, cluster):
     mover, knobs, lifetime, dtype = CASES[name]
     pf = PlanFile(model=ModelSpec(**{**MOE, **mover}), cluster=cluster, workload=Workload(seq_len=SEQ),
-                  plan=Plan(stack="fsdp2", world_size=W, dtype=dtype, baseline=knobs))
+                  plan=Plan(stack="fsdp2", world_size=WORLD.get(name, W), dtype=dtype, baseline=knobs))
     pred, samples, start, rows = trace_fsdp2(pf, grad_lifetime=lifetime, tolerance=FORMULA_VS_TRACE)
     assert all(s.peak_bytes > 0 for s in samples.values()), samples
     exact = [r for r in rows if r.what.startswith(("persistent", "optimizer_step"))]
