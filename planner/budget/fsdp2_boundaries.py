@@ -40,7 +40,7 @@ def saved_layer(ctx: Ctx, kind: str, selective: bool, local: bool) -> tuple:
     """Saved activations of one baseline layer, ``(b-byte, fp32)`` elements: its attention's
     (``fsdp2_layer.attention_saved_counts``, with QK-norm, MLA, sinks, sliding blocks) and its FFN's
     (``boundaries.saved_per_token`` × ``N_sp``); under SAC ``fsdp2_layer.sac_saved_counts``."""
-    from planner.budget.fsdp2_layer import attention_saved_counts, sac_saved_counts
+    from planner.budget.fsdp2_saved import attention_saved_counts, sac_saved_counts
 
     if selective:
         return sac_saved_counts(ctx, kind)
@@ -81,7 +81,7 @@ def terms(ctx: Ctx) -> list[Term]:
                      "forward[r]/backward[r]: (r−1)·N_sp·H; head: L·N_sp·H", ALL_STEP,
                      at=lambda ph: before(ph) * NH, source=SOURCE)] + out
     selective = ctx.ac == "selective"
-    from planner.budget.fsdp2_layer import local_layers
+    from planner.budget.fsdp2_saved import local_layers
 
     loc = local_layers(ctx)
     per = [saved_layer(ctx, k, selective, r in loc) for r, k in enumerate(kinds, start=1)]
