@@ -14,8 +14,8 @@ Kernel workspaces invisible to fake tensors (FlashAttention's fp32 ``dq_accum``)
 ``workspace``. A sliding window adds the block copies of ``planner.runtime.sdpa._sliding`` in the
 local layers' forward (``attention_sliding``).
 
-FSDP2 baseline (per-layer regions): heads over ``tp`` (sequence-parallel input all-gathered to
-``N·H``), tokens ``N = S/cp``; context parallelism adds the ring's K/V send/receive buffers.
+FSDP2 baseline (per-layer regions): ``planner.budget.fsdp2_layer`` (the layer's attention and FFN
+sub-steps, the larger of them per phase).
 """
 
 from __future__ import annotations
@@ -44,46 +44,14 @@ def _head_dims(ctx: Ctx) -> tuple[int, int, int, int]:
     return m.num_heads, n_kv, m.head_dim, m.v_dim
 
 
-def _cp_kv(ctx: Ctx, N, hkv, d_qk, d_v, b, regions) -> Term:
-    """K/V buffers of ``context_parallel`` (``cp > 1``) by rotate method: ``allgather`` (torchtitan's
-    default) gathers every shard's K and V, ``cp·N·n_kv·(d_qk+d_v)/tp``, so they grow with the whole
-    sequence; ``alltoall`` passes one shard at a time, send and receive, ``2·N·n_kv·(d_qk+d_v)/tp``."""
-    import numpy as np
-
-    cp = np.asarray(ctx.cp)
-    shards = cp if ctx.cp_rotate == "allgather" else 2
-    count = shards * N * hkv * (d_qk + d_v) * (cp > 1)
-    text = ("cp·N·n_kv·(d_qk+d_v)/tp (allgather)" if ctx.cp_rotate == "allgather"
-            else "2·N·n_kv·(d_qk+d_v)/tp (alltoall)") + " if cp > 1"
-    return Term(f"context-parallel K/V buffers ({ctx.cp_rotate})", "attention", count, b, text, FWD_BWD,
-                regions=regions, source=SOURCE + "; torch context_parallel rotate methods", provisional=True)
-
-
 def terms(ctx: Ctx) -> list[Term]:
     """Attention working-set terms of one rank."""
     m, N, H, b = ctx.model, ctx.tokens_per_rank, ctx.hidden_size, ctx.act_bytes
     n_h, n_kv, d_qk, d_v = _head_dims(ctx)
-    if ctx.stack == "fsdp2":
-        tp = ctx.tp
-        regions = tuple(k for k in ("moe", "dense_mlp") if k in set(ctx.regions))
-        hq, hkv = ceil_div(n_h, tp), ceil_div(n_kv, tp)
-        qkv = N * (hq * d_qk + hkv * (d_qk + d_v))
-        out = [
-            Term("normed input, all-gathered (sequence parallel)", "attention", N * H, b, "N·H", FWD_BWD,
-                 regions=regions, source=SOURCE, provisional=PROVISIONAL),
-            Term("q, k, v", "attention", qkv, b, "N·(n_h·d_qk + n_kv·(d_qk+d_v))/tp", FWD_BWD,
-                 regions=regions, source=SOURCE, provisional=PROVISIONAL),
-            Term("attention output", "attention", N * hq * d_v, b, "N·n_h·d_v/tp", FWD_BWD,
-                 regions=regions, source=SOURCE, provisional=PROVISIONAL),
-            Term("log-sum-exp (fp32)", "attention", N * hq, 4, "N·n_h/tp", FWD_BWD, regions=regions,
-                 source=SOURCE, provisional=PROVISIONAL),
-            Term("o-proj partial output (before reduce-scatter)", "attention", N * H, b, "N·H", FWD_BWD,
-                 regions=regions, source=SOURCE, provisional=PROVISIONAL),
-            Term("grads of q, k, v, output", "attention", qkv + N * hq * d_v, b,
-                 "N·(n_h·(d_qk+d_v) + n_kv·(d_qk+d_v))/tp", ("backward",), regions=regions, source=SOURCE, provisional=PROVISIONAL),
-            _cp_kv(ctx, N, hkv, d_qk, d_v, b, regions),
-        ]
-        return out
+    if ctx.stack == "fsdp2":   # the layer's sub-steps (attention, FFN, their gradients)
+        from planner.budget import fsdp2_layer
+
+        return fsdp2_layer.terms(ctx)
     R = ("attention",)
     qkv = N * (n_h * d_qk + n_kv * (d_qk + d_v))
     o = N * n_h * d_v

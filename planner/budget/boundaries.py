@@ -36,11 +36,9 @@ RMSNorm keeps its input and an fp32 ``rstd``, gated MLPs keep ``h1, h3, silu(h1)
 per token, summed over regions ``1..r`` (forward[r], backward[r]) or all (head); plus the region
 output in forward and the boundary grads in backward.
 
-FSDP2 baseline (one region per layer): ``ac = full`` is the same inventory with ``n_off = 0`` and
-boundaries of ``N·H·b/tp`` (sequence-parallel TP); ``ac = none`` keeps a layer's attention +
-MLP/MoE saved activations ``/tp`` (Korthikanti §4.2.2 sequence parallelism); ``ac = selective``
-(torch op-level SAC saving matmul outputs, SDPA outputs) keeps the layer input, the q/k/v and
-o-proj outputs, the SDPA output and lse, and the FFN/expert/router matmul outputs, ``/tp``.
+FSDP2 baseline (one region per layer): ``planner.budget.fsdp2_boundaries`` (the layers other than
+the current one) and ``planner.budget.fsdp2_layer`` (the current layer's saved tensors), from the
+same per-token inventory (``saved_per_token``).
 """
 
 from __future__ import annotations
@@ -209,29 +207,9 @@ def terms(ctx: Ctx) -> list[Term]:
     """Boundary (and saved-activation) terms of one rank."""
     H, N = ctx.hidden_size, ctx.tokens_per_rank
     if ctx.stack == "fsdp2":
-        tp = ctx.tp
-        N_tp = ceil_div(N, tp)
-        NH = N_tp * H
-        final = _final_norm(ctx, N_tp, H)   # outside the layer checkpoints, as in the composed stack
-        if ctx.ac == "full":
-            return _checkpointed(ctx, NH, ctx.num_boundaries, 0, sco=False, provisional=True) + final
-        kinds = tuple(("attention", k) for k in ctx.regions)
-        selective = ctx.ac == "selective"
-        out = _saved(ctx, N_tp, kinds, selective,
-                     "Σ_{layers ≤ r} saved-per-token·N/tp" + (" (op-level SAC)" if selective else ""))
-        if not selective:
-            out.append(_rope_saved(ctx, N_tp))
-        if selective:
-            out.insert(0, Term("layer inputs (SAC keeps the checkpoint input)", "boundaries",
-                               ctx.num_boundaries * NH, ctx.act_bytes, "r·N·H/tp (head: L·N·H/tp)", ALL_STEP,
-                               at=lambda ph: (ctx.num_boundaries if ph.kind == "head" else ph.region) * NH,
-                               provisional=True, source=SAVED_SOURCE))
-        return out + final + [
-            Term("layer output", "boundaries", NH, ctx.act_bytes, "N·H/tp", ("forward",), provisional=True,
-                 source=SOURCE),
-            Term("boundary grad in/out", "boundaries", 2 * NH, ctx.act_bytes, "2·N·H/tp", ("backward",),
-                 provisional=True, source=SOURCE),
-        ]
+        from planner.budget import fsdp2_boundaries
+
+        return fsdp2_boundaries.terms(ctx)
     NH = N * H
     if ctx.checkpoint in ("per_layer", "sco"):
         n_off = ctx.num_offloaded if ctx.checkpoint == "sco" else 0

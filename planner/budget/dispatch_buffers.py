@@ -65,7 +65,7 @@ PERMUTATION_INDICES = Buf("permutation indices", "Q int64 per permutation (slot-
 SENT_ROWS = Buf("sent rows", "R·H (R = k·N)")
 RECEIVED_ROWS = Buf("received rows", "Q·H")
 EXPERT_OUTPUTS = Buf("expert outputs", "Q·H per buffer")
-COMBINE_ROWS = Buf("combine rows", "Q·H + R·H")
+COMBINE_ROWS = Buf("combine rows", "R·H beside the permuted expert outputs Q·H (Q·H + R·H where they are not saved)")
 WEIGHTS_CAST = Buf("weights cast", "R (route weights in the activation dtype, saved)")
 STACKED_WEIGHT_GRADS = Buf("stacked weight grads", "(n + X)·3·H·I")
 ROUTE_WEIGHT_GRAD = Buf("route weight grad", "R")

@@ -265,7 +265,9 @@ def unchunked(s: Shape, Q, r, X, X_e, n_local, *, standalone: bool) -> dict[str,
         _m(base, {(RECEIVED_ROWS, b): Q * H, (SLOT_MAJOR_ROWS, b): Q * H,
                   (PERMUTATION_INDICES, I64): Q}),
         _m(base, saved, {(EXPERT_OUTPUTS, b): 2 * Q * H}),
-        _m(base, saved, {(EXPERT_OUTPUTS, b): Q * H, (COMBINE_ROWS, b): Q * H + R * H}),
+        # run_unchunked frees o_QH once permuted: the all-to-all holds y_QH and y_RH (GPU allocator
+        # history, FSDP2 Qwen3 W8 ac = none forward[1]: exchange.py 256 MiB beside 256 of y_QH)
+        _m(base, saved, {(EXPERT_OUTPUTS, b): Q * H, (COMBINE_ROWS, b): R * H}),
         _m(base, saved, {(COMBINED_ROWS, b): 2 * R * H, (WEIGHTS_CAST, b): wb,
                          (OUTPUT, b): N * H}),
     ]

@@ -29,7 +29,7 @@ FFN/dispatch sub-step: its excess is a term (``_norm_forward_substep``); the rou
 (the normed output) is held through the dispatch.
 
 Without checkpointing these tensors are saved activations (``boundaries``); the FSDP2 baseline's
-per-layer regions count them there.
+FFN sub-steps are in ``planner.budget.fsdp2_layer``.
 """
 
 from __future__ import annotations
@@ -56,8 +56,8 @@ NORM_SOURCE = ("planner/runtime/model_layers.py RMSNorm recomputed with grad in 
 
 def terms(ctx: Ctx) -> list[Term]:
     """FFN working-set terms of one rank (composed stack, checkpointed regions)."""
-    if ctx.stack == "fsdp2":
-        return _fsdp2_terms(ctx)
+    if ctx.stack == "fsdp2":   # the baseline's FFN sub-steps: planner.budget.fsdp2_layer
+        return []
     if ctx.checkpoint == "none":
         return []
     N, H, b, m = ctx.tokens_per_rank, ctx.hidden_size, ctx.act_bytes, ctx.model
@@ -171,18 +171,3 @@ def _norm_forward_substep(ctx: Ctx, own: list[Term]) -> list[Term]:
                         ("forward",), regions=(kind,), source=NORM_SOURCE + "; qwen3-W1 forward[2]: the peak "
                         "is inside ffn_norm, model_layers.py:72/73/74 = 512 + 512 + 2 × 256 MiB"))
     return out
-
-
-def _fsdp2_terms(ctx: Ctx) -> list[Term]:
-    """FSDP2 baseline, ``ac = full`` (the whole layer is one checkpoint): in the MoE layer's backward
-    the recompute has saved the shared experts' gate, up and silu·up, and their backward adds the
-    gradient of silu·up, ``4·N·I_s`` beside the routed experts' saved tensors (whole-step trace,
-    ``tests/trace/test_fsdp2_trace.py``, bf16 case with a shared expert). Dense layers need no term
-    there (their trace agrees without one); under ``selective``/``none`` these are saved activations
-    (``boundaries``)."""
-    I_s = ctx.model.shared_expert_ffn
-    if ctx.ac != "full" or not I_s or "moe" not in set(ctx.regions):
-        return []
-    N = ceil_div(ctx.tokens_per_rank, ctx.tp)
-    return [Term("shared experts backward: saved gate, up, silu·up and its gradient", "ffn", N * 4 * I_s,
-                 ctx.act_bytes, "4·N·I_s/tp", ("backward",), regions=("moe",), provisional=True, source=SOURCE)]

@@ -25,14 +25,8 @@ FSDP2's all-gather copies out of its flat output into the unsharded table (both 
 reduce-scatter copies the dense gradient into a flat input (both live): the whole-step trace's
 forward[1] and backward[1] peaks (``tests/trace/test_step_trace.py``).
 
-FSDP2 baseline (``reshard_after_forward=True``, prefetch 1, ``MixedPrecisionPolicy(bf16, fp32)``):
-
-    layer params (bf16)        2·Θ_layer/tp      current + prefetched layer
-    unsharded layer grads      Θ_layer/tp        bf16, backward
-    fp32 reduce-scatter input  Θ_layer/tp        4 B, backward (reduce_dtype = fp32); backward[L]:
-                               max(Θ_layer, V·H)/tp (FSDP2 holds the head's until the layer reduces)
-    embedding / head units     V·H/tp            their own FSDP units (+ fp32 grad before RS); the
-                               head's all-gather output V·H/tp held through the head phase
+FSDP2 baseline: ``planner.budget.fsdp2_gathered`` (per FSDP unit; the layer's sub-steps in
+``planner.budget.fsdp2_layer``).
 """
 
 from __future__ import annotations
@@ -48,55 +42,6 @@ PROVISIONAL = True
 """Not yet traced against an operator: the composed step (attention region, ZeRO-3 gathers) has no
 runtime here yet, so these counts come from the layouts alone."""
 SOURCE = "DESIGN §2 MoP layout / FSDP2 layout, §3.2 Gathered"
-
-
-def _rs_input(n, head_rs, L):
-    """Elements of fp32 reduce-scatter input live in ``backward[r]``: this layer's, or in the last
-    layer the head unit's, which FSDP2 holds until this layer's own reduce-scatter frees it."""
-    def at(phase):
-        return np.maximum(n, head_rs) if phase.region == L else n
-    return at
-
-
-def _fsdp2_terms(ctx: Ctx) -> list[Term]:
-    m, tp, b = ctx.model, ctx.tp, ctx.act_bytes
-    VH = ctx.vocab_size * ctx.hidden_size
-    VH_tp = ceil_div(VH, tp)
-    out: list[Term] = []
-    kinds = [("moe", True)] if m.num_moe_layers else []
-    L = ctx.num_boundaries                       # one region per layer
-    fsdp = np.asarray(ctx.dp_shard) * np.asarray(ctx.cp)
-    head_rs = VH_tp + ctx.hidden_size            # [norm, head] unit's fp32 reduce-scatter input
-    if m.num_dense_layers:
-        kinds.append(("dense_mlp", False))
-    for kind, moe in kinds:
-        n = regions.layer_params_local(m, tp=tp, ep=ctx.ep, moe=moe)
-        out += [
-            Term(f"{kind} layer params, current + prefetch (bf16)", "gathered", 2 * n, b,
-                 "2·Θ_layer/tp", FWD_BWD, regions=(kind,), source=SOURCE, provisional=PROVISIONAL),
-            Term(f"{kind} layer unsharded grads (bf16)", "gathered", n, b, "Θ_layer/tp", ("backward",),
-                 regions=(kind,), source=SOURCE, provisional=PROVISIONAL),
-            Term(f"{kind} layer fp32 reduce-scatter input", "gathered", np.maximum(n, head_rs), 4,
-                 "Θ_layer/tp; backward[L]: max(Θ_layer, V·H)/tp (the head's, held until this layer reduces)",
-                 ("backward",), regions=(kind,), at=_rs_input(n, head_rs, L),
-                 source=SOURCE + "; FSDP2 keeps the last reduce-scatter input alive until the next unit's "
-                 "post-backward (reduce_scatter_max_input_buffers = 1): in backward[L] the head's fp32 "
-                 "gradient (trace: tests/trace/test_fsdp2_trace.py, bf16 cases)", provisional=PROVISIONAL),
-        ]
-    out += [
-        Term("embedding unit (bf16)", "gathered", VH_tp, b, "V·H/tp", FWD_BWD, first_region_only=True,
-             source=SOURCE, provisional=PROVISIONAL),
-        Term("embedding grad (dense, fp32 reduce)", "gathered", VH_tp, 4, "V·H/tp",
-             ("backward",), first_region_only=True, source=SOURCE, provisional=PROVISIONAL),
-        Term("head unit (bf16)", "gathered", VH_tp, b, "V·H/tp", ("head",), source=SOURCE, provisional=PROVISIONAL),
-        Term("head all-gather output, held (FSDP2 all_gather_state)", "gathered", VH_tp * (fsdp > 1), b,
-             "V·H/tp if dp_shard·cp > 1", ("head",),
-             source=SOURCE + "; FSDP2 keeps a forward all-gather's output until the next unit's all-gather "
-             "(the backward's, for [norm, head]). The head's gradient and its fp32 reduce-scatter input "
-             "come after the logits are freed: a sub-step of the head (planner.budget.fsdp2_vocab)",
-             provisional=PROVISIONAL),
-    ]
-    return out
 
 
 def _region1_bytes(ctx: Ctx, kind: str, own: list[Term]):
@@ -206,7 +151,9 @@ def _unreduced_grads(ctx: Ctx, P) -> Term:
 def terms(ctx: Ctx) -> list[Term]:
     """Gathered terms of one rank."""
     if ctx.stack == "fsdp2":
-        return _fsdp2_terms(ctx)
+        from planner.budget import fsdp2_gathered
+
+        return fsdp2_gathered.terms(ctx)
     m, b = ctx.model, ctx.act_bytes
     VH = ctx.vocab_size * ctx.hidden_size
     attn = regions.attention_region_params(m)

@@ -61,6 +61,8 @@ def terms(ctx: Ctx) -> list[Term]:
         Term("FlashAttention backward dq_accum/softmax_d", "workspace", fa_net, 1,
              "w_fa·N·n_h·d_qk (bytes)" + under, ("backward",), regions=regions, source=SOURCE),
     ]
+    if ctx.stack == "fsdp2":   # FlashAttention's backward buffers: the attention sub-step of fsdp2_layer
+        return out[:2]
     if hkv < hq:
         out.append(Term("FlashAttention GQA dk/dv expansion", "workspace", exp_net, 1,
                         "N·n_h·(d_qk+d_v)·b (bytes)" + under, ("backward",), regions=regions, source=SOURCE))

@@ -1,0 +1,139 @@
+"""Live set ``gathered`` of the FSDP2 baseline: unsharded parameters, all-gather outputs FSDP2 holds
+and the fp32 reduce-scatter inputs, per FSDP unit (``planner/runtime/fsdp2.py``: the embedding,
+each layer with its routed experts as a unit of their own, ``[norm, head]``).
+
+Legend: ``Θ_r`` the layer's parameters one rank gathers (dense part over ``tp``, its ``E/ep``
+experts), ``Θ_r^d`` its dense part alone (attention, router, shared experts, norms), ``F =
+dp_shard·cp`` the dense units' mesh, ``F/ep`` the experts' mesh, ``[c]`` 1 when ``c`` holds,
+``V·H/tp`` the embedding and head units. Counts from the GPU allocator history of ``planner
+validate``'s own step (``bench/memory_snapshot.py``, H200, torch 2.11):
+
+    layer params (param dtype)   Θ_r                forward[r], backward[r]: the current layer only
+                                                    (``_fsdp_param alloc_storage``: one layer's
+                                                    blocks in every layer phase; no forward prefetch)
+    backward prefetch            Θ_{r−1}^d·[F>1]    backward[r ≥ 2]: the previous layer's all-gather
+                                                    output, issued before its copy-out
+                                                    (``_fsdp_collectives allocate``, gpt-oss W32
+                                                    backward[2]: 50.8 MiB = its dense part); with
+                                 Θ_{r−1} if F = 1   every mesh of one rank the whole previous layer
+                                                    (CPU trace at W = 1: backward[2] held Θ_1·b more)
+                                 V·H/tp             backward[1]: the embedding's (1104.6 MiB)
+    held reduce-scatter input    V·H/tp + H (fp32)  backward[L]: the head's, kept until this
+                                 Θ_{r+1} (fp32)     layer reduces; backward[r < L]: layer r+1's
+                                                    (reduce_scatter_max_input_buffers = 1; the
+                                                    experts' part, on a one-rank expert mesh beside
+                                                    a larger dense one with freed gradients, is
+                                                    their gradient shard itself: Qwen3 W8 one 288
+                                                    MiB block; at W = 1 the CPU trace holds it whole)
+    head unit (param dtype)      V·H/tp             head (``reshard_after_forward=False``). Its
+                                                    forward all-gather output is freed at the root's
+                                                    post-forward, before the loss's backward
+                                                    (DeepSeek W64 head: one 400 MiB block); the
+                                                    chunked head runs inside that forward, so it
+                                                    holds it too [F>1] (Qwen3 W8: 2 × 593.5 MiB)
+
+The all-gather outputs FSDP2 holds in the forward (``AllGatherState``, until the next unit's
+all-gather, on meshes of more than one rank) and the layer's own gradient reduce-scatter are
+sub-steps of the layer (``planner.budget.fsdp2_layer``); the embedding's gradient is a sub-step of
+backward[1] there too.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from planner.budget import regions
+from planner.context.ctx import Ctx
+from planner.budget.terms import FWD_BWD, Phase, Term
+from planner.units import ceil_div
+
+SOURCE = ("FSDP2 units of planner/runtime/fsdp2.py; GPU allocator history of planner validate's step "
+          "(bench/memory_snapshot.py, H200)")
+
+
+def fsdp_degree(ctx: Ctx):
+    """``F = dp_shard·cp``: the dense units' mesh."""
+    return np.asarray(ctx.dp_shard) * np.asarray(ctx.cp)
+
+
+def expert_degree(ctx: Ctx):
+    """``F/ep``: the routed experts' mesh."""
+    return fsdp_degree(ctx) // np.maximum(np.asarray(ctx.ep), 1)
+
+
+def layer_dense_params(ctx: Ctx, kind: str):
+    """``Θ_r^d``: the layer's dense part (attention, router, shared experts, norms) over ``tp``."""
+    m = ctx.model
+    ffn = regions.moe_region_dense_params(m) if kind == "moe" else regions.dense_region_params(m)
+    return ceil_div(regions.attention_region_params(m) + ffn, ctx.tp)
+
+
+def layer_expert_params(ctx: Ctx, kind: str):
+    """The layer's ``E/ep`` routed experts over ``tp`` (0 for a dense layer)."""
+    if kind != "moe":
+        return 0
+    m = ctx.model
+    return ceil_div((m.num_experts // np.asarray(ctx.ep)) * m.expert_params(), ctx.tp)
+
+
+def layer_params(ctx: Ctx, kind: str):
+    """``Θ_r``: everything one rank gathers for a layer of ``kind``."""
+    return regions.layer_params_local(ctx.model, tp=ctx.tp, ep=ctx.ep, moe=kind == "moe")
+
+
+def head_rs_input(ctx: Ctx):
+    """Elements of the ``[norm, head]`` unit's fp32 reduce-scatter input."""
+    return ceil_div(ctx.vocab_size * ctx.hidden_size, ctx.tp) + ctx.hidden_size
+
+
+def terms(ctx: Ctx) -> list[Term]:
+    kinds = ctx.regions
+    L = len(kinds)
+    b = ctx.act_bytes
+    F = fsdp_degree(ctx)
+    VH_tp = ceil_div(ctx.vocab_size * ctx.hidden_size, ctx.tp)
+    theta = {k: layer_params(ctx, k) for k in set(kinds)}
+    dense = {k: layer_dense_params(ctx, k) for k in set(kinds)}
+
+    def params(ph: Phase):
+        return theta[ph.region_kind]
+
+    one = F == 1   # every mesh of one rank (W = 1, or tp·ep only): no all-gather buffers at all
+
+    def prefetch(ph: Phase):
+        if ph.region == 1:
+            return VH_tp
+        k = kinds[ph.region - 2]
+        return np.where(one, theta[k], dense[k] * (F > 1))
+
+    Fe = expert_degree(ctx)
+    own = ctx.grad_lifetime == "freed"
+
+    def held_rs(ph: Phase):
+        if ph.region == L:
+            return head_rs_input(ctx)
+        k = kinds[ph.region]
+        # freed gradients on a one-rank expert mesh: the experts' fp32 input is their gradient shard
+        # (persistent), not a second buffer (Qwen3 W8 backward[1]: 361 MiB = Θ_2·4 B in all)
+        return theta[k] - (layer_expert_params(ctx, k) * ((Fe == 1) & (F > 1)) if own else 0)
+
+    big = max(theta.values(), key=lambda v: int(np.max(v)))
+    return [
+        Term("layer params, current layer (param dtype)", "gathered", big, b, "Θ_r", FWD_BWD, at=params,
+             source=SOURCE),
+        Term("backward prefetch: previous unit's all-gather output", "gathered",
+             np.maximum(VH_tp, big), b,
+             "backward[r ≥ 2]: Θ_{r−1}^d·[F>1], Θ_{r−1} when F = 1; backward[1]: V·H/tp (the embedding)",
+             ("backward",),
+             at=prefetch, source=SOURCE),
+        Term("held fp32 reduce-scatter input of the previous unit", "gathered",
+             np.maximum(head_rs_input(ctx), big), 4,
+             "backward[L]: V·H/tp + H (the head's); backward[r < L]: Θ_{r+1} (less Θ^e_{r+1} when freed "
+             "gradients have a one-rank expert mesh: that input is their persistent shard)", ("backward",), at=held_rs,
+             source=SOURCE),
+        Term("head unit (param dtype)", "gathered", VH_tp, b, "V·H/tp", ("head",), source=SOURCE),
+        Term("head all-gather output held (chunked head)", "gathered",
+             VH_tp * (F > 1) * (ctx.head == "chunked"), b, "V·H/tp·[F>1] (chunked head)", ("head",),
+             source=SOURCE + "; the chunked head computes its gradients inside the root's forward, before "
+             "FSDP2 frees the last all-gather output (Qwen3 W8 chunked head: 2 × 593.5 MiB at the norm)"),
+    ]

@@ -1,0 +1,286 @@
+"""The current layer's working set in the FSDP2 baseline (one region per layer): its sub-steps run
+one after the other, so a layer phase holds the **largest** of them, not their sum.
+
+Legend: ``N`` tokens per rank (``S/cp``), ``N_sp = ceil(N/tp)``, ``H`` hidden, ``b`` bytes per
+activation scalar, ``h_q = n_h/tp``, ``h_kv = n_kv/tp`` heads, ``qkv = N·(h_q·d_qk + h_kv·(d_qk+d_v))``,
+``o = N·h_q·d_v``, ``I_d`` dense FFN width, ``I_s`` shared-expert width, ``D`` the routed experts'
+dispatch working set of the phase (``planner.budget.dispatch``, standard EP; it includes the MoE
+rows autograd saves), ``A`` the attention's saved tensors (``planner.budget.boundaries``
+``saved_per_token``: normed input and its weighted copy, q, k, v, output, the norm's fp32 copy and
+rsqrt, lse, and the RoPE cos/sin tables ``N·d_rot`` fp32), ``Θ^d`` / ``Θ^e`` the layer's dense /
+expert parameters (``planner.budget.fsdp2_gathered``), ``[c]`` 1 when ``c`` holds.
+
+Sub-steps (GPU allocator history of ``planner validate``'s step, ``bench/memory_snapshot.py``, H200;
+the site named is the allocating line of ``planner/runtime``):
+
+forward[r]
+    attention      normed input N·H, qkv, o, lse N·h_q (fp32), o-proj output N·H, the context-
+                   parallel K/V buffers, the layer's all-gather output Θ^d held by FSDP2 [F>1]
+    ffn (moe)      the attention-region output N_sp·H (``model.py`` attention_region), the normed
+                   FFN input N·H (``model_layers.py`` RMSNorm; without checkpointing its saved fp32
+                   copy N_sp·H·4 and both outputs 2·N·H instead), D; the experts' all-gather output
+                   Θ^e held [F/ep > 1] (the layer's own is freed by the experts' all-gather); under
+                   ac = none / selective the attention's saved A (A_SAC) as well
+    ffn (dense)    the same two N·H, gate, silu and up 3·N·I_d/tp (``model_layers.py`` GatedMLP:
+                   DeepSeek W64 forward[1], three 684 MiB blocks), the layer's all-gather output
+                   Θ^d held [F>1] (the 309 MiB of its 11 blocks = 2·Θ^d)
+    shared experts the two N·H, the routed output N·H, the shared experts' 3·N·I_s/tp (they run
+                   after the routed experts, whose rows are freed by then)
+    head gather    (r = L) the last layer's output, the head unit's unsharded weight and its held
+                   all-gather output V·H/tp·[F>1] (FSDP2's pre-forward of the final norm runs
+                   before the head phase starts), less the resharded layer's Θ_L; without
+                   checkpointing the last layer's saved tensors too
+    ac = selective keeps, instead of A, torchtitan's SAC outputs (``sac_saved_counts``)
+
+backward[r] (ac = full recomputes the whole layer first, so A and the FFN's saved tensors exist
+again; ac = none keeps them from the forward)
+    ffn (moe)      A, the FFN norm's fp32 copy and normed input N·H·4 + 2·N·H·b, D; with shared
+                   experts (they ran last, so their backward ran first) their weight gradients
+                   3·H·I_s/tp and input gradient N·H (DeepSeek W64 backward[2]: MmBackward0 3 × 11
+                   + 128 MiB; none of their activations)
+    shared experts A, the FFN norm's, the routed experts' saved rows (≈ D_f), the shared experts'
+                   saved gate, silu, up and in-flight gradients 6·N·I_s/tp, their weight gradients
+    ffn (dense)    A, the FFN norm's, GatedMLP's saved gate, silu, up 3·N·I_d/tp, the in-flight
+                   gradients of the product, gate and up 3·N·I_d/tp and the down projection's weight
+                   gradient H·I_d/tp (DeepSeek W64 backward[1]: MulBackward0 2 × 684, MmBackward0 684
+                   + 42.8 MiB)
+    attention      A, the gradients of q, k, v and o, the context-parallel K/V buffers, the
+                   attention-region gradient N_sp·H, the
+                   attention's weight gradients Θ_attn/tp, FlashAttention's dq_accum/softmax_d
+                   ``w_fa·N·h_q·d_qk`` bytes and (GQA) its dk/dv expansion ``N·h_q·(d_qk+d_v)·b``
+    grad RS        the layer's unsharded gradients Θ_r (param dtype) and their fp32 reduce-scatter
+                   input Θ_r, the layer-input gradient N_sp·H
+    embedding (r=1) the embedding's unsharded table and its dense gradient V·H/tp (param dtype),
+                   its fp32 reduce-scatter input V·H/tp, the gradient of its output N_sp·H
+
+The reference sub-step (ffn) is counted term by term (D stays in ``dispatch``); every other
+sub-step adds its excess over the reference, ``max(0, T_s − T_ffn)``, so a phase holds
+``max_s T_s`` (a sub-step may list a phase-wide term that is not live at its moment with a
+negative count: only its total is used). Not read off an allocator history yet: ``tp > 1`` (the
+MoE block's tokens and expert sharding under TP) and the CPU trace's dense first layer.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from planner.budget import dispatch, fsdp2_gathered as fg, regions
+from planner.context.ctx import Ctx
+from planner.budget.fsdp2_saved import dims, attention_saved_counts, local_layers, sac_saved_counts
+from planner.budget.terms import Phase, Term
+from planner.units import ceil_div
+
+SOURCE = ("tensor inventory of planner/runtime/{fsdp2,model,model_layers,attention,moe_block}.py; GPU "
+          "allocator history of planner validate's step (bench/memory_snapshot.py, H200)")
+
+
+@dataclass(frozen=True)
+class Item:
+    live_set: str
+    name: str
+    count: Any
+    elem_bytes: int
+    formula: str
+
+    @property
+    def nbytes(self):
+        return np.asarray(self.count, dtype=np.int64) * self.elem_bytes
+
+
+def attention_saved(ctx: Ctx, selective: bool = False, local: bool = False) -> list[Item]:
+    """``A``: what autograd keeps of one layer's attention (``attention_saved_counts``)."""
+    cb, cf = attention_saved_counts(ctx, selective, local)
+    tag = "SAC subset" if selective else "every saved tensor"
+    return [Item("attention", f"attention saved tensors ({tag})", cb, ctx.act_bytes,
+                 "s_attn·N_sp (+ QK-norm, sinks, sliding blocks; b-byte)"),
+            Item("attention", f"attention saved tensors ({tag}, fp32)", cf, 4,
+                 "s_attn·N_sp + N·d_rot (+ QK-norm; fp32: norm copies, rsqrt, lse; RoPE cos/sin)")]
+
+
+def _cp_kv(ctx: Ctx, N, hkv, d_qk, d_v) -> Item:
+    cp = np.asarray(ctx.cp)
+    shards = cp if ctx.cp_rotate == "allgather" else 2
+    return Item("attention", f"context-parallel K/V buffers ({ctx.cp_rotate})",
+                shards * N * hkv * (d_qk + d_v) * (cp > 1), ctx.act_bytes,
+                ("cp" if ctx.cp_rotate == "allgather" else "2") + "·N·h_kv·(d_qk+d_v) if cp > 1")
+
+
+def _substeps(ctx: Ctx, kind: str, rkind: str, local: bool) -> tuple[dict[str, list[Item]], str]:
+    """``({sub-step: items}, reference)`` of a ``kind`` phase of a ``rkind`` layer."""
+    N, H, b = ctx.tokens_per_rank, ctx.hidden_size, ctx.act_bytes
+    N_sp = ceil_div(N, ctx.tp)
+    hq, hkv, d_qk, d_v = dims(ctx)
+    qkv, o = N * (hq * d_qk + hkv * (d_qk + d_v)), N * hq * d_v
+    F, Fe = fg.fsdp_degree(ctx), fg.expert_degree(ctx)
+    th_d, th_e = fg.layer_dense_params(ctx, rkind), fg.layer_expert_params(ctx, rkind)
+    saved_regime = ctx.ac != "full"
+    mid = [Item("boundaries", "attention-region output", N_sp * H, b, "N_sp·H"),
+           Item("ffn", "normed FFN input", N * H, b, "N·H")]
+    if ctx.ac == "none" and kind == "forward":   # autograd keeps the FFN norm's fp32 copy and both outputs
+        mid = mid[:1] + [Item("ffn", "FFN norm: saved fp32 copy", N_sp * H, 4, "N_sp·H"),
+                         Item("ffn", "FFN norm: saved normed input and its weighted copy", 2 * N * H, b, "2·N·H")]
+    moe = rkind == "moe"
+    I_d = ceil_div(ctx.dense_ffn, ctx.tp) if not moe else 0
+    I_s = ceil_div(ctx.model.shared_expert_ffn or 0, ctx.tp)
+    if kind == "forward":
+        att = [Item("attention", "normed attention input (all-gathered)", N * H, b, "N·H"),
+               Item("attention", "q, k, v", qkv, b, "qkv"), Item("attention", "attention output", o, b, "o"),
+               Item("attention", "log-sum-exp (fp32)", N * hq, 4, "N·h_q"),
+               Item("attention", "o-proj output (before reduce-scatter)", N * H, b, "N·H"),
+               _cp_kv(ctx, N, hkv, d_qk, d_v),
+               Item("gathered", "layer all-gather output held (dense part)", th_d * (F > 1), b, "Θ^d·[F>1]")]
+        if ctx.ac == "selective":
+            cb, cf = sac_saved_counts(ctx, rkind)
+            keep = [Item("attention", "this layer's SAC-saved matmul and SDPA outputs", cb, b, "s_SAC·N"),
+                    Item("attention", "this layer's SAC-saved lse (fp32)", cf, 4, "N·h_q")]
+        else:
+            keep = attention_saved(ctx, False, local) if saved_regime else []
+        if moe:
+            ffn = mid + keep + [Item("gathered", "experts' all-gather output held", th_e * (Fe > 1), b,
+                                     "Θ^e·[F/ep>1]")]
+            out = {"ffn": ffn, "attention": att}
+            if I_s:
+                out["shared experts"] = mid + keep + [
+                    Item("ffn", "routed output", N * H, b, "N·H"),
+                    Item("ffn", "shared experts: gate, silu, up", 3 * N * I_s, b, "3·N·I_s/tp")]
+            return out, "ffn"
+        ffn = mid + keep + [Item("ffn", "dense FFN: gate, silu, up", 3 * N * I_d, b, "3·N·I_d/tp"),
+                            Item("gathered", "layer all-gather output held", th_d * (F > 1), b, "Θ^d·[F>1]")]
+        return {"ffn": ffn, "attention": att}, "ffn"
+    A = attention_saved(ctx, local=local)
+    norm = [Item("ffn", "FFN norm: saved fp32 copy", N_sp * H, 4, "N_sp·H"),
+            Item("ffn", "FFN norm: saved normed input and its weighted copy", 2 * N * H, b, "2·N·H")]
+    mem = ctx.cluster.memory
+    fa = N * hq * d_qk * int(mem.flash_workspace_bytes_per_elem.value)
+    exp = N * hq * (d_qk + d_v) * b if hkv < hq else 0
+    att_params = ceil_div(regions.attention_region_params(ctx.model), ctx.tp)
+    att = A + [Item("attention", "grads of q, k, v, o", qkv + o, b, "qkv + o"), _cp_kv(ctx, N, hkv, d_qk, d_v),
+               Item("attention", "attention-region gradient", N_sp * H, b, "N_sp·H"),
+               Item("attention", "attention weight gradients", att_params, b, "Θ_attn/tp"),
+               Item("workspace", "FlashAttention backward dq_accum/softmax_d", fa, 1, "w_fa·N·h_q·d_qk (bytes)"),
+               Item("workspace", "FlashAttention GQA dk/dv expansion", exp, 1, "N·h_q·(d_qk+d_v)·b if h_kv < h_q")]
+    th = fg.layer_params(ctx, rkind)
+    rs = [Item("gathered", "layer unsharded gradients (param dtype)", th, b, "Θ_r"),
+          Item("gathered", "layer fp32 reduce-scatter input", th, 4, "Θ_r"),
+          Item("boundaries", "layer-input gradient", N_sp * H, b, "N_sp·H")]
+    out = {}
+    if moe:
+        ffn = A + norm
+        if I_s:   # their backward ran first (they ran last): their weight and input gradients remain
+            H = ctx.hidden_size
+            sh_w = Item("ffn", "shared experts: weight gradients", 3 * H * I_s, b, "3·H·I_s/tp")
+            ffn = ffn + [sh_w, Item("ffn", "shared experts: input gradient", N * H, b, "N·H")]
+            out["shared experts"] = A + norm + [
+                Item("dispatch", "routed experts' saved rows (their forward working set D_f)",
+                     _dispatch_bytes(ctx, "forward"), 1, "D_f (bytes)"),
+                Item("ffn", "shared experts: saved gate, silu, up and their in-flight gradients", 6 * N * I_s,
+                     b, "6·N·I_s/tp"), sh_w]
+    else:
+        ffn = A + norm + [Item("ffn", "dense FFN: saved gate, silu, up", 3 * N * I_d, b, "3·N·I_d/tp"),
+                          Item("ffn", "dense FFN: gradients of the product, gate and up", 3 * N * I_d, b,
+                               "3·N·I_d/tp"),
+                          Item("ffn", "dense FFN: down-projection weight gradient", ctx.hidden_size * I_d, b,
+                               "H·I_d/tp")]
+    out.update({"ffn": ffn, "attention": att, "grad reduce-scatter": rs})
+    return out, "ffn"
+
+
+def _embedding_grad(ctx: Ctx) -> list[Item]:
+    b, N_sp = ctx.act_bytes, ceil_div(ctx.tokens_per_rank, ctx.tp)
+    VH_tp = ceil_div(ctx.vocab_size * ctx.hidden_size, ctx.tp)
+    return [Item("gathered", "embedding table, unsharded", VH_tp, b, "V·H/tp"),
+            Item("gathered", "embedding dense gradient", VH_tp, b, "V·H/tp"),
+            Item("gathered", "embedding fp32 reduce-scatter input", VH_tp, 4, "V·H/tp"),
+            Item("boundaries", "embedding-output gradient", N_sp * ctx.hidden_size, b, "N_sp·H")]
+
+
+def _dispatch_bytes(ctx: Ctx, kind: str):
+    ph = Phase(kind, 1, "moe")
+    return sum((np.asarray(t.bytes_in(ph), dtype=np.int64) for t in dispatch.terms(ctx)), np.int64(0))
+
+
+def _total(items: list[Item]):
+    return sum((i.nbytes for i in items), np.int64(0))
+
+
+def _scalar(v):
+    return int(v) if np.ndim(v) == 0 else v
+
+
+def _pick(g, l, local):
+    """``at`` for a count that differs on the sliding-window layers ``local``."""
+    g, l = _scalar(g), _scalar(l)
+    return np.maximum(g, l), (lambda ph: l if ph.region in local else g)
+
+
+def _excess(sub: dict, ref: str, t_ref, extra: dict | None = None):
+    d = {s: v for s, v in sub.items() if s != ref}
+    d.update(extra or {})
+    return np.maximum.reduce(np.broadcast_arrays(np.int64(0), *[_total(v) - t_ref for v in d.values()]))
+
+
+def _head_gather(ctx: Ctx, rkind: str, local: bool) -> list[Item]:
+    """forward[L] ends with the ``[norm, head]`` unit's all-gather (FSDP2's pre-forward hook of the
+    final norm runs before the head phase starts): the last layer's output, the head's unsharded
+    weight and its all-gather output, which FSDP2 holds [F>1] (Qwen3 W8 ac = none forward[2]:
+    ``fsdp2.py`` norm call, 2 × 593.5 MiB); without checkpointing the last layer's saved tensors too."""
+    b, N_sp = ctx.act_bytes, ceil_div(ctx.tokens_per_rank, ctx.tp)
+    VH_tp = ceil_div(ctx.vocab_size * ctx.hidden_size, ctx.tp)
+    out = [Item("boundaries", "last layer output", N_sp * ctx.hidden_size, b, "N_sp·H"),
+           Item("gathered", "head unit, unsharded", VH_tp, b, "V·H/tp"),
+           Item("gathered", "head unit all-gather output held", VH_tp * (fg.fsdp_degree(ctx) > 1), b,
+                "V·H/tp·[F>1]")]
+    # by then the last layer is resharded, and without checkpointing its input is gone: the phase's
+    # common terms that are not live at this moment (Qwen3 W8 ac = none forward[2]: no layer block)
+    out += [Item("gathered", "last layer's params, resharded by then (not live)", -fg.layer_params(ctx, rkind), b,
+                 "−Θ_L"),
+            Item("boundaries", "last layer's input, not saved (not live)",
+                 -N_sp * ctx.hidden_size * (ctx.ac == "none"), b, "−N_sp·H [ac = none]")]
+    if ctx.ac != "full":
+        from planner.budget.fsdp2_boundaries import saved_layer
+
+        cb, cf = saved_layer(ctx, rkind, ctx.ac == "selective", local)
+        out += [Item("boundaries", "last layer's saved tensors", cb, b, "s(L)"),
+                Item("boundaries", "last layer's saved tensors (fp32)", cf, 4, "s(L)")]
+    return out
+
+
+def terms(ctx: Ctx) -> list[Term]:
+    kinds = ctx.regions
+    L = len(kinds)
+    local = local_layers(ctx)
+    out: list[Term] = []
+    for kind in ("forward", "backward"):
+        for rkind in sorted(set(kinds)):
+            (sub, ref), (sub_l, _) = _substeps(ctx, kind, rkind, False), _substeps(ctx, kind, rkind, True)
+            D = _dispatch_bytes(ctx, kind) if rkind == "moe" else np.int64(0)
+            t_ref, t_ref_l = _total(sub[ref]) + D, _total(sub_l[ref]) + D
+            reg = (rkind,)
+            for i, il in zip(sub[ref], sub_l[ref]):
+                count, at = _pick(i.count, il.count, local)
+                out.append(Term(i.name, i.live_set, count, i.elem_bytes,
+                                f"{i.formula}  [{kind}, {ref} sub-step" + (" beside D]" if rkind == "moe" else "]"),
+                                (kind,), regions=reg, at=at, source=SOURCE))
+
+            def ends(r: int) -> dict:
+                if kind == "backward" and r == 1:
+                    return {"embedding gradient (r = 1)": _embedding_grad(ctx)}
+                if kind == "forward" and r == L:
+                    return {"head all-gather (r = L)": _head_gather(ctx, rkind, r in local)}
+                return {}
+
+            ex = {}
+            for r in [r for r in range(1, L + 1) if kinds[r - 1] == rkind]:
+                loc = r in local
+                ex[r] = _scalar(_excess(sub_l if loc else sub, ref, t_ref_l if loc else t_ref, ends(r)))
+            named = {**{n: v for n, v in sub.items() if n != ref}, **ends(1), **ends(L)}
+            what = "; ".join(f"T_{{{n}}} = " + " + ".join(f"{i.name} {i.formula}" for i in v)
+                             for n, v in named.items())
+            out.append(Term(f"{kind} sub-steps after the {ref}: excess over it", "attention",
+                            np.maximum.reduce(np.broadcast_arrays(*ex.values())), 1,
+                            f"max(0, max_s T_s − T_{ref}) over the other sub-steps ({what})", (kind,),
+                            regions=reg, at=lambda ph, ex=ex: ex[ph.region], source=SOURCE))
+    return out
