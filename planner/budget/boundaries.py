@@ -204,12 +204,9 @@ def _rope_saved(ctx: Ctx, N) -> Term:
 
 
 def terms(ctx: Ctx) -> list[Term]:
-    """Boundary (and saved-activation) terms of one rank."""
+    """Boundary (and saved-activation) terms of one rank on the composed stack (both stacks:
+    ``boundary_terms``)."""
     H, N = ctx.hidden_size, ctx.tokens_per_rank
-    if ctx.stack == "fsdp2":
-        from planner.budget import fsdp2_boundaries
-
-        return fsdp2_boundaries.terms(ctx)
     NH = N * H
     if ctx.checkpoint in ("per_layer", "sco"):
         n_off = ctx.num_offloaded if ctx.checkpoint == "sco" else 0

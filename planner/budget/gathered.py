@@ -49,10 +49,10 @@ def _region1_bytes(ctx: Ctx, kind: str, own: list[Term]):
     out: a FlashAttention workspace freed before the embedding's backward then makes the budget
     higher by at most its size, never lower, and a fake-tensor trace, blind to workspaces, sees the
     same excess)."""
-    from planner.budget import attention, boundaries
+    from planner.budget import attention, boundary_terms
 
     ph = Phase(kind, 1, ctx.regions[0])
-    ts = [*own, *attention.terms(ctx), *boundaries.terms(ctx)]
+    ts = [*own, *attention.terms(ctx), *boundary_terms.terms(ctx)]
     return sum((np.asarray(t.bytes_in(ph), dtype=np.int64) for t in ts), np.int64(0))
 
 

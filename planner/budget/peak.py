@@ -17,7 +17,7 @@ from planner.budget.phases import critical_phases, full_phases
 from planner.budget.terms import LIVE_SETS, Phase, Term
 from planner.schema import cluster_constants
 
-MODULES = ("persistent", "gathered", "boundaries", "attention", "ffn", "dispatch", "vocab", "optimizer",
+MODULES = ("persistent", "gathered", "boundary_terms", "attention", "ffn", "dispatch", "vocab", "optimizer",
            "workspace")
 """The live-set modules of ``planner.budget``; ``optimizer`` holds the ``optimizer_step`` live set."""
 
