@@ -65,6 +65,13 @@ CASES = [
     ("qwen3-W8-chunked-head", "qwen3-30b-a3b", 8, 32768, {"head": "chunked"}, "freed"),
     ("gptoss-W8-none-accumulate", "gpt-oss-20b", 8, 8192, {"ac": "none"}, "accumulate"),
     ("dsv2-W8-full", "deepseek-v2-lite", 8, 16384, {}, "freed"),
+    # W = 1 at two more context lengths per model: the whole-step time at three lengths (issue 15)
+    ("qwen3-W1-S4096", "qwen3-30b-a3b", 1, 4096, {}, "freed"),
+    ("qwen3-W1-S16384", "qwen3-30b-a3b", 1, 16384, {}, "freed"),
+    ("gptoss-W1-S4096", "gpt-oss-20b", 1, 4096, {}, "freed"),
+    ("gptoss-W1-S16384", "gpt-oss-20b", 1, 16384, {}, "freed"),
+    ("dsv2-W1-S4096", "deepseek-v2-lite", 1, 4096, {}, "freed"),
+    ("dsv2-W1-S16384", "deepseek-v2-lite", 1, 16384, {}, "freed"),
 ]
 
 
