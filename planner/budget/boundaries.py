@@ -206,6 +206,9 @@ def _rope_saved(ctx: Ctx, N) -> Term:
 def terms(ctx: Ctx) -> list[Term]:
     """Boundary (and saved-activation) terms of one rank on the composed stack (both stacks:
     ``boundary_terms``)."""
+    if ctx.stack == "fsdp2":
+        raise ValueError("boundaries.terms is the composed stack's live set; the FSDP2 baseline's is "
+                         "fsdp2_boundaries.terms (both: boundary_terms.terms)")
     H, N = ctx.hidden_size, ctx.tokens_per_rank
     NH = N * H
     if ctx.checkpoint in ("per_layer", "sco"):

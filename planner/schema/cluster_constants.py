@@ -71,7 +71,7 @@ CONSTANTS: tuple[ClusterConstant, ...] = (
         "flash_workspace_bytes_per_elem",
         "FlashAttention backward workspace (fp32 ``dq_accum`` + ``softmax_d``) per element of q.",
         0.0, _NEEDS_CUDA, measured_by="calibration.constants:flash_workspace",
-        used_by=("planner.budget.workspace",)),
+        used_by=("planner.budget.workspace", "planner.budget.fsdp2_layer")),
     ClusterConstant(
         "host_baseline_bytes_per_rank",
         "Host RSS of one training process before any offload (torch, CUDA, data loader).",

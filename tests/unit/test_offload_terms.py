@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from planner.budget import boundaries, optimizer
+from planner.budget import boundaries, boundary_terms, optimizer
 from planner.budget.build import make_context
 from planner.budget.phases import full_phases
 from planner.plans.fsdp2_shards import param_tensors, pinned_shard_bytes, pow2_ceil, shard_numel, shard_params
@@ -105,7 +105,7 @@ def test_no_checkpointing_keeps_every_region(h200):
 
 
 def test_fsdp2_boundaries_order_and_tp(h200):
-    peak = {(ac, tp): max(_by_phase(_ctx(h200, stack="fsdp2", ac=ac, tp=tp), boundaries).values())
+    peak = {(ac, tp): max(_by_phase(_ctx(h200, stack="fsdp2", ac=ac, tp=tp), boundary_terms).values())
             for ac in ("full", "selective", "none") for tp in (1, 2)}
     assert peak["full", 1] < peak["selective", 1] < peak["none", 1]
     assert all(peak[ac, 2] < peak[ac, 1] for ac in ("full", "selective", "none"))
