@@ -8,7 +8,8 @@ import json
 from typer.testing import CliRunner
 
 from planner import api
-from planner.budget.sensitivity import ROUTINGS
+from planner.api.build import build_planfile
+from planner.budget.sensitivity import ROUTINGS, routing_sensitivity
 from planner.plans.routing import NAMED_SKEW
 from planner.cli import app
 
@@ -27,9 +28,19 @@ def test_sweep_rows_carry_the_sensitivity_of_their_own_plan():
         assert r.routing_sensitivity["worst"]["peak_bytes"] >= bal["peak_bytes"]
         for v in r.routing_sensitivity.values():
             assert v["fits_hbm"] == (v["peak_bytes"] <= r.capacity_bytes)
-    # standard EP (FSDP2's) grows with the skew at 128k; the source-side PipelinedLLEP does not
-    base = next(r for r in rows if r.stack == "fsdp2" and r.seq_len == 131072)
-    assert base.routing_sensitivity["worst"]["peak_bytes"] > base.routing_sensitivity["balanced"]["peak_bytes"]
+    # an FSDP2 row whose experts are all local (ep = 1) cannot move with the routing; one with ep > 1
+    # grows with the skew (standard EP has no launch-time bound)
+    for r in rows:
+        if r.stack == "fsdp2":
+            sens = r.routing_sensitivity
+            if r.plan.baseline.ep == 1:
+                assert sens["worst"]["peak_bytes"] == sens["balanced"]["peak_bytes"]
+            else:
+                assert sens["worst"]["peak_bytes"] > sens["balanced"]["peak_bytes"]
+    # without checkpointing every layer's saved expert rows are sized by the routing too
+    pf = build_planfile(model="gpt-oss-20b", gpus=8, seq_len=8192, overrides={"stack": "fsdp2", "ep": 8, "ac": "none"})
+    sens = routing_sensitivity(pf.model, pf.cluster, pf.workload, pf.plan)
+    assert sens["worst"]["peak_bytes"] > sens[NAMED_SKEW]["peak_bytes"] > sens["balanced"]["peak_bytes"]
 
 
 def test_sweep_json_and_table_show_it():
