@@ -1,0 +1,107 @@
+"""The committed ``planner validate`` measurements held against the planner as it is now.
+
+    python3 bench/validate_table.py                 # both stacks, markdown to stdout
+    python3 bench/validate_table.py --json          # one record per case
+
+Reads ``bench/results/validate/validate.json`` and ``validate_fsdp2.json`` (H200 runs of
+``bench/validate.py`` / ``bench/validate_fsdp2.py``), rebuilds every case's plan the way those
+scripts do, predicts it with the current formula (``planner.runtime.validate_plan.predict``) and
+compares it with the recorded measurement (``planner.runtime.validate_compare.compare``): per case
+the peak, the lowest and the highest per-phase ratio, the number of judged rows within tolerance,
+and the step time at W = 1. The measurements are never recomputed here: a row says which commit
+measured it. Runs on any machine (no torch needed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from planner.api.build import build_planfile  # noqa: E402
+from planner.runtime.validate import COMPARED_BOUND  # noqa: E402
+from planner.runtime.validate_compare import compare, memory_ok  # noqa: E402
+from planner.runtime.validate_plan import predict, truncate  # noqa: E402
+from planner.units import GiB  # noqa: E402
+
+RESULTS = Path(__file__).resolve().parent / "results" / "validate"
+
+
+class _Sample:
+    def __init__(self, peak: int, start: int) -> None:
+        self.peak_bytes, self.start_bytes = peak, start
+
+
+def _samples(result: dict) -> tuple[dict, int]:
+    """Phase samples and the step-start bytes back from a recorded ``validate --json``."""
+    phases = {lab: _Sample(int(p["measured"]["peak_bytes"]), int(p["measured"]["start_bytes"]))
+              for lab, p in (result.get("phases") or {}).items() if p.get("measured")}
+    start = next((int(r["measured"]) for r in result["rows"] if r["what"] == "persistent"), 0)
+    if not phases:  # older records: the rows carry the phase totals
+        for r in result["rows"]:
+            if r["what"] == "phase total":
+                phases[r["phase"]] = _Sample(int(r["measured"]), 0)
+        opt = next((r for r in result["rows"] if r["what"].startswith("optimizer_step")), None)
+        if opt is not None and "optimizer" in phases:
+            phases["optimizer"].start_bytes = phases["optimizer"].peak_bytes - int(opt["measured"])
+    return phases, start
+
+
+def cases(stem: str):
+    doc = json.loads((RESULTS / f"{stem}.json").read_text())
+    for c in doc["cases"]:
+        if c.get("status") != "ran":
+            continue
+        ov = {"stack": "fsdp2", **c.get("knobs", {})} if stem == "validate_fsdp2" else None
+        pf = truncate(build_planfile(model=c["model"], gpus=c["W"], seq_len=c["S"], overrides=ov),
+                      c["layers"]).planfile
+        yield c, pf
+
+
+def row(stem: str, c: dict, pf) -> dict:
+    res = c["result"]
+    pred = predict(pf, c["lifetime"], timing=c["W"] == 1, dispatch_bound=COMPARED_BOUND)  # as validate compares
+    samples, start = _samples(res)
+    rows = [r for r in compare(pred, samples, start, step_s=res.get("step_s"), judge_time=c["W"] == 1)
+            if r.unit == "bytes" and r.judged and r.measured]
+    ratios = [r.ratio for r in rows]
+    lo = min(rows, key=lambda r: r.ratio)
+    hi = max(rows, key=lambda r: r.ratio)
+    meas_peak = int(res["measured_peak_bytes"])
+    return {"stack": "fsdp2" if stem == "validate_fsdp2" else "composed", "case": c.get("name") or c["model"],
+            "model": c["model"], "W": c["W"], "S": c["S"], "lifetime": c["lifetime"],
+            "peak_predicted": pred.peak_bytes, "peak_measured": meas_peak,
+            "peak_ok_conservative": pred.peak_bytes >= meas_peak * 0.99,
+            "min_ratio": min(ratios), "min_row": f"{lo.phase} {lo.what}", "max_ratio": max(ratios),
+            "max_row": f"{hi.phase} {hi.what}", "rows_ok": sum(memory_ok(int(r.predicted), int(r.measured)) for r in rows),
+            "rows": len(rows), "step_s_measured": res.get("step_s"), "step_s_predicted": pred.step_s}
+
+
+def markdown(records: list[dict]) -> str:
+    out = ["| stack | case | W | S | gradients | peak GiB pred / meas | lowest phase | highest phase | rows ok | step s meas / pred |",
+           "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in records:
+        t = (f"{r['step_s_measured']:.2f} / {r['step_s_predicted']:.2f}"
+             if r["W"] == 1 and r["step_s_measured"] and r["step_s_predicted"] else "")
+        under = "**" if r["min_ratio"] < 0.99 else ""
+        out.append(f"| {r['stack']} | {r['case']} | {r['W']} | {r['S']} | {r['lifetime']} | "
+                   f"{r['peak_predicted'] / GiB:.2f} / {r['peak_measured'] / GiB:.2f} | "
+                   f"{under}{r['min_ratio']:.3f}{under} ({r['min_row']}) | {r['max_ratio']:.3f} ({r['max_row']}) | "
+                   f"{r['rows_ok']}/{r['rows']} | {t} |")
+    return "\n".join(out)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args(argv)
+    recs = [row(stem, c, pf) for stem in ("validate", "validate_fsdp2") for c, pf in cases(stem)]
+    print(json.dumps(recs, indent=1) if args.json else markdown(recs))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
