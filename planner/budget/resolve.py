@@ -111,7 +111,13 @@ def resolve_composed(model: ModelSpec, workload: Workload, plan: Plan) -> Compos
     rows = -(-model.vocab_size // P)
     _need(k.vocab_blocks <= rows, "plan.composed.vocab_blocks", k.vocab_blocks,
           f"must be <= the rows of one vocabulary shard ({rows})", "lower --vocab-blocks")
-    return k.model_copy(update={"seq_parallel": D, "expert_parallel": Ep, "vocab_parallel": P})
+    n_imp = k.max_imports
+    if k.dispatch in ("llep", "pipelined_llep"):
+        from planner.plans.llep import resolve_max_imports
+
+        n_imp = resolve_max_imports(k.max_imports, E, Ep, ComposedKnobs.model_fields["max_imports"].default)
+    return k.model_copy(update={"seq_parallel": D, "expert_parallel": Ep, "vocab_parallel": P,
+                                "max_imports": n_imp})
 
 
 def resolve_baseline(model: ModelSpec, workload: Workload, plan: Plan) -> BaselineKnobs:
