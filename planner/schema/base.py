@@ -57,13 +57,19 @@ class Frozen(BaseModel):
     @classmethod
     def _no_bool_for_int(cls, v, info: ValidationInfo):
         """Reject ``true``/``false`` where a number is expected (pydantic's lax mode reads them as
-        1/0, so ``world_size: true`` would plan for one rank and ``value: true`` be 1.0)."""
-        if isinstance(v, bool) and info.field_name is not None:
-            ann = cls.model_fields[info.field_name].annotation
+        1/0, so ``world_size: true`` would plan for one rank and ``value: true`` be 1.0), and a
+        string where an integer is (``world_size: '8'``)."""
+        if info.field_name is None:
+            return v
+        ann = cls.model_fields[info.field_name].annotation
+        if isinstance(v, bool):
             if _wants_int(ann):
                 raise PydanticCustomError("int_not_bool", "must be an integer, not a boolean")
             if _wants(ann, float):
                 raise PydanticCustomError("float_not_bool", "must be a number, not a boolean")
+        elif isinstance(v, (str, bytes)) and _wants_int(ann) and str not in typing.get_args(ann):
+            # pydantic's lax mode reads "8" as 8: a quoted number in a file is a typo, not an int
+            raise PydanticCustomError("int_not_str", "must be an integer, not a string")
         return v
 
 

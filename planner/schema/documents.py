@@ -60,6 +60,8 @@ def validation_error(exc: ValidationError, prefix: str) -> InvalidPlan:
                            "add device, date and command, or mark the value 'assumed'")
     if kind == "int_not_bool":
         return InvalidPlan(field, value, "must be an integer, not a boolean", "write a number")
+    if kind == "int_not_str":
+        return InvalidPlan(field, value, "must be an integer, not a string", "write the number without quotes")
     if kind == "float_not_bool":
         return InvalidPlan(field, value, "must be a number, not a boolean", "write a number")
     msg = err.get("msg", "is invalid")

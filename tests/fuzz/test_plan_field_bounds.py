@@ -71,3 +71,34 @@ def test_default_max_imports_is_lowered_to_the_bound_on_few_experts():
     with pytest.raises(InvalidPlan, match="max_imports"):
         resolve_max_imports(default + 1, 4, 2, default)
     assert resolve_max_imports(100, 4, 1, default) == 100      # E_p = 1 imports nothing: inert
+
+
+# ---- strict integers -----------------------------------------------------------------------------
+@pytest.mark.parametrize("value", ["8", "0x8", " 8"])
+def test_quoted_number_for_an_int_in_a_plan_file_is_refused(value, tmp_path, capsys):
+    line = _one_line(["check", "--plan", _plan_file(tmp_path, world_size=value)], capsys)
+    assert "plan.world_size" in line and "not a string" in line, line
+
+
+def test_quoted_number_in_a_nested_int_is_refused(tmp_path, capsys):
+    line = _one_line(["check", "--plan", _plan_file(tmp_path, token_budget="4096")], capsys)
+    assert "plan.composed.token_budget" in line and "not a string" in line, line
+
+
+def test_yaml_ints_still_read(tmp_path, capsys):
+    code = cli.main(["check", "--plan", _plan_file(tmp_path, world_size=8)])
+    capsys.readouterr()
+    assert code in (0, 1)
+
+
+# ---- world_size against gpus_per_node ------------------------------------------------------------
+@pytest.mark.parametrize("gpus, gpn, ok", [(8, 3, False), (12, 8, False), (6, 3, True), (2, 3, True),
+                                           (16, 8, True), (3, 8, True)])
+def test_world_size_fills_whole_nodes_or_part_of_one(gpus, gpn, ok, capsys):
+    argv = ["check", "olmoe-1b-7b", "--gpus", gpus, "--seq-len", "8k", "--gpus-per-node", gpn]
+    if ok:
+        assert cli.main([str(a) for a in argv]) in (0, 1), capsys.readouterr().err
+        capsys.readouterr()
+    else:
+        line = _one_line(argv, capsys)
+        assert "plan.world_size" in line and f"gpus_per_node ({gpn})" in line, line
