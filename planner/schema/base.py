@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typing
 
-from pydantic import BaseModel, ConfigDict, ValidationInfo, field_validator
+from pydantic import BaseModel, ConfigDict, ValidationError, ValidationInfo, field_validator
 from pydantic_core import PydanticCustomError
 
 SCHEMA_VERSION = 1
@@ -53,6 +53,19 @@ class Frozen(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True, allow_inf_nan=False)
 
+    def __init__(self, /, **data) -> None:
+        try:
+            super().__init__(**data)
+        except ValidationError as exc:
+            raise invalid_plan_in(exc) from None
+
+    @classmethod
+    def model_validate(cls, obj, **kwargs):
+        try:
+            return super().model_validate(obj, **kwargs)
+        except ValidationError as exc:
+            raise invalid_plan_in(exc) from None
+
     @field_validator("*", mode="before")
     @classmethod
     def _no_bool_for_int(cls, v, info: ValidationInfo):
@@ -71,6 +84,19 @@ class Frozen(BaseModel):
             # pydantic's lax mode reads "8" as 8: a quoted number in a file is a typo, not an int
             raise PydanticCustomError("int_not_str", "must be an integer, not a string")
         return v
+
+
+def invalid_plan_in(exc: ValidationError) -> Exception:
+    """The first ``InvalidPlan`` a validator raised inside ``exc``, else ``exc``. ``InvalidPlan`` is a
+    ``ValueError``, which pydantic collects into a ``ValidationError``; constructing a schema object
+    raises the planner's own one-line error, as ``validate`` does."""
+    from planner.errors import InvalidPlan
+
+    for err in exc.errors():
+        found = (err.get("ctx") or {}).get("error")
+        if isinstance(found, InvalidPlan):
+            return found
+    return exc
 
 
 def check_name(v: str, field: str) -> str:

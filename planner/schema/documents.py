@@ -107,6 +107,8 @@ def read_structured(path: str | Path) -> Any:
         raise InvalidPlan(str(p), where, f"is not valid YAML: {problem}", "fix the syntax") from None
     except RecursionError:
         raise _too_deep(p, "?") from None
+    except InvalidPlan:          # the depth check's own refusal (an InvalidPlan is a ValueError too)
+        raise
     except ValueError as e:      # Python's limit on integer digits, in either parser
         raise InvalidPlan(str(p), "an integer", f"cannot be read: {str(e).split(';')[0]}",
                           "give a value below 2^62") from None

@@ -84,6 +84,8 @@ def load_cluster(ref: str) -> ClusterSpec:
     spec = validate(ClusterSpec, data, "cluster")
     try:
         check_devices(spec.curves, spec.topology.gpu_name)
+    except InvalidPlan:
+        raise
     except ValueError as e:
         raise InvalidPlan(f"cluster {ref}", spec.topology.gpu_name, str(e), "re-run planner calibrate on this cluster") from None
     return spec
