@@ -115,3 +115,14 @@ def test_invalid_plan_is_a_value_error_and_the_cli_still_exits_2(capsys):
     code = cli.main(["check", "gpt-oss-20b", "--gpus", "8", "--seq-len", "32k", "--max-imports", "100000"])
     err = capsys.readouterr().err
     assert code == CLEAN_EXIT and err.startswith("error: ") and "Traceback" not in err, err
+
+
+def test_schema_objects_raise_the_planners_own_error_not_pydantics():
+    """``InvalidPlan`` is a ``ValueError``, which pydantic would fold into a ``ValidationError``
+    (a traceback at the CLI, exit 3): constructing a schema object raises the one-line error."""
+    from planner.schema import Plan
+
+    with pytest.raises(InvalidPlan, match="plan.routing"):
+        Plan(world_size=8, routing="0/16")
+    with pytest.raises(InvalidPlan, match="plan.routing"):
+        Plan.model_validate({"world_size": 8, "routing": "0/16"})
