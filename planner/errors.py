@@ -2,7 +2,8 @@
 
 ``PlanError`` is the base of everything the CLI reports as a one-line message:
 
-- ``InvalidPlan`` (exit 2): bad input. The message names the field, the value and the fix.
+- ``InvalidPlan`` (exit 2): bad input. The message names the field, the value and the fix. It is
+  a ``ValueError`` too (the operators' Python API raises ``ValueError`` for a bad argument).
   ``UnwritableOutput`` is the one for an output path that cannot be written (also an ``OSError``).
 - ``Infeasible`` (exit 1): a valid configuration that does not fit; carries the budget.
 - ``ProfileGap`` (exit 2): the time model was asked about a shape outside a measured curve.
@@ -21,8 +22,9 @@ class PlanError(Exception):
     exit_code = 2
 
 
-class InvalidPlan(PlanError):
-    """Invalid input: one line naming the field, the value and the fix.
+class InvalidPlan(PlanError, ValueError):
+    """Invalid input: one line naming the field, the value and the fix. Also a ``ValueError``, so
+    ``except ValueError`` catches it as it catches the operators' argument errors.
 
     Args:
         field: dotted path of the offending field (``plan.composed.expert_parallel``).

@@ -26,7 +26,10 @@ _BYTE_SUFFIX = {
     "kib": KiB, "mib": MiB, "gib": GiB, "tib": TiB,
     "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
 }
-_NUM = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*$")
+_NUM = re.compile(r"^([0-9]*\.?[0-9]+)([a-zA-Z]*)$", re.ASCII)
+"""A size after surrounding whitespace is stripped (``' 128k '`` is ``128k``): digits, an optional
+fraction, the suffix right after (``128 k`` is refused: a space inside reads as two arguments
+pasted together)."""
 
 
 def _exact(number: str, scale: int) -> Decimal:
@@ -58,7 +61,7 @@ def parse_count(text: str | int, field: str = "size") -> int:
     if isinstance(text, int):
         value = text
     else:
-        m = _NUM.match(str(text))
+        m = _NUM.match(str(text).strip())
         if not m or m.group(2).lower() not in _COUNT_SUFFIX:
             raise InvalidPlan(field, text, "is not a size", "write e.g. 131072, 128k or 1m")
         _whole(m.group(1), text, field, "128k")
@@ -83,7 +86,7 @@ def parse_params(text: str | int, field: str = "params") -> int:
     if isinstance(text, int) and not isinstance(text, bool):
         value = text
     else:
-        m = _NUM.match(str(text))
+        m = _NUM.match(str(text).strip())
         if not m or m.group(2).lower() not in _PARAM_SUFFIX:
             raise InvalidPlan(field, text, "is not a parameter count", "write e.g. 100M or 100000000")
         exact = _exact(m.group(1), _PARAM_SUFFIX[m.group(2).lower()])
@@ -109,7 +112,7 @@ def parse_bytes(text: str | int | float, field: str = "bytes") -> int:
     if isinstance(text, (int, float)) and not isinstance(text, bool):
         value = Decimal(text)
     else:
-        m = _NUM.match(str(text))
+        m = _NUM.match(str(text).strip())
         if not m or m.group(2).lower() not in _BYTE_SUFFIX:
             raise InvalidPlan(field, text, "is not a byte size", "write e.g. 8GiB or 17179869184")
         value = _exact(m.group(1), _BYTE_SUFFIX[m.group(2).lower()])

@@ -6,8 +6,10 @@ Every rejection is one line: ``knob (value) must relation other (value); fix: â€
 from __future__ import annotations
 
 from planner.errors import InvalidPlan
+from planner.plans.llep import resolve_max_imports
 from planner.plans.routing import with_routing
 from planner.schema import BaselineKnobs, ComposedKnobs, ModelSpec, Plan, Workload
+from planner.schema.knobs import default as knob_default
 
 
 def divisors(n: int) -> list[int]:
@@ -112,7 +114,11 @@ def resolve_composed(model: ModelSpec, workload: Workload, plan: Plan) -> Compos
     rows = -(-model.vocab_size // P)
     _need(k.vocab_blocks <= rows, "plan.composed.vocab_blocks", k.vocab_blocks,
           f"must be <= the rows of one vocabulary shard ({rows})", "lower --vocab-blocks")
-    return k.model_copy(update={"seq_parallel": D, "expert_parallel": Ep, "vocab_parallel": P})
+    n_imp = k.max_imports
+    if k.dispatch in ("llep", "pipelined_llep"):
+        n_imp = resolve_max_imports(k.max_imports, E, Ep, knob_default("max_imports"))
+    return k.model_copy(update={"seq_parallel": D, "expert_parallel": Ep, "vocab_parallel": P,
+                                "max_imports": n_imp})
 
 
 def resolve_baseline(model: ModelSpec, workload: Workload, plan: Plan) -> BaselineKnobs:

@@ -131,6 +131,32 @@ def check_knobs(num_experts: int, num_ranks: int, alpha: float, min_tokens: int,
         raise InvalidPlan("plan.composed.max_imports", max_imports, "must be >= 0", "use 4")
 
 
+def import_bound(num_experts: int, num_ranks: int) -> int:
+    """Most foreign experts one rank can import in a layer: ``E − E/E_p`` (those it does not own)."""
+    return num_experts - num_experts // num_ranks
+
+
+def resolve_max_imports(max_imports: int, num_experts: int, num_ranks: int, default: int) -> int:
+    """``n_import_max`` for a plan: at most ``E − E/E_p`` (``import_bound``). The schema's default is
+    lowered to the bound on a model with few experts per group; a larger value given by the user is
+    refused (it would only inflate the dispatch guarantee). ``E_p = 1`` imports nothing and is left
+    as it is.
+
+    Raises:
+        InvalidPlan: ``max_imports`` above ``E − E/E_p``, and not the default.
+    """
+    if num_ranks <= 1 or num_experts == 0:
+        return max_imports
+    bound = import_bound(num_experts, num_ranks)
+    if max_imports <= bound:
+        return max_imports
+    if max_imports == default:
+        return bound
+    raise InvalidPlan("plan.composed.max_imports", max_imports,
+                      f"must be <= E − E/E_p = {bound} (the experts a rank does not own: "
+                      f"{num_experts} − {num_experts}/{num_ranks})", f"give --max-imports {bound} or less")
+
+
 def standard_assignment(load_E, num_ranks: int) -> Assignment:
     """Every expert computed by its owner (standard EP)."""
     load = np.asarray(load_E, dtype=np.int64)

@@ -27,6 +27,12 @@ class ExpertShard(torch.nn.Module):
 
     def __init__(self, num_local: int, hidden_size: int, expert_ffn: int, *, dtype=torch.bfloat16,
                  device=None, first_expert: int = 0) -> None:
+        from planner.runtime.validation import _int_at_least, check_positive_ints, checked_device, floating_dtype
+
+        check_positive_ints(num_local=num_local, hidden_size=hidden_size, expert_ffn=expert_ffn)
+        _int_at_least("first_expert", first_expert, 0)
+        dtype = floating_dtype("dtype", dtype)
+        device = checked_device("device", device, allow_none=True)
         super().__init__()
         self.first_expert = first_expert
         self.w_up_nHJ = torch.nn.Parameter(

@@ -34,7 +34,7 @@ from planner.runtime import shim
 from planner.runtime.exchange import AllToAll, Depend, send_order
 from planner.runtime.expert_mlp import ExpertShard, GroupedMLP, SlotWeights
 from planner.runtime.routing import gather_counts
-from planner.runtime.validation import check_dispatch_inputs, check_dispatch_knobs, check_dispatch_shard
+from planner.runtime.validation import check_dispatch_inputs, check_dispatch_knobs, check_dispatch_shard, check_not_meta
 from planner.schema.knobs import default as knob_default
 
 
@@ -112,6 +112,10 @@ class DispatchOp(torch.nn.Module):
         check_dispatch_inputs(x_NH, ids_Nk, weights_Nk,
                               hidden_size=x_NH.shape[-1] if self.shard is None else self.shard.w_up_nHJ.shape[1],
                               num_experts=self.num_experts, top_k=self.top_k)
+        check_not_meta(x_NH=x_NH, ids_Nk=ids_Nk, weights_Nk=weights_Nk)
+        if self.shard is not None and x_NH.dtype != self.shard.w_up_nHJ.dtype and not torch.is_autocast_enabled():
+            raise ValueError(f"x_NH ({x_NH.dtype}) must have the expert weights' dtype ({self.shard.w_up_nHJ.dtype}): "
+                             "cast one of them")
         self.last_plan = self._plan_for(ids_Nk, plan)
         return self._run(x_NH, ids_Nk, weights_Nk, self.last_plan)
 

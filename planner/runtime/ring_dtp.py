@@ -65,7 +65,8 @@ from planner.errors import InvalidPlan
 from planner.plans.ring import ring_plan, shard_bounds
 from planner.runtime import shim
 from planner.runtime import ring_dtp_passes as R
-from planner.runtime.validation import check_targets
+from planner.runtime.validation import (_int_at_least, check_not_meta, check_positive_ints, check_targets,
+                                        checked_device, floating_dtype)
 from planner.schema.knobs import default as knob_default
 
 FP32 = torch.float32
@@ -170,6 +171,9 @@ def ring_dtp_cross_entropy(x_NH: torch.Tensor, targets_N: torch.Tensor, w_VpH: t
         raise InvalidPlan("x_NH/w_VpH", (tuple(x_NH.shape), tuple(w_VpH.shape)),
                           "must be N×H and V_r×H with the same H", "flatten the batch to N×H")
     check_targets(targets_N)
+    check_not_meta(x_NH=x_NH, targets_N=targets_N, w_VpH=w_VpH)
+    if n_max is not None:
+        _int_at_least("n_max", n_max, x_NH.shape[0])
     if targets_N.shape != (x_NH.shape[0],):
         raise InvalidPlan("targets_N", tuple(targets_N.shape), f"must have shape ({x_NH.shape[0]},)",
                           "flatten the targets like x_NH")
@@ -203,6 +207,9 @@ class RingDTPHead(nn.Module):
     def __init__(self, hidden_size: int, vocab_size: int, *, group=None, vocab_blocks: int = knob_default("vocab_blocks"),
                  ignore_index: int = -100, reduction: str = "mean", mode: str | None = None,
                  device=None, dtype=None) -> None:
+        check_positive_ints(hidden_size=hidden_size, vocab_size=vocab_size, vocab_blocks=vocab_blocks)
+        device = checked_device("device", device, allow_none=True)
+        dtype = floating_dtype("dtype", dtype, allow_none=True)
         super().__init__()
         self.group, self.vocab_size, self.vocab_blocks = group, vocab_size, vocab_blocks
         self.ignore_index, self.reduction, self.mode = ignore_index, reduction, mode

@@ -50,6 +50,7 @@ backward per forward (accumulate micro-batches in ``.grad``), one index per regi
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -59,7 +60,7 @@ import torch.utils.checkpoint as tuc
 from planner.plans.sco import offloaded_indices, pinned_bytes_per_boundary
 from planner.runtime import shim
 from planner.runtime.pinned import PinnedBuffer
-from planner.runtime.validation import check_sco
+from planner.runtime.validation import check_host_bytes, check_not_meta, check_sco, checked_device, floating_dtype
 
 RACE_SLEEP_CYCLES = {"copy": 0, "compute": 0}
 """Cycles of ``torch.cuda._sleep`` injected before each copy and on the compute stream (race tests)."""
@@ -129,16 +130,19 @@ class SCO:
                  device: torch.device | str, host_budget_bytes: int, register: bool | None = None,
                  keep_log: bool = False) -> None:
         check_sco(num_boundaries, boundary_shape, host_budget_bytes)
+        dtype = floating_dtype("dtype", dtype)
         self.num_boundaries = int(num_boundaries)
         self.shape = tuple(int(s) for s in boundary_shape)
         self.dtype = dtype
-        self.device = torch.device(device)
+        self.device = checked_device("device", device)
         numel = math.prod(self.shape)
         nbytes = numel * dtype.itemsize
         self.numel = numel
         self.offloaded = offloaded_indices(self.num_boundaries, nbytes, host_budget_bytes)
         self.slot_bytes = int(pinned_bytes_per_boundary(numel, 1, nbytes // numel))
         self._slot_of = {ell: k for k, ell in enumerate(self.offloaded)}
+        if not shim.is_tracing():
+            check_host_bytes("host_budget_bytes", len(self.offloaded) * self.slot_bytes)
         self.pool = PinnedBuffer(len(self.offloaded) * self.slot_bytes, register=register)
         self.copy_stream = shim.side_stream(self.device)
         self._pending: tuple[torch.Tensor, object] | None = None
@@ -181,8 +185,9 @@ class SCO:
                 overwritten by a later run of the same index (module docstring).
         """
         self._check_open()
-        if not 1 <= index <= self.num_boundaries:
-            raise ValueError(f"region index ({index}) must be in 1..{self.num_boundaries}")
+        if isinstance(index, bool) or not isinstance(index, numbers.Integral) or not 1 <= index <= self.num_boundaries:
+            raise ValueError(f"region index ({index!r}) must be an integer in 1..{self.num_boundaries}")
+        check_not_meta(h=h)
         if index == 1:
             self._drain()
         if index in self._slot_of and (tuple(h.shape) != self.shape or h.dtype != self.dtype

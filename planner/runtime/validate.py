@@ -100,8 +100,8 @@ def _require_gpu():
                           "pip install 'moe-planner[runtime]' on a machine with a GPU") from None
     if not torch.cuda.is_available():
         raise InvalidPlan("planner validate", "no CUDA device", "needs a CUDA GPU to measure the step",
-                          "run it on a machine with a GPU (tests/trace/test_step_trace.py traces the "
-                          "same step on a CPU)")
+                          "run it on a machine with a GPU; on a CPU, planner.runtime.step_trace.trace_step "
+                          "traces the same step with fake tensors (README, `planner validate`)")
     return torch
 
 

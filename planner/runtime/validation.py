@@ -121,3 +121,71 @@ def check_param_groups(groups, new: dict | None = None) -> None:
             raise ValueError("optimizer contains a parameter group with duplicate parameters")
         if seen & set(ids):
             raise ValueError("some parameters appear in more than one parameter group")
+
+
+DTYPE_NAMES = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp32": torch.float32,
+               "float32": torch.float32, "fp16": torch.float16, "float16": torch.float16}
+"""Strings an operator accepts for a dtype (the plan file's ``act_dtype`` spellings and torch's)."""
+DEVICE_TYPES = ("cpu", "cuda", "meta")
+"""Devices the operators run on (``meta`` to build a model before ``to_empty``)."""
+
+
+def check_positive_ints(**values) -> None:
+    """Each named value is an integer ``>= 1`` (not a bool)."""
+    for name, v in values.items():
+        _int_at_least(name, v, 1)
+
+
+def floating_dtype(name: str, dtype, allow_none: bool = False):
+    """``dtype`` as a floating ``torch.dtype``: a ``torch.dtype`` or one of ``DTYPE_NAMES``."""
+    if dtype is None and allow_none:
+        return None
+    if isinstance(dtype, str):
+        if dtype not in DTYPE_NAMES:
+            raise ValueError(f"{name} ({dtype!r}) must be a torch.dtype or one of {', '.join(DTYPE_NAMES)}")
+        return DTYPE_NAMES[dtype]
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise ValueError(f"{name} ({dtype!r}) must be a floating torch.dtype (e.g. torch.bfloat16)")
+    return dtype
+
+
+def checked_device(name: str, device, allow_none: bool = False):
+    """``device`` as a ``torch.device`` of a type in ``DEVICE_TYPES``, CUDA only when available."""
+    if device is None and allow_none:
+        return None
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError):
+        raise ValueError(f"{name} ({device!r}) must be a torch device: one of {', '.join(DEVICE_TYPES)}") from None
+    if dev.type not in DEVICE_TYPES:
+        raise ValueError(f"{name} ({device!r}) must be one of {', '.join(DEVICE_TYPES)}")
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"{name} ({device!r}) is a CUDA device but CUDA is not available here")
+    return dev
+
+
+def check_not_meta(**tensors) -> None:
+    """Inputs hold data: a ``meta`` tensor has none (build on ``meta``, then ``to_empty``; trace with
+    fake tensors)."""
+    for name, t in tensors.items():
+        if isinstance(t, torch.Tensor) and t.device.type == "meta":
+            raise ValueError(f"{name} is a meta tensor (no data): move it to a real device first "
+                             "(module.to_empty(device=...) for parameters)")
+
+
+def host_ram_bytes() -> int | None:
+    """Physical memory of this host (``os.sysconf``), ``None`` where the platform does not say."""
+    import os
+
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def check_host_bytes(name: str, nbytes: int) -> None:
+    """``nbytes`` of pinned host memory fit in this host's physical RAM."""
+    ram = host_ram_bytes()
+    if ram is not None and nbytes > ram:
+        raise ValueError(f"{name} needs {nbytes} bytes of pinned host memory, more than this host's RAM "
+                         f"({ram} bytes): lower the budget")

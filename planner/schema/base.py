@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typing
 
-from pydantic import BaseModel, ConfigDict, ValidationInfo, field_validator
+from pydantic import BaseModel, ConfigDict, ValidationError, ValidationInfo, field_validator
 from pydantic_core import PydanticCustomError
 
 SCHEMA_VERSION = 1
@@ -53,18 +53,50 @@ class Frozen(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True, allow_inf_nan=False)
 
+    def __init__(self, /, **data) -> None:
+        try:
+            super().__init__(**data)
+        except ValidationError as exc:
+            raise invalid_plan_in(exc) from None
+
+    @classmethod
+    def model_validate(cls, obj, **kwargs):
+        try:
+            return super().model_validate(obj, **kwargs)
+        except ValidationError as exc:
+            raise invalid_plan_in(exc) from None
+
     @field_validator("*", mode="before")
     @classmethod
     def _no_bool_for_int(cls, v, info: ValidationInfo):
         """Reject ``true``/``false`` where a number is expected (pydantic's lax mode reads them as
-        1/0, so ``world_size: true`` would plan for one rank and ``value: true`` be 1.0)."""
-        if isinstance(v, bool) and info.field_name is not None:
-            ann = cls.model_fields[info.field_name].annotation
+        1/0, so ``world_size: true`` would plan for one rank and ``value: true`` be 1.0), and a
+        string where an integer is (``world_size: '8'``)."""
+        if info.field_name is None:
+            return v
+        ann = cls.model_fields[info.field_name].annotation
+        if isinstance(v, bool):
             if _wants_int(ann):
                 raise PydanticCustomError("int_not_bool", "must be an integer, not a boolean")
             if _wants(ann, float):
                 raise PydanticCustomError("float_not_bool", "must be a number, not a boolean")
+        elif isinstance(v, (str, bytes)) and _wants_int(ann) and str not in typing.get_args(ann):
+            # pydantic's lax mode reads "8" as 8: a quoted number in a file is a typo, not an int
+            raise PydanticCustomError("int_not_str", "must be an integer, not a string")
         return v
+
+
+def invalid_plan_in(exc: ValidationError) -> Exception:
+    """The first ``InvalidPlan`` a validator raised inside ``exc``, else ``exc``. ``InvalidPlan`` is a
+    ``ValueError``, which pydantic collects into a ``ValidationError``; constructing a schema object
+    raises the planner's own one-line error, as ``validate`` does."""
+    from planner.errors import InvalidPlan
+
+    for err in exc.errors():
+        found = (err.get("ctx") or {}).get("error")
+        if isinstance(found, InvalidPlan):
+            return found
+    return exc
 
 
 def check_name(v: str, field: str) -> str:

@@ -4,7 +4,8 @@ A plan file written by ``search --out`` (and the ``plan`` of ``check --json``) c
 
     cluster: {profile: h200, sha256: "…", topology: {hbm_bytes: …}}
 
-``profile`` is a shipped profile name or an absolute YAML path, ``sha256`` the checksum of that
+``profile`` is a shipped profile name or a YAML path (``search --out`` writes it absolute; a relative
+one is read from the plan file's folder), ``sha256`` the checksum of that
 profile as loaded (``cluster_checksum``), and ``topology`` the command-line overrides
 (``--hbm-gib``, ``--host-ram-gib``, ``--gpus-per-node``) applied on top of it. Older plan files that
 embed the whole profile are still read as they are.
@@ -116,14 +117,22 @@ def resolve_reference(section: dict, where: str) -> ClusterSpec:
 
 def read_plan_document(path: str) -> tuple[PlanFile, dict | None, ClusterSpec | None]:
     """A plan file, its cluster reference and the referenced profile before the reference's
-    overrides (``None, None`` when the file embeds the profile)."""
+    overrides (``None, None`` when the file embeds the profile). A relative ``profile:`` path is
+    read from the plan file's folder, not the current one, and the returned reference names it
+    absolute."""
     data = read_structured(path)
     ref = base = None
     if isinstance(data, dict) and is_reference(data.get("cluster")):
         ref = dict(data["cluster"])
+        name = ref.get("profile")
+        if isinstance(name, str) and _looks_like_path(name) and not Path(name).is_absolute():
+            ref["profile"] = str((Path(path).parent / name).resolve())   # as written plan files name it
         base = resolve_reference(ref, path)
         data = {**data, "cluster": apply_topology(base, ref.get("topology"))}
-    return validate(PlanFile, data, "planfile"), ref, base
+    if not isinstance(data, dict):
+        raise InvalidPlan(path, type(data).__name__, "is not a plan file (it holds no key: value mapping)",
+                          "give a plan file written by `planner search --out`")
+    return validate(PlanFile, data, ""), ref, base
 
 
 def planfile_doc(pf: PlanFile, ref: dict | None) -> dict:

@@ -19,7 +19,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from planner.errors import InvalidPlan
-from planner.schema.read_bounds import _check_values, _check_yaml_depth, _Loader, _read_bytes, _too_deep
+from planner.schema.read_bounds import DuplicateKey, _check_values, _check_yaml_depth, _Loader, _read_bytes, _too_deep
 
 
 _BOUND_PROBLEMS = {
@@ -60,6 +60,8 @@ def validation_error(exc: ValidationError, prefix: str) -> InvalidPlan:
                            "add device, date and command, or mark the value 'assumed'")
     if kind == "int_not_bool":
         return InvalidPlan(field, value, "must be an integer, not a boolean", "write a number")
+    if kind == "int_not_str":
+        return InvalidPlan(field, value, "must be an integer, not a string", "write the number without quotes")
     if kind == "float_not_bool":
         return InvalidPlan(field, value, "must be a number, not a boolean", "write a number")
     msg = err.get("msg", "is invalid")
@@ -81,7 +83,8 @@ def validate(cls: type[BaseModel], data: Any, prefix: str):
 
 def read_structured(path: str | Path) -> Any:
     """Parse a YAML or JSON file. Raises ``InvalidPlan`` if missing, not a regular file, too large,
-    too deep, expanding to too many values, holding an oversized integer, or malformed."""
+    too deep, expanding to too many values, holding an oversized integer, malformed, stating a
+    mapping key twice, or empty (nothing but comments and blank lines)."""
     p = Path(path)
     text = _read_bytes(p).decode("utf-8", errors="replace")
     try:
@@ -90,6 +93,10 @@ def read_structured(path: str | Path) -> Any:
         else:
             _check_yaml_depth(p, text)
             data = yaml.load(text, Loader=_Loader)
+    except DuplicateKey as e:
+        raise InvalidPlan(str(p), f"key {e.key!r}",
+                          f"states the key twice (lines {e.first_line} and {e.line}; YAML would keep the last)",
+                          "keep one of them") from None
     except json.JSONDecodeError as e:
         raise InvalidPlan(str(p), f"line {e.lineno} column {e.colno}", f"is not valid JSON: {e.msg}",
                           "fix the syntax") from None
@@ -100,8 +107,13 @@ def read_structured(path: str | Path) -> Any:
         raise InvalidPlan(str(p), where, f"is not valid YAML: {problem}", "fix the syntax") from None
     except RecursionError:
         raise _too_deep(p, "?") from None
+    except InvalidPlan:          # the depth check's own refusal (an InvalidPlan is a ValueError too)
+        raise
     except ValueError as e:      # Python's limit on integer digits, in either parser
         raise InvalidPlan(str(p), "an integer", f"cannot be read: {str(e).split(';')[0]}",
                           "give a value below 2^62") from None
+    if data is None:
+        what = "is empty" if not text.strip(" \t\r\n\ufeff") else "is empty (only comments, blank lines or null)"
+        raise InvalidPlan(str(p), "", what, "write the document's key: value pairs")
     _check_values(p, data)
     return data

@@ -12,6 +12,7 @@ Every failure is an ``InvalidPlan`` naming the file or field, the value and the 
 from __future__ import annotations
 
 import os
+import stat
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -37,18 +38,48 @@ def _unwritable(path: Path, field: str, why: str) -> UnwritableOutput:
     return UnwritableOutput(field, str(path), why, "give a file path in a folder you can write")
 
 
+def _target(path: Path, field: str) -> Path:
+    """The file a write to ``path`` replaces: ``path`` itself, or for a symlink to a regular file
+    the file it points to (the write goes through the link, which stays a link).
+
+    Raises:
+        UnwritableOutput: ``path`` exists and is not a regular file (a device node, a FIFO, a
+            socket, a directory) or is a symlink to one or to nothing: an output never replaces
+            what is not a plain file.
+    """
+    if path.is_symlink():
+        real = Path(os.path.realpath(path))
+        if not real.exists():
+            raise UnwritableOutput(field, str(path), "is a symlink to nothing",
+                                   "give a regular file or a new file name")
+        if not real.is_file():
+            raise UnwritableOutput(field, str(path), f"is a symlink to something that is not a regular file ({real})",
+                                   "give a regular file or a new file name")
+        return real
+    try:
+        st = path.lstat()
+    except FileNotFoundError:
+        return path
+    except OSError:
+        return path  # the folder cannot be searched: the write reports it
+    if stat.S_ISDIR(st.st_mode):
+        raise _unwritable(path, field, "is a directory")
+    if not stat.S_ISREG(st.st_mode):
+        raise UnwritableOutput(field, str(path), "exists and is not a regular file (a device, FIFO or socket)",
+                               "give a regular file or a new file name")
+    return path
+
+
 def check_writable(path: str | Path, field: str = "output") -> Path:
     """Fail fast (before a long computation) when ``path`` cannot be written as a file.
 
     Tries what ``write_bytes_atomic`` will do: a temp file in the target's folder, removed at once.
 
     Raises:
-        InvalidPlan: ``path`` is a directory, its folder is not a directory, or the folder refuses
-            a new file.
+        InvalidPlan: ``path`` is a directory or another thing that is not a regular file (see
+            ``_target``), its folder is not a directory, or the folder refuses a new file.
     """
-    p = Path(path)
-    if p.is_dir():
-        raise _unwritable(p, field, "is a directory")
+    p = _target(Path(path), field)
     parent = p.parent
     if parent.exists() and not parent.is_dir():
         raise _unwritable(p, field, f"has a parent that is not a folder ({parent})")
@@ -68,15 +99,15 @@ def write_bytes_atomic(path: str | Path, data: bytes, field: str = "output") -> 
 
     The file keeps an existing file's mode, else gets 0666 less the umask (``mkstemp`` alone gives
     0600). An interrupted write leaves the old file intact and no temp file behind; no temp file is
-    ever created outside the target's folder.
+    ever created outside the target's folder. A symlink to a regular file is written through (the
+    file it points to is replaced, the link stays); anything else that exists and is not a regular
+    file (a device node, a FIFO, a socket, a dangling symlink) is refused, never replaced.
 
     Raises:
-        UnwritableOutput: (an ``InvalidPlan`` and an ``OSError``) ``path`` is a directory or cannot be
-            written (``field`` names the option).
+        UnwritableOutput: (an ``InvalidPlan`` and an ``OSError``) ``path`` is a directory, is not a
+            regular file, or cannot be written (``field`` names the option).
     """
-    p = Path(path)
-    if p.is_dir():
-        raise _unwritable(p, field, "is a directory")
+    p = _target(Path(path), field)
     try:
         p.parent.mkdir(parents=True, exist_ok=True)
     except OSError as e:

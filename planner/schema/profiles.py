@@ -53,6 +53,9 @@ def load_model_noted(ref: str) -> tuple[ModelSpec, list[str]]:
                               f"use one of: {', '.join(shipped('models'))}, or a YAML / config.json path")
         return validate(ModelSpec, read_structured(path), "model"), []
     data = read_structured(ref)
+    if not isinstance(data, dict):
+        raise InvalidPlan(ref, type(data).__name__, "is not a model profile (it holds no key: value mapping)",
+                          "give a model YAML, a Hugging Face config.json or a shipped name")
     if isinstance(data, dict) and {"plan", "workload"} & set(data) and "num_layers" not in data:
         raise InvalidPlan("MODEL", ref, "is a plan file, not a model profile",
                           f"pass it with --plan {ref} (flags override its fields)")
@@ -73,9 +76,16 @@ def load_cluster(ref: str) -> ClusterSpec:
     if not _looks_like_path(ref) and not path.is_file():
         raise InvalidPlan("--cluster", ref, "is not a shipped cluster profile",
                           f"use one of: {', '.join(shipped('clusters'))}, or a YAML path")
-    spec = validate(ClusterSpec, read_structured(path), "cluster")
+    data = read_structured(path)
+    if not isinstance(data, dict):
+        raise InvalidPlan(str(path), type(data).__name__, "is not a cluster profile (it holds no key: value mapping)",
+                          f"give a cluster profile YAML (planner calibrate writes one) or one of: "
+                          f"{', '.join(shipped('clusters'))}")
+    spec = validate(ClusterSpec, data, "cluster")
     try:
         check_devices(spec.curves, spec.topology.gpu_name)
+    except InvalidPlan:
+        raise
     except ValueError as e:
         raise InvalidPlan(f"cluster {ref}", spec.topology.gpu_name, str(e), "re-run planner calibrate on this cluster") from None
     return spec
