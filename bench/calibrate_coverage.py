@@ -3,8 +3,9 @@
     python3 bench/calibrate_coverage.py --out $OUT [--budget-s 390]      # one H200, < 7 min
     python3 bench/calibrate_coverage.py --dry-run --out /tmp/cov         # CPU, tiny shapes, same code
 
-Sections, in run order (each has a share of the budget; a point that would not fit is skipped and
-listed under ``skipped``; every section's results are written as soon as it ends):
+Sections (run order: ``SECTIONS``, attention last; each has a share of the budget plus what earlier
+ones left; a point that would not fit is skipped and listed under ``skipped``; every section's
+results are written as soon as it ends):
 
 - ``attention``: causal attention forward and backward at long ``S`` (65,536 … 1,048,576, then
   2,097,152 where time is left) for the per-rank head counts of the shipped models under Ulysses.
@@ -50,6 +51,8 @@ ONE_SHOT_S = 0.5
 """A point whose first call lasts at least this long is timed by that call alone."""
 SHARES = {"attention": 0.43, "dispatch_widths": 0.12, "chunk_curves": 0.09, "sco": 0.10, "host": 0.26}
 """Each section's share of ``--budget-s`` (a section may also use what earlier ones left)."""
+BENCH_TIMEOUT_S = 120.0
+"""The CPUOffloadAdamW bench subprocess (~45 s on an H200 host) is killed after this long."""
 FULL = dict(
     seqs=(65536, 131072, 262144, 524288, 1048576), beyond=(2097152,),
     variants={"sliding64": dict(heads=(1, 8), kv_div=8, d=64, dv=64, kind="runtime", sinks=True, window=128),
@@ -246,9 +249,14 @@ def model_widths() -> list[dict]:
     for path in sorted((ROOT / "planner" / "profiles" / "models").glob("*.yaml")):
         m = yaml.safe_load(path.read_text())
         if m.get("num_experts"):
-            seen.setdefault((m["hidden_size"], m["expert_ffn"], m["top_k"], m["num_experts"]), []).append(m["name"])
-    seen.setdefault((4096, 4096, 4, 128), []).append("bench shape B")
-    return [dict(H=H, I=I, k=k, E=E, users=u) for (H, I, k, E), u in sorted(seen.items())]
+            key = (m["hidden_size"], m["expert_ffn"], m["top_k"])
+            seen.setdefault(key, {"E": 0, "users": []})
+            seen[key]["E"] = max(seen[key]["E"], m["num_experts"])   # ids' range only (sort, gathers)
+            seen[key]["users"].append(m["name"])
+    seen.setdefault((4096, 4096, 4), {"E": 128, "users": []})["users"].append("bench shape B")
+    first = {(7168, 2048, 8): 0, (4096, 4096, 4): 1}   # bench shapes A and B first: a cut drops others
+    order = sorted(seen.items(), key=lambda kv: (first.get(kv[0], 2), kv[0]))
+    return [dict(H=H, I=I, k=k, **v) for (H, I, k), v in order]
 
 
 def dispatch_widths(cfg, dev, clock: Clock, dry: bool, command: str) -> dict:
@@ -460,7 +468,8 @@ def host(cfg, clock: Clock, dry: bool, out: Path) -> dict:
     log("host: " + " ".join(shlex.quote(c) for c in cmd))
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
     try:
-        proc = subprocess.run(cmd, env=env, timeout=max(30.0, clock.left() + 20), capture_output=True, text=True)
+        proc = subprocess.run(cmd, env=env, timeout=min(BENCH_TIMEOUT_S, max(30.0, clock.left())),
+                              capture_output=True, text=True)
         res["offload_bench_rc"] = proc.returncode
         print(proc.stdout[-4000:], proc.stderr[-2000:], flush=True)
     except subprocess.TimeoutExpired:
@@ -475,7 +484,9 @@ def write_json(path: Path, doc: dict) -> None:
     os.replace(tmp, path)
 
 
-SECTIONS = ("attention", "dispatch_widths", "chunk_curves", "sco", "host")
+SECTIONS = ("dispatch_widths", "chunk_curves", "sco", "host", "attention")
+"""Run order: attention last, so that it gets every second the others left (its long-``S`` points are
+the costliest and the most valuable)."""
 
 
 def main(argv: list[str] | None = None) -> int:
