@@ -160,18 +160,19 @@ def ring_dtp_time(N: int, H: int, V: int, P: int, B_v: int, dtype: str, cluster,
 
 def dispatch_time(op: str, N: int, H: int, I: int, E: int, k: int, E_p: int, c: int, routing: str,
                   cluster, *, max_chunks: int = 10, dtype: str = "bf16", knobs: tuple = (1.0, 1024, 1.3, 4),
-                  comm: bool = False, rank: int | None = None) -> tuple[float, float]:
+                  comm: bool = False, rank: int | None = None, dense_grad: bool = False) -> tuple[float, float]:
     """(forward, forward + backward) seconds of one MoE layer's dispatch operator ``op`` as
     ``bench/dispatch.py`` runs it (``dispatch_trace.build_layer``: the router on the profile's ids,
     the operator, ``out.sum()`` and its backward; no outer checkpoint), on ``rank`` of the plan (the
     slowest when None). Per-rank emulation: compute only, unless ``comm``. ``routing``:
-    ``balanced``, ``R/H``, ``one_expert`` or ``one_rank``."""
+    ``balanced``, ``R/H``, ``one_expert`` or ``one_rank``. ``dense_grad``: a dense upstream gradient
+    instead of ``out.sum()``'s (the chunk-count calibration hook's ``out.backward(randn_like(out))``)."""
     parse_profile(routing)
     K = _num_chunks(N, c, max_chunks) if op == "pipelined_llep" else 1
     lk = _lk(cluster)
     b = DTYPE_BYTES[dtype]
     r = moe_dispatch_s(lk, op, N, E, k, E_p, K, H, I, b, profile=routing, knobs=knobs, comm=comm,
-                       rank=rank, dense_grad=False)
+                       rank=rank, dense_grad=dense_grad)
     extra = router_and_loss(lk, N, H, E, k, b)
     fwd = float(r["fwd"] + sum(extra["fwd"]))
     return fwd, fwd + float(r["bwd"] + sum(extra["bwd"]))
