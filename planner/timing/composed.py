@@ -58,9 +58,11 @@ def attention_region(ctx: Ctx, lk: Lookups, N, D, *, tp=1, cp=1) -> dict:
     frac_local = n_local / m.num_layers
 
     def core(bwd):
-        t = cp * attention_s(lk, S / cp, heads, d_qk, d_v, backward=bwd)
+        sinks = bool(getattr(m, "attention_sinks", False))
+        t = cp * attention_s(lk, S / cp, heads, d_qk, d_v, backward=bwd, sinks=sinks)
         if n_local:
-            t_loc = cp * attention_s(lk, S / cp, heads, d_qk, d_v, window=m.sliding_window, backward=bwd)
+            t_loc = cp * attention_s(lk, S / cp, heads, d_qk, d_v, window=m.sliding_window, backward=bwd,
+                                     sinks=sinks)
             t = (1 - frac_local) * t + frac_local * t_loc
         return seqs * t
 
@@ -152,7 +154,7 @@ def build(ctx: Ctx, lk: Lookups, micro, opt):
     micro.add("zero3_embedding", collective_s(lk, "all_gather", W, VHb) + collective_s(lk, "reduce_scatter", W, VHb))
     if ctx.checkpoint == "sco":
         sco = sco_exposed_s(lk, ctx.regions, ctx.num_offloaded, N * H * b, t_fwd, t_rb, t_head, ranks=ranks)
-        micro.add("sco_exposed", sco["offload"] + sco["restore"])
+        micro.add("sco_exposed", sco["offload"] + sco["restore"] + sco["overhead"])
     _optimizer(ctx, lk, opt, ranks)
     return N, F.model_flops(m, N, ctx.seq_len)
 

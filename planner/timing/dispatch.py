@@ -59,6 +59,7 @@ from planner.plans import dispatch as plans_dispatch
 from planner.plans.routing import profile_counts
 from planner.timing import chunk_curve
 from planner.timing import dispatch_kernels as DK
+from planner.timing import kernel_rates as KR
 from planner.timing.comm import collective_s
 from planner.timing.lookups import Lookups, shared_memo
 
@@ -176,7 +177,8 @@ def _curve_replay(lk: Lookups, K: int, shape: dict) -> tuple[float, float]:
     N, H, I, E, k, E_p = (int(shape[key]) for key in chunk_curve.SHAPE_KEYS)
     r = moe_dispatch_s(lk, "pipelined_llep", N, E, k, E_p, K, H, I, 2, profile="balanced", comm=False, rank=0,
                        dense_grad=True, chunk_costs=False)
-    rl = DK.router_and_loss(lk, N, H, E, k, 2)
+    with KR.at_width(lk, H, I, k):
+        rl = DK.router_and_loss(lk, N, H, E, k, 2)
     return float(r["fwd"] + r["bwd"]), float(sum(rl["fwd"]) + sum(rl["bwd"]))
 
 
@@ -201,6 +203,15 @@ def moe_dispatch_s(lk: Lookups, op: str, N, E: int, k: int, E_p, K, H: int, I: i
     (``planner.timing.chunk_curve``); False: the replay alone.
     """
     assert op in OPERATORS, op
+    with KR.at_width(lk, H, I, k):
+        return _moe_dispatch_s(lk, op, N, E, k, E_p, K, H, I, b, profile=profile, knobs=knobs, comm=comm, rank=rank,
+                               dense_grad=dense_grad, residue=residue, chunk_costs=chunk_costs)
+
+
+def _moe_dispatch_s(lk: Lookups, op: str, N, E: int, k: int, E_p, K, H: int, I: int, b: int, *, profile: str,
+                    knobs: tuple, comm: bool, rank: int | None, dense_grad: bool, residue: str,
+                    chunk_costs: bool) -> dict:
+    """``moe_dispatch_s`` inside its ``kernel_rates.at_width`` block."""
     N, E_p, K = np.broadcast_arrays(np.asarray(N, dtype=np.int64), np.asarray(E_p, dtype=np.int64),
                                     np.asarray(K if op == "pipelined_llep" else 1, dtype=np.int64))
     shape = N.shape

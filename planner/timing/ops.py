@@ -33,6 +33,7 @@ from planner.timing.comm import collective_s, ranks_per_node
 from planner.timing.compute import Lookups, elementwise_s, gemm_s
 from planner.timing.dispatch import moe_dispatch_s
 from planner.timing.dispatch_kernels import router_and_loss
+from planner.timing.kernel_rates import at_width
 from planner.timing.offload import cpu_offload_adamw_s, gpu_adamw_s, stream_adamw_s
 from planner.units import DTYPE_BYTES, ceil_div
 
@@ -173,7 +174,8 @@ def dispatch_time(op: str, N: int, H: int, I: int, E: int, k: int, E_p: int, c: 
     b = DTYPE_BYTES[dtype]
     r = moe_dispatch_s(lk, op, N, E, k, E_p, K, H, I, b, profile=routing, knobs=knobs, comm=comm,
                        rank=rank, dense_grad=dense_grad)
-    extra = router_and_loss(lk, N, H, E, k, b)
+    with at_width(lk, H, I, k):
+        extra = router_and_loss(lk, N, H, E, k, b)
     fwd = float(r["fwd"] + sum(extra["fwd"]))
     return fwd, fwd + float(r["bwd"] + sum(extra["bwd"]))
 
