@@ -353,9 +353,10 @@ def step_summary(ctx: Ctx) -> dict[str, Any]:
     total = float(np.asarray(st.total_s).reshape(-1)[0])
     per_rank = int(np.asarray(st.tokens_per_step).reshape(-1)[0])
     ok = bool(np.isfinite(total))
+    first = {k: float(np.asarray(v).reshape(-1)[0]) for k, v in st.components.items()}
     return {"step_s": total if ok else None, "tokens_per_step": per_rank * ctx.world_size,
             "tokens_per_step_per_rank": per_rank, "tokens_per_s_per_gpu": per_rank / total if ok else None,
-            "step_gaps": list(st.gaps)}
+            "step_components": first if ok else None, "step_gaps": list(st.gaps), "step_assumed": list(st.assumed)}
 
 
 def dispatch_bounds(ctx: Ctx, ev: Evaluation) -> dict[str, int]:
@@ -564,7 +565,7 @@ class SearchReport:
             return None if c is None else {
                 "step_s": c.step_s, "tokens_per_s_per_gpu": c.tokens_per_s_per_gpu, "tflops_per_gpu": c.tflops_per_gpu,
                 "peak_bytes": c.peak_bytes, "host_bytes": c.host_bytes, "binding_phase": c.binding_phase,
-                "breakdown": c.breakdown, "plan": c.plan.model_dump(mode="json")}
+                "breakdown": c.breakdown, "components": c.components, "plan": c.plan.model_dump(mode="json")}
         r = self.result
         ch = self.chosen
         return {"model": self.model.name, "world_size": self.world_size, "seq_len": self.workload.seq_len,

@@ -146,6 +146,9 @@ def build(ctx: Ctx, lk: Lookups, micro, opt):
         # the region just finished (both of the other kind)
         t_rb[kind] = micro.overlap(merge_passes(Ff, Bf, ckpt), G_att + RS_att, "zero3_reduce", n)
         tb_a = micro.overlap(merge_passes(F_att, B_att, ckpt), Gf + RSf, "zero3_reduce", n)
+        if ckpt:
+            micro.note_recompute(Ff, n)
+            micro.note_recompute(F_att, n)
         t_fwd.setdefault("attention", ta)
         t_rb.setdefault("attention", tb_a)
 

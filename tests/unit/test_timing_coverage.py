@@ -120,3 +120,24 @@ def test_sco_without_curve_is_listed(flat):
     lk = Lookups(flat)
     assert sco_overhead_per_byte(lk) == 0.0
     assert any("SCO: no cost beyond the exposed copies" in a for a in lk.assumed)
+
+
+COMPONENT_SUM_REL = 1e-9
+"""The components regroup the breakdown: they sum to the step time to rounding."""
+
+
+@pytest.mark.parametrize("model,ckpt", [("qwen3-30b-a3b", "per_layer"), ("gpt-oss-20b", "sco")])
+def test_components_sum_to_the_step(model, ckpt):
+    from planner.budget.build import make_context
+    from planner.schema import ComposedKnobs, Plan, Workload
+    from planner.schema.io import load_model
+    from planner.timing.step import step_time
+
+    ctx = make_context(load_model(model), load_cluster("h200"), Workload(seq_len=32768),
+                       Plan(world_size=8, composed=ComposedKnobs(checkpoint=ckpt, seq_parallel=8, expert_parallel=8)))
+    st = step_time(ctx)
+    comp = {k: float(np.asarray(v).reshape(-1)[0]) for k, v in st.components.items()}
+    assert set(comp) == {"compute", "attention", "optimizer", "copies", "recompute", "communication"}
+    assert math.isclose(sum(comp.values()), float(np.asarray(st.total_s).reshape(-1)[0]), rel_tol=COMPONENT_SUM_REL)
+    assert all(v >= 0 for v in comp.values())
+    assert comp["recompute"] > 0 and comp["attention"] > 0 and comp["compute"] > 0
