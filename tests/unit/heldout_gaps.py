@@ -12,40 +12,37 @@ SHAPE_B_EP = ("EP/LLEP at shape B (H = I = 4096, k = 4) is predicted slow: the d
          "backward layout ratios in use were measured at other widths (shape A: H = 7168, I = 2048, k = 8)")
 PIPE_FWD = ("PipelinedLLEP forward alone at E_p = 1: the chunk-count curve measures forward + backward only, "
          "so its ratio phi(K) is applied to the forward unmeasured")
-HOST = ("CPUOffloadAdamW is predicted fast: the host AdamW and cast tables in the profile were timed at "
-         "3.4e7 parameters, the bench steps 1e9 (state far beyond the last-level cache)")
+CHUNK = ("chunk-count curve at another shape: phi(K) measured at the profile curve's shape only")
 
 KNOWN_ROW_GAPS: dict[str, str] = {
-    "ep 30/16 N=65536 H=7168 I=2048 E_p=8 rank 0 fwd": SHAPE_A_EP,  # +11.5%
-    "pipelined_llep 95/16 N=65536 H=7168 I=2048 E_p=8 rank 7 fwd": PIPE_SKEW,  # -18.9%
-    "pipelined_llep 95/16 N=65536 H=7168 I=2048 E_p=8 rank 7 fwd+bwd": PIPE_SKEW,  # -15.9%
+    "ep 30/16 N=65536 H=7168 I=2048 E_p=8 rank 0 fwd": SHAPE_A_EP,  # +10.4%
+    "pipelined_llep 95/16 N=65536 H=7168 I=2048 E_p=8 rank 7 fwd": PIPE_SKEW,  # -13.9%
     "pipelined_llep 80/16 N=32768 H=4096 I=4096 E_p=8 rank 3 fwd": PIPE_SKEW,  # -19.9%
-    "pipelined_llep 95/16 N=32768 H=4096 I=4096 E_p=8 rank 3 fwd": PIPE_SKEW,  # -16.6%
-    "pipelined_llep 95/16 N=32768 H=4096 I=4096 E_p=8 rank 3 fwd+bwd": PIPE_SKEW,  # -13.2%
+    "pipelined_llep 95/16 N=32768 H=4096 I=4096 E_p=8 rank 3 fwd": PIPE_SKEW,  # -16.7%
+    "pipelined_llep 95/16 N=32768 H=4096 I=4096 E_p=8 rank 3 fwd+bwd": PIPE_SKEW,  # -12.0%
     "pipelined_llep 50/4 N=32768 H=4096 I=4096 E_p=8 rank 2 fwd": PIPE_SKEW,  # -10.9%
-    "ep balanced N=32768 H=4096 I=4096 E_p=8 rank 0 fwd": SHAPE_B_EP,  # +11.0%
-    "ep balanced N=32768 H=4096 I=4096 E_p=8 rank 0 fwd+bwd": SHAPE_B_EP,  # +16.3%
+    "ep balanced N=32768 H=4096 I=4096 E_p=8 rank 0 fwd": SHAPE_B_EP,  # +10.5%
+    "ep balanced N=32768 H=4096 I=4096 E_p=8 rank 0 fwd+bwd": SHAPE_B_EP,  # +18.3%
     "ep 30/16 N=32768 H=4096 I=4096 E_p=8 rank 0 fwd+bwd": SHAPE_B_EP,  # +20.9%
-    "ep 80/16 N=32768 H=4096 I=4096 E_p=8 rank 0 fwd": SHAPE_B_EP,  # +17.9%
-    "ep 80/16 N=32768 H=4096 I=4096 E_p=8 rank 0 fwd+bwd": SHAPE_B_EP,  # +18.7%
-    "ep 95/16 N=32768 H=4096 I=4096 E_p=8 rank 0 fwd": SHAPE_B_EP,  # +21.6%
-    "ep 95/16 N=32768 H=4096 I=4096 E_p=8 rank 0 fwd+bwd": SHAPE_B_EP,  # +20.3%
-    "ep 50/4 N=32768 H=4096 I=4096 E_p=8 rank 0 fwd": SHAPE_B_EP,  # +18.8%
-    "ep 50/4 N=32768 H=4096 I=4096 E_p=8 rank 0 fwd+bwd": SHAPE_B_EP,  # +16.5%
-    "ep one_expert N=32768 H=4096 I=4096 E_p=8 rank 0 fwd": SHAPE_B_EP,  # +14.8%
-    "ep one_expert N=32768 H=4096 I=4096 E_p=8 rank 0 fwd+bwd": SHAPE_B_EP,  # +14.3%
-    "ep one_rank N=32768 H=4096 I=4096 E_p=8 rank 0 fwd": SHAPE_B_EP,  # +15.2%
-    "ep one_rank N=32768 H=4096 I=4096 E_p=8 rank 0 fwd+bwd": SHAPE_B_EP,  # +17.3%
-    "llep balanced N=32768 H=4096 I=4096 E_p=8 rank 0 fwd": SHAPE_B_EP,  # +14.8%
-    "llep balanced N=32768 H=4096 I=4096 E_p=8 rank 0 fwd+bwd": SHAPE_B_EP,  # +18.0%
-    "llep 30/16 N=32768 H=4096 I=4096 E_p=8 rank 0 fwd+bwd": SHAPE_B_EP,  # +19.2%
-    "llep 80/16 N=32768 H=4096 I=4096 E_p=8 rank 0 fwd+bwd": SHAPE_B_EP,  # +16.1%
-    "llep 95/16 N=32768 H=4096 I=4096 E_p=8 rank 3 fwd": SHAPE_B_EP,  # +11.3%
-    "llep 95/16 N=32768 H=4096 I=4096 E_p=8 rank 3 fwd+bwd": SHAPE_B_EP,  # +19.0%
-    "llep 50/4 N=32768 H=4096 I=4096 E_p=8 rank 0 fwd+bwd": SHAPE_B_EP,  # +15.9%
-    "llep one_expert N=32768 H=4096 I=4096 E_p=8 rank 1 fwd+bwd": SHAPE_B_EP,  # +18.9%
-    "llep one_rank N=32768 H=4096 I=4096 E_p=8 rank 1 fwd+bwd": SHAPE_B_EP,  # +17.7%
-    "pipelined_llep balanced N=32768 H=4096 I=4096 E_p=1 rank 0 fwd": PIPE_FWD,  # +17.8%
-    "CPUOffloadAdamW 8 threads [offload_opt.json]": HOST,  # -26.0%
-    "CPUOffloadAdamW 16 threads [offload_opt.json]": HOST,  # -22.6%
+    "ep 80/16 N=32768 H=4096 I=4096 E_p=8 rank 0 fwd": SHAPE_B_EP,  # +16.3%
+    "ep 80/16 N=32768 H=4096 I=4096 E_p=8 rank 0 fwd+bwd": SHAPE_B_EP,  # +18.4%
+    "ep 95/16 N=32768 H=4096 I=4096 E_p=8 rank 0 fwd": SHAPE_B_EP,  # +19.9%
+    "ep 95/16 N=32768 H=4096 I=4096 E_p=8 rank 0 fwd+bwd": SHAPE_B_EP,  # +19.9%
+    "ep 50/4 N=32768 H=4096 I=4096 E_p=8 rank 0 fwd": SHAPE_B_EP,  # +17.4%
+    "ep 50/4 N=32768 H=4096 I=4096 E_p=8 rank 0 fwd+bwd": SHAPE_B_EP,  # +16.6%
+    "ep one_expert N=32768 H=4096 I=4096 E_p=8 rank 0 fwd": SHAPE_B_EP,  # +13.1%
+    "ep one_expert N=32768 H=4096 I=4096 E_p=8 rank 0 fwd+bwd": SHAPE_B_EP,  # +13.9%
+    "ep one_rank N=32768 H=4096 I=4096 E_p=8 rank 0 fwd": SHAPE_B_EP,  # +13.5%
+    "ep one_rank N=32768 H=4096 I=4096 E_p=8 rank 0 fwd+bwd": SHAPE_B_EP,  # +17.0%
+    "llep balanced N=32768 H=4096 I=4096 E_p=8 rank 0 fwd": SHAPE_B_EP,  # +14.4%
+    "llep balanced N=32768 H=4096 I=4096 E_p=8 rank 0 fwd+bwd": SHAPE_B_EP,  # +19.9%
+    "llep 30/16 N=32768 H=4096 I=4096 E_p=8 rank 0 fwd+bwd": SHAPE_B_EP,  # +19.5%
+    "llep 80/16 N=32768 H=4096 I=4096 E_p=8 rank 0 fwd+bwd": SHAPE_B_EP,  # +16.4%
+    "llep 95/16 N=32768 H=4096 I=4096 E_p=8 rank 3 fwd": SHAPE_B_EP,  # +10.9%
+    "llep 95/16 N=32768 H=4096 I=4096 E_p=8 rank 3 fwd+bwd": SHAPE_B_EP,  # +19.5%
+    "llep 50/4 N=32768 H=4096 I=4096 E_p=8 rank 0 fwd+bwd": SHAPE_B_EP,  # +17.1%
+    "llep one_expert N=32768 H=4096 I=4096 E_p=8 rank 1 fwd+bwd": SHAPE_B_EP,  # +19.3%
+    "llep one_rank N=32768 H=4096 I=4096 E_p=8 rank 1 fwd+bwd": SHAPE_B_EP,  # +18.1%
+    "pipelined_llep balanced N=32768 H=4096 I=4096 E_p=1 rank 0 fwd": PIPE_FWD,  # +11.7%
+    "chunk-count curve [B] N=32768 H=4096 K=5 (E_p=1) fwd+bwd": CHUNK,  # +17.7%
 }

@@ -359,6 +359,38 @@ def test_heldout_chunk_count_curve(h200):
     assert not bad, f"{len(bad)} chunk-count points outside {HELDOUT_TOL:.0%} (not known gaps):\n{table}\n{DISPATCH_GAPS}"
 
 
+def sco_cases(cluster) -> list[Case]:
+    """The profile's SCO rows (plain checkpointing against SCO on ``bench/offload_sco``'s decoder at
+    several interiors): SCO's step predicted as the plain step + the overlap rule's exposed copies
+    (``offload.sco_row_exposed_s``) + the measured overhead ``ε`` per offloaded byte. ``ε`` comes from
+    one row (``offload.sco_fit_row``): that row is a calibration point, the others are held out."""
+    from planner.timing.offload import sco_fit_row, sco_overhead_per_byte, sco_row_exposed_s
+    from planner.timing.compute import Lookups
+
+    cv = cluster.curves.sco
+    fit = sco_fit_row(cv)
+    eps = sco_overhead_per_byte(Lookups(cluster))
+    out = []
+    for r in cv.rows:
+        pred = r.plain_step_s + sco_row_exposed_s(r) + eps * r.num_boundaries * r.boundary_bytes
+        why = "" if r is fit else f"SCO at another interior than the '{fit.config}' row ε is measured on"
+        out.append(Case(f"SCO {r.config} ({r.num_boundaries} boundaries of {r.boundary_bytes / 1e6:.0f} MB)",
+                        r.sco_step_s, pred, why))
+    return out
+
+
+def test_heldout_sco(h200):
+    """SCO's cost against plain checkpointing at interiors from copy-bound to compute-bound."""
+    if h200.curves.sco is None:
+        pytest.skip("the shipped profile has no sco curve (bench/calibrate_coverage.py on the H200)")
+    cases = sco_cases(h200)
+    bad, table = compare(cases, KNOWN_ROW_GAPS)
+    ok, n = within(cases)
+    print(table + f"\n{ok} of {n} held-out rows within {HELDOUT_TOL:.0%}")
+    assert n, table
+    assert not bad, f"{len(bad)} SCO rows outside {HELDOUT_TOL:.0%} (not known gaps):\n{table}"
+
+
 # ------------------------------------------------------------------------------------------------
 # the machinery, on synthetic documents (runs before any result is committed)
 # ------------------------------------------------------------------------------------------------
