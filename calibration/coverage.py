@@ -1,6 +1,6 @@
 """``bench/calibrate_coverage.py``'s ``coverage.json`` → a cluster-profile fragment for ``calibration.merge``.
 
-    python3 -m calibration.coverage COVERAGE_JSON --out FRAGMENT.yaml [--chunk-curves FILE.json]
+    python3 -m calibration.coverage COVERAGE_JSON [MORE_JSON ...] --out FRAGMENT.yaml [--chunk-curves FILE.json]
     python3 -m calibration.merge planner/profiles/clusters/h200.yaml FRAGMENT.yaml
 
 Curves of the fragment (every one with the run's provenance, host instance included):
@@ -85,6 +85,25 @@ def host_tables(sec: dict, prov: dict) -> dict:
                              note=f"host bf16→fp32 copy_ then fp32→bf16 copy_ of {n} elements (pageable)")}
 
 
+def combine(docs: list[dict]) -> dict:
+    """One coverage document from several runs, in order: attention rows united (a later run's row
+    replaces an earlier one at the same variant, ``S`` and heads), every other section from the last
+    run that has it; provenance the last run's, the attention note naming every run's command."""
+    if len(docs) == 1:
+        return docs[0]
+    out = {k: v for d in docs for k, v in d.items() if k != "attention" and v}
+    rows: dict = {}
+    for d in docs:
+        for r in (d.get("attention") or {}).get("rows", []):
+            rows[(r["variant"], r["seq_len"], r["heads"])] = r
+    att = [d["attention"] for d in docs if d.get("attention")]
+    if att:
+        cmds = "; ".join(f"{d['provenance'].get('date', '')} `{d['command']}`" for d in docs if d.get("attention"))
+        out["attention"] = {**att[-1], "rows": list(rows.values()), "note": f"{att[-1]['note']}; rows of: {cmds}"}
+    out["provenance"] = docs[-1]["provenance"]
+    return out
+
+
 def fragment(doc: dict) -> tuple[dict, dict]:
     """``(profile fragment, {tag: held-out chunk curve})`` of a coverage document, validated."""
     from planner.schema.curves import Curves
@@ -121,7 +140,7 @@ def fragment(doc: dict) -> tuple[dict, dict]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m calibration.coverage", description=__doc__.splitlines()[0])
-    ap.add_argument("coverage", help="coverage.json of bench/calibrate_coverage.py")
+    ap.add_argument("coverage", nargs="+", help="coverage.json of bench/calibrate_coverage.py (several: combined in order)")
     ap.add_argument("--out", required=True, help="profile fragment (YAML) to write")
     ap.add_argument("--chunk-curves", help="write the held-out chunk curves here (JSON)")
     args = ap.parse_args(argv)
@@ -130,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
     from calibration.io import write_text_atomic, write_yaml_atomic
 
     try:
-        doc = json.loads(Path(args.coverage).read_text())
+        doc = combine([json.loads(Path(p).read_text()) for p in args.coverage])
         frag, held = fragment(doc)
     except (OSError, ValueError, KeyError, ValidationError) as err:
         first = str(err).splitlines()[0] if str(err) else type(err).__name__
