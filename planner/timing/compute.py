@@ -229,8 +229,21 @@ def attention_s(lk: Lookups, seq_len, heads, d_qk, d_v, *, window=None, backward
             lk.assume("sliding-window layers: the causal rate at the same S times the band's share "
                       "2w/S − (w/S)² of the causal work")
         t = t * frac * 2.0 - t * frac * frac  # causal band of width w: (2w/S − (w/S)²) of the causal work
-    if lt is not None and np.any(use_long):
-        t = np.where(use_long, long_attention_s(lk, lt, np.where(use_long, s, lt.seq_len[0]), heads, backward), t)
+    if lt is not None:
+        t_long = long_attention_s(lk, lt, np.where(use_long, s, lt.seq_len[0]), heads, backward)
+        if not np.all(use_long):   # below the table: the generic time × the variant's ratio at its shortest S
+            s0 = np.full(np.shape(s_gen), float(lt.seq_len[0]))
+            g0 = lk.call(fn, np.minimum(s0, table.axes[0][-1]), heads, memo=(f"{name}:{d_qk}", table)) * (
+                d_qk + d_v) / (2.0 * d_qk) * (s0 / np.minimum(s0, table.axes[0][-1])) ** 2
+            if window:
+                f0 = np.minimum(1.0, window / s0)
+                g0 = g0 * f0 * 2.0 - g0 * f0 * f0
+            ratio = long_attention_s(lk, lt, s0, heads, backward) / g0
+            lk.assume(f"attention_long.{lt.variant}: S below its shortest measured {lt.seq_len[0]} at the generic "
+                      f"table's time × the variant's measured/generic ratio at S = {lt.seq_len[0]} "
+                      "(its own kernel path, e.g. MLA's memory-efficient kernel)")
+            t = t * ratio
+        t = np.where(use_long, t_long, t)
         t = float(t) if np.ndim(t) == 0 else t
     return t
 
