@@ -332,13 +332,17 @@ class LongAttentionTable(Curve):
     variant: str
     """``flash128``, ``mla``, ``sinks64``, ``sliding64`` …"""
     d_qk: int = Field(gt=0)
+    """Query/key head width."""
     d_v: int = Field(gt=0)
+    """Value head width."""
     window: int | None = None
     """Sliding window ``w`` (None: global causal)."""
     sinks: bool = False
     """gpt-oss's learned sink logit per head (sink channels)."""
     kv_div: int = Field(default=1, ge=1)
+    """Query heads per key/value head (GQA)."""
     backend: str = ""
+    """The kernel path timed."""
     seq_len: list[int]
     """Strictly increasing."""
     heads: list[int]
@@ -365,21 +369,28 @@ class SCORow(Frozen):
     """Plain checkpointing against SCO (every boundary offloaded) on one decoder shape."""
 
     config: str
+    """Name of the decoder interior (``copy-bound``, ``balanced``, ``compute-bound``)."""
     boundary_bytes: int = Field(gt=0)
+    """Bytes of one region boundary ``b_h``."""
     num_boundaries: int = Field(gt=0)
+    """``L_b``, every one offloaded."""
     plain_step_s: float = Field(gt=0)
+    """Forward + backward under plain per-region checkpointing."""
     sco_step_s: float = Field(gt=0)
+    """The same under SCO."""
     forward_s: float = Field(gt=0)
     """The forward under no_grad (≈ the recompute of every region)."""
     d2h_s: float = Field(ge=0)
     """One boundary's D2H into pinned memory."""
     h2d_s: float = Field(ge=0)
+    """One boundary's H2D from pinned memory."""
 
 
 class SCOCurve(Curve):
     """SCO's step-time cost against plain checkpointing (``bench/calibrate_coverage.py``'s ``sco``)."""
 
     rows: list[SCORow]
+    """One row per decoder interior."""
 
 
 class CollectiveCurves(Frozen):
