@@ -22,9 +22,11 @@ def test_sweep_rows_carry_the_sensitivity_of_their_own_plan():
         assert r.routing_sensitivity["worst"]["peak_bytes"] >= bal["peak_bytes"]
         for v in r.routing_sensitivity.values():
             assert v["fits_hbm"] == (v["peak_bytes"] <= r.capacity_bytes)
-    # standard EP (FSDP2's) grows with the skew at 128k; the source-side PipelinedLLEP does not
+    # standard EP (FSDP2's) grows with the skew at 128k when the fastest plan shards experts (ep > 1);
+    # with ep = 1 no token moves, so the peak does not depend on the routing
     base = next(r for r in rows if r.stack == "fsdp2" and r.seq_len == 131072)
-    assert base.routing_sensitivity["worst"]["peak_bytes"] > base.routing_sensitivity["balanced"]["peak_bytes"]
+    worst, bal = base.routing_sensitivity["worst"]["peak_bytes"], base.routing_sensitivity["balanced"]["peak_bytes"]
+    assert worst > bal if base.plan.baseline.ep > 1 else worst == bal
 
 
 def test_sweep_json_and_table_show_it():
