@@ -8,8 +8,9 @@ SHAPE_A_EP = ("EP/LLEP under skew at shape A: the binding slot's long GEMM strea
          " of the one GEMM measured for it")
 PIPE_SKEW = ("PipelinedLLEP under heavy skew is predicted fast: the chunk-count curve's ratio phi(K) is "
          "measured under balanced routing, and the skewed slots' per-chunk block rows are not")
-SHAPE_B_EP = ("EP/LLEP at shape B (H = I = 4096, k = 4) is predicted slow: the dispatch-kernel class rates and "
-         "backward layout ratios in use were measured at other widths (shape A: H = 7168, I = 2048, k = 8)")
+SHAPE_B_EP = ("EP/LLEP at shape B (H = I = 4096, k = 4) is predicted 10-21% slow even with the kernel curve of "
+         "these widths: the sustained-clock factor is measured on one shape-A GEMM, the class rates at one"
+         " size, and the dispatch bench was not re-run on the calibration's instance")
 PIPE_FWD = ("PipelinedLLEP forward alone at E_p = 1: the chunk-count curve measures forward + backward only, "
          "so its ratio phi(K) is applied to the forward unmeasured")
 CHUNK = ("chunk-count curve at another shape: phi(K) measured at the profile curve's shape only")
