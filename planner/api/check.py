@@ -190,9 +190,10 @@ def step_summary(ctx: Ctx) -> dict[str, Any]:
     total = float(np.asarray(st.total_s).reshape(-1)[0])
     per_rank = int(np.asarray(st.tokens_per_step).reshape(-1)[0])
     ok = bool(np.isfinite(total))
+    first = {k: float(np.asarray(v).reshape(-1)[0]) for k, v in st.components.items()}
     return {"step_s": total if ok else None, "tokens_per_step": per_rank * ctx.world_size,
             "tokens_per_step_per_rank": per_rank, "tokens_per_s_per_gpu": per_rank / total if ok else None,
-            "step_gaps": list(st.gaps)}
+            "step_components": first if ok else None, "step_gaps": list(st.gaps), "step_assumed": list(st.assumed)}
 
 
 def dispatch_bounds(ctx: Ctx, ev: Evaluation) -> dict[str, int]:

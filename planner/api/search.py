@@ -125,7 +125,7 @@ class SearchReport:
             return None if c is None else {
                 "step_s": c.step_s, "tokens_per_s_per_gpu": c.tokens_per_s_per_gpu, "tflops_per_gpu": c.tflops_per_gpu,
                 "peak_bytes": c.peak_bytes, "host_bytes": c.host_bytes, "binding_phase": c.binding_phase,
-                "breakdown": c.breakdown, "routing": self.routing_basis(c.plan),
+                "breakdown": c.breakdown, "components": c.components, "routing": self.routing_basis(c.plan),
                 "plan": c.plan.model_dump(mode="json")}
         r = self.result
         ch = self.chosen

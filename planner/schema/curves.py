@@ -323,6 +323,76 @@ class DispatchKernelsCurve(Curve):
         return self
 
 
+class LongAttentionTable(Curve):
+    """Causal attention seconds at long ``S`` for one runtime variant (``bench/calibrate_coverage.py``):
+    forward and backward on a grid ``seq_len × heads`` (query heads per rank; ``kv_div`` query heads
+    per key/value head), at the variant's exact widths, window and sink channels, through the
+    kernel the runtime picks."""
+
+    variant: str
+    """``flash128``, ``mla``, ``sinks64``, ``sliding64`` …"""
+    d_qk: int = Field(gt=0)
+    """Query/key head width."""
+    d_v: int = Field(gt=0)
+    """Value head width."""
+    window: int | None = None
+    """Sliding window ``w`` (None: global causal)."""
+    sinks: bool = False
+    """gpt-oss's learned sink logit per head (sink channels)."""
+    kv_div: int = Field(default=1, ge=1)
+    """Query heads per key/value head (GQA)."""
+    backend: str = ""
+    """The kernel path timed."""
+    seq_len: list[int]
+    """Strictly increasing."""
+    heads: list[int]
+    """Strictly increasing."""
+    fwd_s: list[list[float]]
+    """``[seq][heads]`` forward seconds (no grad)."""
+    bwd_s: list[list[float]]
+    """``[seq][heads]`` backward seconds (gradients of q, k, v and the sinks)."""
+
+    @model_validator(mode="after")
+    def _grid(self):
+        for name, ax in (("seq_len", self.seq_len), ("heads", self.heads)):
+            if not ax or any(b <= a for a, b in zip(ax, ax[1:])) or ax[0] < 1:
+                raise ValueError(f"{name} must be non-empty, ≥ 1 and strictly increasing")
+        for name, t in (("fwd_s", self.fwd_s), ("bwd_s", self.bwd_s)):
+            if len(t) != len(self.seq_len) or any(len(r) != len(self.heads) for r in t):
+                raise ValueError(f"{name} must be [len(seq_len)][len(heads)]")
+            if any(not (v > 0 and math.isfinite(v)) for r in t for v in r):
+                raise ValueError(f"{name} must be finite and > 0")
+        return self
+
+
+class SCORow(Frozen):
+    """Plain checkpointing against SCO (every boundary offloaded) on one decoder shape."""
+
+    config: str
+    """Name of the decoder interior (``copy-bound``, ``balanced``, ``compute-bound``)."""
+    boundary_bytes: int = Field(gt=0)
+    """Bytes of one region boundary ``b_h``."""
+    num_boundaries: int = Field(gt=0)
+    """``L_b``, every one offloaded."""
+    plain_step_s: float = Field(gt=0)
+    """Forward + backward under plain per-region checkpointing."""
+    sco_step_s: float = Field(gt=0)
+    """The same under SCO."""
+    forward_s: float = Field(gt=0)
+    """The forward under no_grad (≈ the recompute of every region)."""
+    d2h_s: float = Field(ge=0)
+    """One boundary's D2H into pinned memory."""
+    h2d_s: float = Field(ge=0)
+    """One boundary's H2D from pinned memory."""
+
+
+class SCOCurve(Curve):
+    """SCO's step-time cost against plain checkpointing (``bench/calibrate_coverage.py``'s ``sco``)."""
+
+    rows: list[SCORow]
+    """One row per decoder interior."""
+
+
 class CollectiveCurves(Frozen):
     """NCCL collective curves by group size (the dict key). ``size_bytes`` conventions:
 
@@ -386,6 +456,13 @@ class Curves(Frozen):
     """PipelinedLLEP time against chunk count (``calibration.chunks``)."""
     dispatch_kernels: DispatchKernelsCurve | None = None
     """Dispatch operators' kernel rates, layouts and host loops (``calibration.dispatch_kernels``)."""
+    dispatch_kernels_widths: list[DispatchKernelsCurve] = Field(default_factory=list)
+    """The same at other ``(H, I, k)`` (each curve's ``widths``): the time model reads the one of the
+    layer's widths (``planner.timing.kernel_rates.at_width``)."""
+    attention_long: dict[str, LongAttentionTable] = Field(default_factory=dict)
+    """Long-``S`` causal attention by runtime variant (``planner.timing.compute.attention_s``)."""
+    sco: SCOCurve | None = None
+    """SCO against plain checkpointing (``planner.timing.offload.sco_exposed_s``)."""
 
     @model_validator(mode="after")
     def _axes(self):
@@ -404,6 +481,8 @@ class Curves(Frozen):
             v = getattr(self, name)
             if isinstance(v, Curve):
                 out.append((name, v))
+        out += [(f"dispatch_kernels_widths.{i}", c) for i, c in enumerate(self.dispatch_kernels_widths)]
+        out += [(f"attention_long.{k}", c) for k, c in sorted(self.attention_long.items())]
         for coll in COLLECTIVES:
             for g, curve in sorted(getattr(self.collectives, coll).items()):
                 out.append((f"collectives.{coll}.{g}", curve))

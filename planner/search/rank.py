@@ -32,6 +32,8 @@ class Candidate:
     host_bytes: int
     binding_phase: str
     breakdown: dict = field(default_factory=dict)
+    components: dict = field(default_factory=dict)
+    """``StepTime.components``: compute, attention, recompute, optimizer, copies, communication."""
 
 
 @dataclass
@@ -110,7 +112,8 @@ def _candidates(evs: list[Evaluated], n: int) -> list[Candidate]:
         out.append(Candidate(
             plan=_plan_of(ev, i), step_s=step, tokens_per_s_per_gpu=tok / step, tflops_per_gpu=fl / step / 1e12,
             peak_bytes=peak, host_bytes=host, binding_phase=ev.binding[i],
-            breakdown={k: float(np.broadcast_to(v, ev.step_s.shape)[i]) for k, v in st.breakdown.items()}))
+            breakdown={k: float(np.broadcast_to(v, ev.step_s.shape)[i]) for k, v in st.breakdown.items()},
+            components={k: float(np.broadcast_to(v, ev.step_s.shape)[i]) for k, v in st.components.items()}))
     return out
 
 

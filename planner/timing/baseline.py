@@ -103,6 +103,7 @@ def build(ctx: Ctx, lk: Lookups, micro, opt):
         gath, red = _fsdp_comm(lk, ctx, dense / tp, experts, fsdp, ep, b, ranks)
         micro.overlap(fwd, gath, "fsdp_gather", n)
         micro.overlap(merge_passes(rec, bwd, bool(rec)), gath + red, "fsdp_reduce", n)
+        micro.note_recompute(rec, n)
 
     # head and embedding (FSDP units of V·H/tp)
     V = ctx.vocab_size

@@ -59,9 +59,11 @@ def attention_region(ctx: Ctx, lk: Lookups, N, D, *, tp=1, cp=1) -> dict:
     frac_local = n_local / m.num_layers
 
     def core(bwd):
-        t = cp * attention_s(lk, S / cp, heads, d_qk, d_v, backward=bwd)
+        sinks = bool(getattr(m, "attention_sinks", False))
+        t = cp * attention_s(lk, S / cp, heads, d_qk, d_v, backward=bwd, sinks=sinks)
         if n_local:
-            t_loc = cp * attention_s(lk, S / cp, heads, d_qk, d_v, window=m.sliding_window, backward=bwd)
+            t_loc = cp * attention_s(lk, S / cp, heads, d_qk, d_v, window=m.sliding_window, backward=bwd,
+                                     sinks=sinks)
             t = (1 - frac_local) * t + frac_local * t_loc
         return seqs * t
 
@@ -145,6 +147,9 @@ def build(ctx: Ctx, lk: Lookups, micro, opt):
         # the region just finished (both of the other kind)
         t_rb[kind] = micro.overlap(merge_passes(Ff, Bf, ckpt), G_att + RS_att, "zero3_reduce", n)
         tb_a = micro.overlap(merge_passes(F_att, B_att, ckpt), Gf + RSf, "zero3_reduce", n)
+        if ckpt:
+            micro.note_recompute(Ff, n)
+            micro.note_recompute(F_att, n)
         t_fwd.setdefault("attention", ta)
         t_rb.setdefault("attention", tb_a)
 
@@ -153,7 +158,7 @@ def build(ctx: Ctx, lk: Lookups, micro, opt):
     micro.add("zero3_embedding", collective_s(lk, "all_gather", W, VHb) + collective_s(lk, "reduce_scatter", W, VHb))
     if ctx.checkpoint == "sco":
         sco = sco_exposed_s(lk, ctx.regions, ctx.num_offloaded, N * H * b, t_fwd, t_rb, t_head, ranks=ranks)
-        micro.add("sco_exposed", sco["offload"] + sco["restore"])
+        micro.add("sco_exposed", sco["offload"] + sco["restore"] + sco["overhead"])
     _optimizer(ctx, lk, opt, ranks)
     return N, F.model_flops(m, N, ctx.seq_len)
 

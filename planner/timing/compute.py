@@ -15,7 +15,10 @@ on the rank, ``d_qk``/``d_v`` query-key and value head widths, ``w`` a sliding w
   FLOPs actually done: ``(d_qk + d_v)/(2·d_qk)`` (MLA's value width differs from the measured
   ``d_v = d_qk``), and for a sliding window ``w < S`` by the band's share of the causal work,
   ``2w/S − (w/S)²`` (assumed: the causal rate at the same ``S``). ``S`` above the table follows the
-  ``beyond_max_seq`` rule of ``attention_time_s`` below (``∝ S²``, listed).
+  curves' ``beyond_max_seq`` rule (``∝ S²``, listed). Where the profile has an ``attention_long``
+  table for the exact variant (``d_qk``, ``d_v``, window, sinks: measured through the runtime's own
+  kernel path at long ``S`` and few heads per rank), ``S`` at or above its shortest measured length is
+  read from it instead (``long_attention_s``), with no width or band scaling.
 - **Elementwise passes** (norms, activations, permutations, softmax) are memory-bound: bytes /
   the HBM stream rate, which is derived from the measured fused GPU AdamW curve (its largest-size
   marginal rate × ``HBM_BYTES_PER_ADAMW_PARAM`` = 28 B per parameter: it reads p, g, m, v and writes
@@ -197,33 +200,100 @@ def host_op_s(lk: Lookups, dtype: str = "bf16") -> float:
 # ------------------------------------------------------------------------------------------------
 # attention
 # ------------------------------------------------------------------------------------------------
-def attention_s(lk: Lookups, seq_len, heads, d_qk, d_v, *, window=None, backward: bool = False):
+def attention_s(lk: Lookups, seq_len, heads, d_qk, d_v, *, window=None, backward: bool = False,
+                sinks: bool = False):
     """Causal flash attention seconds for one sequence of ``seq_len`` with ``heads`` heads on the
     rank (forward, or backward with ``backward=True``); module rules for MLA widths, windows and
-    ``S`` beyond the table."""
+    ``S`` beyond the table. From the variant's ``attention_long`` table where it has one and ``S`` is
+    at least its shortest measured ``S`` (``long_attention_s``)."""
     name = "attention_bwd" if backward else "attention_fwd"
     table = lk.required(name)
     s = np.asarray(seq_len, dtype=float)
     if table is None:
         return nan_like(s, heads)
-    if np.any(s > table.axes[0][-1]):
+    lt = long_table(lk, d_qk, d_v, window, sinks)
+    use_long = (s >= lt.seq_len[0]) if lt is not None else np.zeros(s.shape, dtype=bool)
+    s_gen = np.where(use_long, table.axes[0][0], s)
+    if np.any(s_gen > table.axes[0][-1]):
         lk.assume(f"{name}: S above the measured {table.axes[0][-1]} timed as t(S_max)·(S/S_max)² "
                   "(beyond_max_seq rule)")
 
     def fn(S, h):
         return attention_time_s(table, name, S, h, d_qk, backward=backward)
 
-    t = lk.call(fn, s, heads, memo=(f"{name}:{d_qk}", table)) * (d_qk + d_v) / (2.0 * d_qk)
-    if d_v != d_qk:
+    t = lk.call(fn, s_gen, heads, memo=(f"{name}:{d_qk}", table)) * (d_qk + d_v) / (2.0 * d_qk)
+    if d_v != d_qk and not np.all(use_long):
         lk.assume(f"attention with d_v ({d_v}) != d_qk ({d_qk}): timed at head_dim {d_qk} scaled by "
                   "FLOPs (d_qk+d_v)/(2·d_qk)")
     if window:
-        frac = np.minimum(1.0, window / np.maximum(s, 1.0))
-        if np.any(frac < 1):
+        frac = np.minimum(1.0, window / np.maximum(s_gen, 1.0))
+        if np.any((frac < 1) & ~use_long):
             lk.assume("sliding-window layers: the causal rate at the same S times the band's share "
                       "2w/S − (w/S)² of the causal work")
         t = t * frac * 2.0 - t * frac * frac  # causal band of width w: (2w/S − (w/S)²) of the causal work
+    if lt is not None:
+        t_long = long_attention_s(lk, lt, np.where(use_long, s, lt.seq_len[0]), heads, backward)
+        if not np.all(use_long):   # below the table: the generic time × the variant's ratio at its shortest S
+            s0 = np.full(np.shape(s_gen), float(lt.seq_len[0]))
+            g0 = lk.call(fn, np.minimum(s0, table.axes[0][-1]), heads, memo=(f"{name}:{d_qk}", table)) * (
+                d_qk + d_v) / (2.0 * d_qk) * (s0 / np.minimum(s0, table.axes[0][-1])) ** 2
+            if window:
+                f0 = np.minimum(1.0, window / s0)
+                g0 = g0 * f0 * 2.0 - g0 * f0 * f0
+            ratio = long_attention_s(lk, lt, s0, heads, backward) / g0
+            lk.assume(f"attention_long.{lt.variant}: S below its shortest measured {lt.seq_len[0]} at the generic "
+                      f"table's time × the variant's measured/generic ratio at S = {lt.seq_len[0]} "
+                      "(its own kernel path, e.g. MLA's memory-efficient kernel)")
+            t = t * ratio
+        t = np.where(use_long, t_long, t)
+        t = float(t) if np.ndim(t) == 0 else t
     return t
+
+
+def long_table(lk: Lookups, d_qk, d_v, window, sinks):
+    """The ``attention_long`` table of this variant (exact widths, window and sinks), or None."""
+    for tab in (getattr(lk.curves, "attention_long", None) or {}).values():
+        if (tab.d_qk, tab.d_v, tab.window or None, tab.sinks) == (d_qk, d_v, window or None, bool(sinks)):
+            return tab
+    return None
+
+
+def long_attention_s(lk: Lookups, tab, seq_len, heads, backward: bool):
+    """Seconds from a ``LongAttentionTable``: ``log t`` bilinear in ``(log S, log h)`` inside the grid;
+    ``h`` above the largest measured heads at ``t(S, h_max)·h/h_max`` (the kernel's rate is saturated in
+    heads at these ``S``; rule, listed); ``S`` above the longest measured at ``t(S_max)·(S/S_max)²``
+    (``·S/S_max`` with a window; rule, listed)."""
+    S = np.asarray(seq_len, dtype=float)
+    h = np.broadcast_to(np.asarray(heads, dtype=float), np.broadcast(S, np.asarray(heads)).shape)
+    S = np.broadcast_to(S, h.shape)
+    xs, hs = np.log(np.asarray(tab.seq_len, dtype=float)), np.log(np.asarray(tab.heads, dtype=float))
+    lt = np.log(np.asarray(tab.bwd_s if backward else tab.fwd_s, dtype=float))
+    what = f"attention_long.{tab.variant} {'backward' if backward else 'forward'}"
+    if np.any(h > tab.heads[-1]):
+        lk.assume(f"{what}: heads per rank above the measured {tab.heads[-1]} at t(S, {tab.heads[-1]})·h/"
+                  f"{tab.heads[-1]} (rate saturated in heads at S ≥ {tab.seq_len[0]})")
+    if np.any(h < tab.heads[0]):
+        lk.assume(f"{what}: heads per rank below the measured {tab.heads[0]} at t(S, {tab.heads[0]})·h/{tab.heads[0]}")
+    if np.any(S > tab.seq_len[-1]):
+        lk.assume(f"{what}: S above the measured {tab.seq_len[-1]} timed as t(S_max)·(S/S_max)"
+                  + ("" if tab.window else "²") + " (beyond_max_seq rule)")
+    hc = np.clip(h, tab.heads[0], tab.heads[-1])
+    Sc = np.clip(S, tab.seq_len[0], tab.seq_len[-1])
+    x, y = np.log(Sc), np.log(hc)
+
+    def bracket(grid, v):
+        if len(grid) == 1:
+            return np.zeros(v.shape, dtype=np.int64), np.zeros(v.shape)
+        i = np.clip(np.searchsorted(grid, v, side="right") - 1, 0, len(grid) - 2)
+        return i, (v - grid[i]) / (grid[i + 1] - grid[i])
+
+    i, wi = bracket(xs, x)
+    j, wj = bracket(hs, y)
+    i1, j1 = np.minimum(i + 1, len(xs) - 1), np.minimum(j + 1, len(hs) - 1)
+    logt = ((1 - wi) * (1 - wj) * lt[i, j] + wi * (1 - wj) * lt[i1, j] + (1 - wi) * wj * lt[i, j1]
+            + wi * wj * lt[i1, j1])
+    t = np.exp(logt) * (h / hc) * (S / Sc) ** (1 if tab.window else 2)
+    return float(t) if t.ndim == 0 else t
 
 
 # ------------------------------------------------------------------------------------------------

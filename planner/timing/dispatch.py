@@ -27,10 +27,12 @@ host's measured time per block of each runtime loop and per other launching call
                     up only, backward (``ExpertChunk.backward``) down again + g_down, gh, g_up, gx
 
 each slot's rows in blocks of ``block_rows`` for PipelinedLLEP (the plan's), so skewed slots run
-several GEMMs. The chunk-count curve of the profile is not used: it is a single-rank emulation
-(no communication to overlap), i.e. this same compute at one shape, which the inventory models
-directly (``tests/unit/test_heldout_timing.py`` compares the two; ``test_timing_dispatch.py``
-checks the inventory against the runtime call by call).
+several GEMMs. PipelinedLLEP's compute is then scaled by the profile's chunk-count curve: its
+measured/replayed ratio φ(K) at the curve's shape (``planner.timing.chunk_curve``: what the replay
+misses per chunk, measured), listed in ``assumed``. The curve is a single-rank emulation (no
+communication to overlap), so it prices the compute only; the overlap rule below is the model's
+(``test_timing_dispatch.py`` checks the inventory against the runtime call by call;
+``tests/unit/test_heldout_timing.py`` compares it with the benches at shapes the curve did not measure).
 
 **Communication** (``comm=True``; per-rank emulation has none): dispatch all-to-all of
 ``k·c_eff`` rows of ``H·b`` bytes plus their fp32 route weights, combine all-to-all of the rows back,
@@ -55,7 +57,9 @@ import numpy as np
 from planner.plans import chunking
 from planner.plans import dispatch as plans_dispatch
 from planner.plans.routing import profile_counts
+from planner.timing import chunk_curve
 from planner.timing import dispatch_kernels as DK
+from planner.timing import kernel_rates as KR
 from planner.timing.comm import collective_s
 from planner.timing.lookups import Lookups, shared_memo
 from planner.plans.llep import LlepKnobs
@@ -168,10 +172,22 @@ def _balanced_parts(lk, op, N, E, k, E_p, K, H, I, b, dense_grad, residue) -> di
     return parts
 
 
+def _curve_replay(lk: Lookups, K: int, shape: dict) -> tuple[float, float]:
+    """The chunk-count curve's measurement replayed (``chunk_curve.ratios``): (operator seconds,
+    router-and-loss seconds) of forward + backward at the curve's shape, rank 0 of the plan, a
+    dense upstream gradient (the calibration hook's ``out.backward(randn_like(out))``)."""
+    N, H, I, E, k, E_p = (int(shape[key]) for key in chunk_curve.SHAPE_KEYS)
+    r = moe_dispatch_s(lk, "pipelined_llep", N, E, k, E_p, K, H, I, 2, profile="balanced", comm=False, rank=0,
+                       dense_grad=True, chunk_costs=False)
+    with KR.at_width(lk, H, I, k):
+        rl = DK.router_and_loss(lk, N, H, E, k, 2)
+    return float(r["fwd"] + r["bwd"]), float(sum(rl["fwd"]) + sum(rl["bwd"]))
+
+
 def moe_dispatch_s(lk: Lookups, op: str, N, E: int, k: int, E_p, K, H: int, I: int, b: int, *,
                    profile: str = "balanced", knobs: LlepKnobs = LlepKnobs(), comm: bool = True,
                    rank: int | None = None, dense_grad: bool = True,
-                   residue: str = plans_dispatch.DESTINATION) -> dict:
+                   residue: str = plans_dispatch.DESTINATION, chunk_costs: bool = True) -> dict:
     """One MoE layer's dispatch operator on the binding rank (module docstring).
 
     ``rank``: time that rank of the plan instead of the slowest (per-rank emulation).
@@ -185,8 +201,19 @@ def moe_dispatch_s(lk: Lookups, op: str, N, E: int, k: int, E_p, K, H: int, I: i
     ``residue``: PipelinedLLEP's variant; ``source`` re-dispatches every chunk in backward (one
     more dispatch all-to-all per chunk, and the re-gather kernels) and may run ``K' >= K`` chunks
     where the LLEP plan leaves unplaced excess (the plan's ``K'`` is used).
+    ``chunk_costs``: PipelinedLLEP's compute × the chunk-count curve's ratio φ(K)
+    (``planner.timing.chunk_curve``); False: the replay alone.
     """
     assert op in OPERATORS, op
+    with KR.at_width(lk, H, I, k):
+        return _moe_dispatch_s(lk, op, N, E, k, E_p, K, H, I, b, profile=profile, knobs=knobs, comm=comm, rank=rank,
+                               dense_grad=dense_grad, residue=residue, chunk_costs=chunk_costs)
+
+
+def _moe_dispatch_s(lk: Lookups, op: str, N, E: int, k: int, E_p, K, H: int, I: int, b: int, *, profile: str,
+                    knobs: tuple, comm: bool, rank: int | None, dense_grad: bool, residue: str,
+                    chunk_costs: bool) -> dict:
+    """``moe_dispatch_s`` inside its ``kernel_rates.at_width`` block."""
     N, E_p, K = np.broadcast_arrays(np.asarray(N, dtype=np.int64), np.asarray(E_p, dtype=np.int64),
                                     np.asarray(K if op == "pipelined_llep" else 1, dtype=np.int64))
     shape = N.shape
@@ -200,6 +227,10 @@ def moe_dispatch_s(lk: Lookups, op: str, N, E: int, k: int, E_p, K, H: int, I: i
                            residue)
                for n, e, kk in combos]
         cp = {w: np.array([r[w] for r in per])[inv] for w in per[0]}
+    if op == "pipelined_llep" and chunk_costs:
+        phi = chunk_curve.factor(lk, np.asarray(cp.get("K", K), dtype=float) * np.ones(N.shape),
+                                 lambda kk, shape: _curve_replay(lk, kk, shape))
+        cp = {w: (v * phi if w in PARTS else v) for w, v in cp.items()}
     one = np.ones(N.shape)
     c_f = (cp["gemm_f"] + cp["mem_f"] + cp["host_f"]) * one
     c_b = (cp["gemm_b"] + cp["mem_b"] + cp["host_b"]) * one

@@ -52,9 +52,54 @@ LOOP_LAUNCH = {"grouped_fwd": 4, "grouped_bwd": 11, "chunk_fwd": 9, "chunk_recom
 _CACHE: dict = {}
 
 
+class at_width:
+    """``with at_width(lk, H, I, k):`` the dispatch-kernel curve of the layer's widths for every lookup
+    of this module inside the block: the ``dispatch_kernels_widths`` curve measured at exactly
+    ``(H, I, k)``, else the one nearest in ``|log H| + |log I| + |log k|`` (listed), else the
+    profile's ``dispatch_kernels``."""
+
+    def __init__(self, lk: Lookups, H: int, I: int, k: int) -> None:
+        self.lk, self.key = lk, (int(H), int(I), int(k))
+
+    def __enter__(self):
+        self.prev = getattr(self.lk, "_dispatch_curve", None)
+        self.lk._dispatch_curve = _select(self.lk, *self.key)
+        return self.lk._dispatch_curve
+
+    def __exit__(self, *exc):
+        self.lk._dispatch_curve = self.prev
+
+
+def _width(cv) -> tuple:
+    w = cv.widths
+    return (w.get("H"), w.get("I"), w.get("k"))
+
+
+def _select(lk: Lookups, H: int, I: int, k: int):
+    cvs = list(getattr(lk.curves, "dispatch_kernels_widths", None) or [])
+    if not cvs:
+        return getattr(lk.curves, "dispatch_kernels", None)
+    for cv in cvs:
+        if _width(cv) == (H, I, k):
+            return cv
+
+    def dist(cv):
+        return sum(abs(np.log(a / b)) for a, b in zip(_width(cv), (H, I, k)) if a and b)
+    best = min(cvs, key=dist)
+    lk.assume(f"dispatch kernels at H={H}, I={I}, k={k}: no curve measured at these widths; the nearest measured "
+              f"(H={best.widths.get('H')}, I={best.widths.get('I')}, k={best.widths.get('k')}) used")
+    return best
+
+
+def _cv(lk: Lookups):
+    """The dispatch-kernel curve in use (``at_width``'s, else the profile's)."""
+    cv = getattr(lk, "_dispatch_curve", None)
+    return cv if cv is not None else getattr(lk.curves, "dispatch_kernels", None)
+
+
 def curve(lk: Lookups):
-    """The profile's ``dispatch_kernels`` curve, or None (then the module's fallback, listed)."""
-    cv = getattr(lk.curves, "dispatch_kernels", None)
+    """The dispatch-kernel curve in use (``at_width``), or None (then the module's fallback, listed)."""
+    cv = _cv(lk)
     if cv is None:
         lk.assume("no dispatch_kernels curve: dispatch memory-bound kernels at the HBM rate, backward GEMMs at "
                   "the NN table's rate, no sustained-clock factor, the GEMM table's launch floor per call")
@@ -70,7 +115,7 @@ def class_rates(lk: Lookups) -> dict:
     w = cv.widths
     lk.assume(f"dispatch memory-bound kernels by class at the measured rate relative to fused AdamW × the "
               f"profile's HBM rate ({hbm / 1e12:.2f} TB/s), measured at H={w.get('H')}, I={w.get('I')}, "
-              f"k={w.get('k')}, {w.get('R')} routes and used at every width, top-k and size; unmeasured kernels "
+              f"k={w.get('k')}, {w.get('R')} routes and used at every size; unmeasured kernels "
               "(int64 div, router softmax…) at the HBM rate")
     return {c: r.vs_reference * hbm for c, r in cv.memory.items()}
 
@@ -95,7 +140,7 @@ def _layout_points(cv, role: str):
 def layout_factor(lk: Lookups, role: str, rows, H: int, I: int):
     """Runtime-layout time over the table's (``NN``) time of expert GEMM ``role`` at block rows
     ``rows`` (module docstring); 1 for forward roles or without the curve."""
-    cv = getattr(lk.curves, "dispatch_kernels", None)
+    cv = _cv(lk)
     if cv is None or role not in ROWS_AXIS:
         return 1.0
     x, y = _layout_points(cv, role)
@@ -119,7 +164,7 @@ def layout_factor(lk: Lookups, role: str, rows, H: int, I: int):
 
 def sustained_factor(lk: Lookups, gemm_s):
     """``f(T)`` for ``T = gemm_s`` seconds of continuous GEMM work (module docstring)."""
-    cv = getattr(lk.curves, "dispatch_kernels", None)
+    cv = _cv(lk)
     if cv is None:
         return 1.0
     s = cv.sustained

@@ -34,7 +34,11 @@ DRAM share when ``r > 1``).
 - **SCO** (``sco_exposed_s``): offloading boundary ``h_ℓ`` overlaps region ``ℓ``'s forward and
   exposes ``max(0, t_D2H − T_fwd(ℓ))``; restoring it is prefetched while region ``ℓ+1``
   recomputes and runs its backward (the head for ``ℓ = L_b``) and exposes
-  ``max(0, t_H2D − T_bwd(ℓ+1))``.
+  ``max(0, t_H2D − T_bwd(ℓ+1))``. Beyond the exposed copies, the copies' traffic slows the
+  compute they overlap (copy engines and HBM shared with the kernels, the stream waits): measured
+  against plain checkpointing (the profile's ``sco`` curve) as ``ε`` seconds per offloaded byte,
+  from the row whose copies the rule hides best (``sco_overhead_per_byte``), so the step adds
+  ``n_off · b_h · ε`` (``b_h`` one boundary's bytes). Without the curve ``ε = 0`` (listed).
 """
 
 from __future__ import annotations
@@ -158,9 +162,38 @@ def sco_counts(regions: tuple[str, ...], num_offloaded) -> dict[str, dict]:
     return out
 
 
+def sco_row_exposed_s(row) -> float:
+    """The module rule's exposed copy seconds for one ``SCORow`` (every boundary offloaded): per
+    region ``max(0, d2h − forward_s/L_b) + max(0, h2d − (plain_step_s − forward_s)/L_b)`` (the
+    backward phase's recompute + backward split evenly over the regions)."""
+    n = row.num_boundaries
+    fwd, bwd = row.forward_s / n, max(0.0, row.plain_step_s - row.forward_s) / n
+    return n * (max(0.0, row.d2h_s - fwd) + max(0.0, row.h2d_s - bwd))
+
+
+def sco_fit_row(curve):
+    """The row ``ε`` is measured on: the one whose copies the rule hides best (largest
+    ``forward_s / (L_b·(d2h + h2d))``)."""
+    return max(curve.rows, key=lambda r: r.forward_s / max(r.num_boundaries * (r.d2h_s + r.h2d_s), 1e-12))
+
+
+def sco_overhead_per_byte(lk: Lookups) -> float:
+    """``ε`` (module docstring): ``(sco − plain − exposed) / (L_b·b_h)`` on ``sco_fit_row``, ≥ 0."""
+    cv = getattr(lk.curves, "sco", None)
+    if cv is None or not cv.rows:
+        lk.assume("SCO: no cost beyond the exposed copies (the profile has no sco curve)")
+        return 0.0
+    r = sco_fit_row(cv)
+    eps = max(0.0, (r.sco_step_s - r.plain_step_s - sco_row_exposed_s(r)) / (r.num_boundaries * r.boundary_bytes))
+    lk.assume(f"SCO: {eps * 1e9 * 1e3:.3g} ms per GB offloaded beyond the exposed copies (measured against plain "
+              f"checkpointing on the '{r.config}' decoder, {r.num_boundaries} boundaries of "
+              f"{r.boundary_bytes / 1e6:.0f} MB; used at every shape)")
+    return eps
+
+
 def sco_exposed_s(lk: Lookups, regions, num_offloaded, boundary_bytes, t_fwd: dict, t_bwd: dict, t_head,
                   *, ranks: int = 1) -> dict:
-    """Exposed SCO copy seconds per micro-step: ``{offload, restore}`` (module rule).
+    """Exposed SCO copy seconds per micro-step: ``{offload, restore, overhead}`` (module rule).
 
     ``t_fwd``/``t_bwd``: region kind → seconds of one forward / one recompute + backward.
     """
@@ -172,4 +205,6 @@ def sco_exposed_s(lk: Lookups, regions, num_offloaded, boundary_bytes, t_fwd: di
     for kind in sorted(set(regions)):
         off = off + cnt[kind]["fwd"] * np.maximum(0.0, d2h - t_fwd[kind])
         res = res + cnt[kind]["bwd"] * np.maximum(0.0, h2d - t_bwd[kind])
-    return {"offload": off, "restore": res, "d2h": d2h, "h2d": h2d}
+    n_off = np.minimum(np.asarray(num_offloaded, dtype=float), len(regions))
+    over = n_off * np.asarray(boundary_bytes, dtype=float) * sco_overhead_per_byte(lk)
+    return {"offload": off, "restore": res, "overhead": over, "d2h": d2h, "h2d": h2d}

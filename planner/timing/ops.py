@@ -33,6 +33,7 @@ from planner.timing.comm import collective_s, ranks_per_node
 from planner.timing.compute import Lookups, elementwise_s, gemm_s
 from planner.timing.dispatch import moe_dispatch_s
 from planner.timing.dispatch_kernels import router_and_loss
+from planner.timing.kernel_rates import at_width
 from planner.timing.offload import cpu_offload_adamw_s, gpu_adamw_s, stream_adamw_s
 from planner.units import DTYPE_BYTES, ceil_div
 from planner.plans.llep import LlepKnobs
@@ -162,19 +163,21 @@ def ring_dtp_time(N: int, H: int, V: int, P: int, B_v: int, dtype: str, cluster,
 
 def dispatch_time(op: str, N: int, H: int, I: int, E: int, k: int, E_p: int, c: int, routing: str,
                   cluster, *, max_chunks: int = knob_default("max_chunks"), dtype: str = knob_default("dtype"), knobs: LlepKnobs = LlepKnobs(),
-                  comm: bool = False, rank: int | None = None) -> tuple[float, float]:
+                  comm: bool = False, rank: int | None = None, dense_grad: bool = False) -> tuple[float, float]:
     """(forward, forward + backward) seconds of one MoE layer's dispatch operator ``op`` as
     ``bench/dispatch.py`` runs it (``dispatch_trace.build_layer``: the router on the profile's ids,
     the operator, ``out.sum()`` and its backward; no outer checkpoint), on ``rank`` of the plan (the
     slowest when None). Per-rank emulation: compute only, unless ``comm``. ``routing``:
-    ``balanced``, ``R/H``, ``one_expert`` or ``one_rank``."""
+    ``balanced``, ``R/H``, ``one_expert`` or ``one_rank``. ``dense_grad``: a dense upstream gradient
+    instead of ``out.sum()``'s (the chunk-count calibration hook's ``out.backward(randn_like(out))``)."""
     parse_profile(routing)
     K = _num_chunks(N, c, max_chunks) if op == "pipelined_llep" else 1
     lk = _lk(cluster)
     b = DTYPE_BYTES[dtype]
     r = moe_dispatch_s(lk, op, N, E, k, E_p, K, H, I, b, profile=routing, knobs=knobs, comm=comm,
-                       rank=rank, dense_grad=False)
-    extra = router_and_loss(lk, N, H, E, k, b)
+                       rank=rank, dense_grad=dense_grad)
+    with at_width(lk, H, I, k):
+        extra = router_and_loss(lk, N, H, E, k, b)
     fwd = float(r["fwd"] + sum(extra["fwd"]))
     return fwd, fwd + float(r["bwd"] + sum(extra["bwd"]))
 

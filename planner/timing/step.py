@@ -55,6 +55,22 @@ class StepTime:
     """``ProfileGap`` messages (curve, value, range) that made entries NaN."""
     assumed: list[str] = field(default_factory=list)
     """Assumed constants, curves and rules the prediction used."""
+    recompute: dict[str, np.ndarray] = field(default_factory=dict)
+    """The part of each ``breakdown`` compute entry that is recompute (checkpointed forwards run
+    again), seconds per optimizer step."""
+
+    @property
+    def components(self) -> dict[str, np.ndarray]:
+        """``breakdown`` grouped as ``COMPONENTS`` plus ``recompute`` (taken out of the compute and
+        attention entries it belongs to) and ``communication`` (every other entry); sums to
+        ``total_s``."""
+        out = {name: np.zeros(np.shape(self.total_s)) for name in (*COMPONENTS, "recompute", "communication")}
+        where = {k: name for name, keys in COMPONENTS.items() for k in keys}
+        for k, v in self.breakdown.items():
+            rec = self.recompute.get(k, 0.0) if where.get(k) in ("compute", "attention") else 0.0
+            out[where.get(k, "communication")] = out[where.get(k, "communication")] + v - rec
+            out["recompute"] = out["recompute"] + rec
+        return out
 
     @property
     def tokens_per_s(self) -> np.ndarray:
@@ -67,12 +83,29 @@ class StepTime:
         return self.model_flops / self.total_s / 1e12
 
 
+COMPONENTS = {
+    "compute": ("compute_dense", "compute_experts", "compute_head", "elementwise"),
+    "attention": ("compute_attention",),
+    "optimizer": ("optimizer_gpu", "optimizer_stream", "optimizer_cpu_host"),
+    "copies": ("sco_exposed", "optimizer_cpu_copies", "cpu_offload_copies"),
+}
+"""``StepTime.components``: breakdown entries by component (the rest is ``communication``)."""
+
+
 class Book:
     """Accumulates named seconds (arrays broadcast to the candidates' shape)."""
 
     def __init__(self, shape: tuple) -> None:
         self.shape = shape
         self.parts: dict[str, np.ndarray] = {}
+        self.recompute: dict[str, np.ndarray] = {}
+
+    def note_recompute(self, pieces: dict, times=1.0) -> None:
+        """Record the recompute share of booked compute pieces (already in ``parts``): the
+        ``recompute`` component of ``components``."""
+        for k, v in pieces.items():
+            self.recompute[k] = self.recompute.get(k, np.zeros(self.shape)) + np.broadcast_to(
+                np.asarray(v, dtype=float) * times, self.shape)
 
     def add(self, name: str, seconds, times=1.0) -> None:
         v = np.broadcast_to(np.asarray(seconds, dtype=float) * times, self.shape)
@@ -134,6 +167,7 @@ def step_time(ctx: Ctx, *, strict: bool = False, micro_steps_override=None) -> S
     M = np.broadcast_to(np.asarray(micro_steps_override if micro_steps_override is not None
                                    else micro_steps(ctx, tokens), dtype=float), shape)
     breakdown = {k: v * M for k, v in micro.parts.items()}
+    recompute = {k: v * M for k, v in micro.recompute.items()}
     for k, v in opt.parts.items():
         breakdown[k] = breakdown.get(k, np.zeros(shape)) + v
     micro_s, opt_s = micro.total(), opt.total()
@@ -142,7 +176,7 @@ def step_time(ctx: Ctx, *, strict: bool = False, micro_steps_override=None) -> S
     return StepTime(total_s=total, micro_step_s=micro_s, optimizer_s=opt_s,
                     tokens_per_step=np.broadcast_to(M * np.asarray(tokens, dtype=float), shape).copy(),
                     model_flops=np.broadcast_to(M * np.asarray(flops, dtype=float), shape).copy(),
-                    breakdown=breakdown, gaps=list(lk.gaps), assumed=lk.assumed)
+                    breakdown=breakdown, gaps=list(lk.gaps), assumed=lk.assumed, recompute=recompute)
 
 
 def _check_invariants(ctx: Ctx, breakdown: dict) -> None:

@@ -1,0 +1,56 @@
+"""Rewrite ``tests/unit/heldout_gaps.py`` from the current held-out misses, one reason per category
+(run from the repository root after a recalibration; review the diff):
+
+    python3 bench/heldout_gaps.py
+
+A miss that matches no category stops the script: add its reason to ``REASONS`` first.
+"""
+import json
+import re
+import sys
+sys.path.insert(0,'tests/unit'); sys.path.insert(0,'.')
+from planner.schema.io import load_cluster
+import test_heldout_timing as T
+cl = load_cluster("h200")
+REASONS = [
+ (r"^(ep|llep) .* H=4096 I=4096", "SHAPE_B_EP", "EP/LLEP at shape B (H = I = 4096, k = 4) is predicted 10-21% slow even with the kernel curve of these widths: the sustained-clock factor is measured on one shape-A GEMM, the class rates at one size, and the dispatch bench was not re-run on the calibration's instance"),
+ (r"^(ep|llep) .* H=7168", "SHAPE_A_EP", "EP/LLEP under skew at shape A: the binding slot's long GEMM stream at the sustained-clock factor of the one GEMM measured for it"),
+ (r"^pipelined_llep (95/16|80/16|50/4)", "PIPE_SKEW", "PipelinedLLEP under heavy skew is predicted fast: the chunk-count curve's ratio phi(K) is measured under balanced routing, and the skewed slots' per-chunk block rows are not"),
+ (r"^pipelined_llep balanced .* E_p=1 .* fwd$", "PIPE_FWD", "PipelinedLLEP forward alone at E_p = 1: the chunk-count curve measures forward + backward only, so its ratio phi(K) is applied to the forward unmeasured"),
+ (r"^pipelined_llep", "PIPE_OTHER", "PipelinedLLEP: phi(K) from the chunk-count curve's shape used at another shape"),
+ (r"^CPUOffloadAdamW", "HOST", "CPUOffloadAdamW is predicted fast: the host AdamW and cast tables in the profile were timed at 3.4e7 parameters, the bench steps 1e9 (state far beyond the last-level cache)"),
+ (r"^SCO", "SCO", "SCO: the overlap rule with per-region times split evenly and one measured overhead per byte misses this interior"),
+ (r"^chunk-count", "CHUNK", "chunk-count curve at another shape: phi(K) measured at the profile curve's shape only"),
+]
+rows = []
+for bench,(fname,reader) in sorted(T.READERS.items()):
+    rows += reader(json.loads((T.RESULTS/fname).read_text()), cl)
+p = T.RESULTS / T.CHUNK_CURVES
+if p.exists():
+    doc=json.loads(p.read_text())
+    rows += [c for tag,cur in doc["curves"].items() for c in T.chunk_count_cases(cl,cur,f" [{tag}]")]
+if cl.curves.sco is not None:
+    rows += T.sco_cases(cl)
+by = {}
+for c in rows:
+    if c.held_out and not c.not_comparable and abs(c.error) > T.HELDOUT_TOL:
+        for pat, key, text in REASONS:
+            if re.search(pat, c.name):
+                by.setdefault(key, (text, []))[1].append((c.name, c.error)); break
+        else:
+            raise SystemExit(f"no reason for {c.name}")
+out = ['"""Per-row known gaps of the held-out timing comparison (``test_heldout_timing.py``): row name →',
+       'why the time model misses it by more than ``HELDOUT_TOL``. A listed row that comes within the',
+       'tolerance fails the test (remove it here), so the list is exactly the current misses. Errors',
+       'in the comments are predicted/measured − 1 when the list was written."""', '', '']
+for key,(text,items) in by.items():
+    import textwrap
+    parts = textwrap.wrap(text, 96, drop_whitespace=False)
+    out.append(f'{key} = (' + "\n         ".join(f'"{x}"' for x in parts) + ')')
+out += ['', 'KNOWN_ROW_GAPS: dict[str, str] = {']
+for key,(text,items) in by.items():
+    for name, e in items:
+        out.append(f'    "{name}": {key},  # {e:+.1%}')
+out.append('}')
+open('tests/unit/heldout_gaps.py','w').write("\n".join(out)+"\n")
+print({k:len(v[1]) for k,v in by.items()})

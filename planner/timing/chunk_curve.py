@@ -1,0 +1,79 @@
+"""PipelinedLLEP's chunk pipeline priced from the measured chunk-count curve (DESIGN §4: "the
+PipelinedLLEP chunk pipeline uses the measured chunk-count curve").
+
+Legend: ``K`` chunks, ``t_K`` the curve's measured seconds at ``K`` (one rank, balanced routing,
+``c = ceil(N/K)``, the router and a dense upstream gradient included: ``calibration/chunks.py``),
+``r_K`` the operator replay of ``planner.timing.dispatch`` at the curve's own shape and ``K``
+(``ρ`` the router's and loss's part of it, the same at every ``K``).
+
+The replay prices each chunk's GEMM blocks, memory-bound kernels and launches from the GEMM table
+and the ``dispatch_kernels`` curve; what it misses per chunk (allocator reuse across chunks,
+partial waves of small blocks, the reentrant checkpoint's bookkeeping) the curve has measured. So
+the operator's compute at ``K`` chunks is the replay times
+
+    φ(K) = (t_K − ρ) / (r_K − ρ)        (the curve's measured/replayed ratio of the operator alone)
+
+piecewise-linear in ``log K`` between the measured ``K``; above the largest measured ``K`` its last
+ratio (rule, listed in ``assumed``). The ratio is measured at one shape (the curve's ``shape``) and
+used at every shape and for both residue variants (assumed, listed). ``K = 1`` is a measured
+point too: φ(1) carries the whole-operator correction of that shape. Without the curve, φ = 1
+(listed).
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import numpy as np
+
+from planner.timing.lookups import Lookups, shared_memo
+
+SHAPE_KEYS = ("tokens_per_rank", "hidden_size", "expert_ffn", "num_experts", "top_k", "expert_parallel")
+"""Keys of ``ChunkCurve.shape`` the replay needs."""
+
+
+def ratios(lk: Lookups, replay: Callable[[int, dict], tuple[float, float]]) -> tuple[np.ndarray, np.ndarray] | None:
+    """``(K, φ_K)`` at the curve's measured ``K`` (module formula), or None without a usable curve.
+
+    ``replay(K, shape) -> (operator seconds, router-and-loss seconds)`` at the curve's shape (forward
+    + backward, no communication, balanced, ``c = ceil(N/K)``).
+    """
+    cc = lk.curves.chunk_count
+    if cc is None or any(k not in cc.shape for k in SHAPE_KEYS):
+        return None
+    memo = shared_memo(("chunk_curve_ratios", cc))
+    hit = memo.get("phi")
+    if hit is None:
+        ks = np.asarray(cc.num_chunks, dtype=float)
+        phi = []
+        for K, t in zip(cc.num_chunks, cc.time_s):
+            op, rho = replay(int(K), dict(cc.shape))
+            phi.append((t - rho) / op if op > 0 else np.nan)
+        hit = (ks, np.asarray(phi, dtype=float))
+        memo["phi"] = hit
+    return hit
+
+
+def factor(lk: Lookups, K, replay) -> np.ndarray | float:
+    """φ(K) for every candidate's chunk count (module docstring); 1 without the curve."""
+    got = ratios(lk, replay)
+    K = np.asarray(K, dtype=float)
+    if got is None or not np.all(np.isfinite(got[1])):
+        lk.assume("PipelinedLLEP per-chunk costs from the operator replay alone (the profile has no usable "
+                  "chunk_count curve)")
+        return np.ones(K.shape) if K.ndim else 1.0
+    ks, phi = got
+    s = lk.curves.chunk_count.shape
+    lk.assume("PipelinedLLEP compute × the chunk-count curve's measured/replayed ratio φ(K) ("
+              + ", ".join(f"K={int(k)}: {p:.3f}" for k, p in zip(ks, phi))
+              + f"; measured at N={s['tokens_per_rank']}, H={s['hidden_size']}, I={s['expert_ffn']}, "
+              f"E={s['num_experts']}, k={s['top_k']}, E_p={s['expert_parallel']}, used at every shape; "
+              "piecewise-linear in log K)")
+    if np.any(K < ks[0]):
+        lk.assume(f"PipelinedLLEP chunk counts below the curve's smallest measured K = {int(ks[0])} at its first "
+                  f"ratio φ = {phi[0]:.3f}")
+    if np.any(K > ks[-1]):
+        lk.assume(f"PipelinedLLEP chunk counts above the curve's largest measured K = {int(ks[-1])} at its last "
+                  f"ratio φ = {phi[-1]:.3f}")
+    out = np.interp(np.log(np.maximum(K, 1.0)), np.log(ks), phi)
+    return float(out) if out.ndim == 0 else out
