@@ -9,7 +9,6 @@ import math
 
 import numpy as np
 import pytest
-from test_timing_profiles import flat  # noqa: F401
 
 from planner.schema.io import load_cluster
 from planner.timing import curves as C
