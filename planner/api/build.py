@@ -43,6 +43,10 @@ def build(*, model: str | None = None, plan_file: str | None = None, cluster: st
     if plan_file:
         pf, file_ref, file_base = read_plan_document(plan_file)
         m = _model(model, notes) if model else pf.model
+        if m.name != pf.model.name:
+            raise InvalidPlan("MODEL", model, f"differs from the plan file's model ({pf.model.name})",
+                              "drop MODEL to check the plan's own model, or write a plan for this one "
+                              "(planner search MODEL ... --out)")
         if cluster is not None:
             base = load_cluster(cluster)
             ref = cluster_reference(cluster, base, cov)

@@ -2,6 +2,7 @@
 
 
 import json
+import os
 from enum import Enum
 from typing import Annotated, Optional
 
@@ -44,7 +45,9 @@ def search(
 
     if not 1 <= top <= MAX_TOP:
         raise InvalidPlan("--top", top, f"must be in [1, {MAX_TOP}]", "list at least one plan, at most a few")
-    if out_file:
+    if out_file is not None:
+        if not out_file.strip():
+            raise InvalidPlan("--out", out_file, "is an empty path", "give a file name, e.g. --out plan.yaml")
         check_writable(out_file, "--out")
     with progress_bar("searching", progress and not json_out) as cb:
         rep = api.search(model=model, cluster=cluster, gpus=gpus, seq_len=parse_count(seq_len, "--seq-len"),
@@ -83,15 +86,22 @@ def sweep(
     from planner.report.sweep_view import frame, plot_format, render_sweep, write_csv, write_plot
     from planner.schema.io import check_writable
 
-    lens = [parse_count(x, "--seq-lens") for x in seq_lens.split(",") if x.strip()]
-    if not lens:
-        raise InvalidPlan("--seq-lens", seq_lens, "must list at least one length", "write e.g. 32k,64k,128k")
+    items = seq_lens.split(",")
+    if not seq_lens.strip() or any(not x.strip() for x in items):
+        raise InvalidPlan("--seq-lens", seq_lens, "has an empty item", "write e.g. 32k,64k,128k")
+    lens = [parse_count(x, "--seq-lens") for x in items]
+    if len(set(lens)) != len(lens):
+        raise InvalidPlan("--seq-lens", seq_lens, "lists a length twice", "list each length once")
     if len(lens) > MAX_SWEEP_LENGTHS:
         raise InvalidPlan("--seq-lens", f"{len(lens)} lengths", f"must list at most {MAX_SWEEP_LENGTHS}",
                           "sweep fewer lengths (each runs a search)")
     for path, field in ((csv, "--csv"), (plot, "--plot")):
-        if path:
+        if path is not None:
+            if not path.strip():
+                raise InvalidPlan(field, path, "is an empty path", f"give a file name, e.g. {field} sweep.csv")
             check_writable(path, field)
+    if csv and plot and os.path.realpath(csv) == os.path.realpath(plot):
+        raise InvalidPlan("--plot", plot, "is the same file as --csv", "write the plot and the CSV to two files")
     if plot:
         plot_format(plot)
     with progress_bar("sweeping", progress and not json_out) as cb:
