@@ -48,6 +48,7 @@ def test_sweep_refuses_one_file_for_plot_and_csv(tmp_path):
 def test_check_refuses_a_model_that_is_not_the_plans(tmp_path):
     plan = tmp_path / "p.yaml"
     cli.main(["search", "gpt-oss-20b", "--gpus", "8", "--seq-len", "32k", "--out", str(plan), "--no-progress"])
-    assert plan.exists(), CAPS.readouterr().err  # (also drains the search's own output)
+    searched = CAPS.readouterr().err  # the search's own output
+    assert plan.exists(), searched
     _refused(["check", "olmoe-1b-7b", "--plan", str(plan)], "MODEL", "gpt-oss-20b")
     assert cli.main(["check", "gpt-oss-20b", "--plan", str(plan)]) in (0, 1)
