@@ -13,6 +13,7 @@ import numpy as np
 from planner.budget import boundaries
 from planner.budget.attention_sliding import CHUNKED_LOCAL_TYPES
 from planner.context.ctx import Ctx
+from planner.plans import llep, routing
 from planner.plans.sdpa_layout import MASK_ALIGN, SINK_PAD
 from planner.units import ceil_div
 
@@ -35,6 +36,29 @@ def local_layers(ctx: Ctx) -> frozenset[int]:
     if m.sliding_window is None or m.model_type in CHUNKED_LOCAL_TYPES or m.attention == "mla":
         return frozenset()
     return frozenset(i + 1 for i in m.local_layers)
+
+
+def routed_rows(ctx: Ctx):
+    """``Q``: routed rows the busiest rank's experts receive in one MoE layer under the plan's
+    routing profile (``planner.budget.dispatch.profile_of``, the profile the dispatch live set and
+    the emulated step use), standard EP over ``ep`` ranks (``llep.standard_assignment``: expert
+    ``e`` on rank ``e // (E/ep)``); ``N·k`` rows when balanced. Arrays of ``N`` or ``ep`` broadcast."""
+    prof = routing.profile_name(ctx.routing, ctx.routing_hot_share, ctx.routing_hot_experts)
+    N_a, ep_a = np.broadcast_arrays(np.asarray(ctx.tokens_per_rank, np.int64), np.asarray(ctx.ep, np.int64))
+    cache: dict = {}
+    out = np.empty(N_a.shape, np.int64)
+    for i, (n, ep) in enumerate(zip(N_a.reshape(-1).tolist(), ep_a.reshape(-1).tolist())):
+        if (n, ep) not in cache:
+            load = routing.profile_counts(prof, n, ctx.num_experts, ctx.top_k, ep).sum(0)
+            cache[n, ep] = int(llep.standard_assignment(load, ep).load.max())
+        out.reshape(-1)[i] = cache[n, ep]
+    return int(out) if out.ndim == 0 else out
+
+
+def routed_rows_excess(ctx: Ctx):
+    """``Q − N·k``: the busiest rank's routed rows beyond the balanced ``N·k`` of
+    ``boundaries.saved_per_token``'s per-token MoE inventory (0 balanced, clipped at 0)."""
+    return np.maximum(np.asarray(routed_rows(ctx)) - np.asarray(ctx.tokens_per_rank) * ctx.top_k, 0)
 
 
 def attention_saved_counts(ctx: Ctx, selective: bool, local: bool):
