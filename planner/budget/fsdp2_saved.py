@@ -8,6 +8,8 @@ step (``bench/memory_snapshot.py``, H200). Used for the current layer's sub-step
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 import numpy as np
 
 from planner.budget import boundaries
@@ -38,20 +40,22 @@ def local_layers(ctx: Ctx) -> frozenset[int]:
     return frozenset(i + 1 for i in m.local_layers)
 
 
+@lru_cache(maxsize=4096)
+def _busiest_rows(profile: str, tokens: int, num_experts: int, top_k: int, ep: int) -> int:
+    load = routing.profile_counts(profile, tokens, num_experts, top_k, ep).sum(0)
+    return int(llep.standard_assignment(load, ep).load.max())
+
+
 def routed_rows(ctx: Ctx):
     """``Q``: routed rows the busiest rank's experts receive in one MoE layer under the plan's
-    routing profile (``planner.budget.dispatch.profile_of``, the profile the dispatch live set and
-    the emulated step use), standard EP over ``ep`` ranks (``llep.standard_assignment``: expert
-    ``e`` on rank ``e // (E/ep)``); ``N·k`` rows when balanced. Arrays of ``N`` or ``ep`` broadcast."""
+    routing profile (the profile the dispatch live set and the emulated step use), standard EP over
+    ``ep`` ranks (``llep.standard_assignment``: expert ``e`` on rank ``e // (E/ep)``); ``N·k`` rows
+    when balanced. Arrays of ``N`` or ``ep`` broadcast."""
     prof = routing.profile_name(ctx.routing, ctx.routing_hot_share, ctx.routing_hot_experts)
     N_a, ep_a = np.broadcast_arrays(np.asarray(ctx.tokens_per_rank, np.int64), np.asarray(ctx.ep, np.int64))
-    cache: dict = {}
-    out = np.empty(N_a.shape, np.int64)
-    for i, (n, ep) in enumerate(zip(N_a.reshape(-1).tolist(), ep_a.reshape(-1).tolist())):
-        if (n, ep) not in cache:
-            load = routing.profile_counts(prof, n, ctx.num_experts, ctx.top_k, ep).sum(0)
-            cache[n, ep] = int(llep.standard_assignment(load, ep).load.max())
-        out.reshape(-1)[i] = cache[n, ep]
+    out = np.asarray([_busiest_rows(prof, n, ctx.num_experts, ctx.top_k, ep)
+                      for n, ep in zip(N_a.reshape(-1).tolist(), ep_a.reshape(-1).tolist())],
+                     np.int64).reshape(N_a.shape)
     return int(out) if out.ndim == 0 else out
 
 
