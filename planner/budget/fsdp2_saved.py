@@ -52,7 +52,8 @@ def routed_rows(ctx: Ctx):
     ``ep`` ranks (``llep.standard_assignment``: expert ``e`` on rank ``e // (E/ep)``); ``N·k`` rows
     when balanced. Arrays of ``N`` or ``ep`` broadcast."""
     prof = routing.profile_name(ctx.routing, ctx.routing_hot_share, ctx.routing_hot_experts)
-    N_a, ep_a = np.broadcast_arrays(np.asarray(ctx.tokens_per_rank, np.int64), np.asarray(ctx.ep, np.int64))
+    N_a, ep_a = np.broadcast_arrays(ceil_div(np.asarray(ctx.tokens_per_rank, np.int64), ctx.tp),
+                                    np.asarray(ctx.ep, np.int64))
     out = np.asarray([_busiest_rows(prof, n, ctx.num_experts, ctx.top_k, ep)
                       for n, ep in zip(N_a.reshape(-1).tolist(), ep_a.reshape(-1).tolist())],
                      np.int64).reshape(N_a.shape)
@@ -62,7 +63,7 @@ def routed_rows(ctx: Ctx):
 def routed_rows_excess(ctx: Ctx):
     """``Q − N·k``: the busiest rank's routed rows beyond the balanced ``N·k`` of
     ``boundaries.saved_per_token``'s per-token MoE inventory (0 balanced, clipped at 0)."""
-    return np.maximum(np.asarray(routed_rows(ctx)) - np.asarray(ctx.tokens_per_rank) * ctx.top_k, 0)
+    return np.maximum(np.asarray(routed_rows(ctx)) - ceil_div(np.asarray(ctx.tokens_per_rank), ctx.tp) * ctx.top_k, 0)
 
 
 def attention_saved_counts(ctx: Ctx, selective: bool, local: bool):
