@@ -219,6 +219,8 @@ def _knob_arrays(ctx: Ctx, op: str):
     vals = {name: getattr(ctx, name) for name in KNOBS}
     if ctx.stack == "fsdp2":
         vals["expert_parallel"] = ctx.ep
+        # the baseline's MoE block keeps its sequence shard under tp (planner/runtime/fsdp2_layout.py)
+        vals["tokens_per_rank"] = -(-np.asarray(ctx.tokens_per_rank) // np.asarray(ctx.tp))
     arrs = np.broadcast_arrays(*[np.asarray(vals[n], dtype=np.float64) for n in KNOBS])
     return arrs[0].shape, {n: a for n, a in zip(KNOBS, arrs)}
 
@@ -259,7 +261,8 @@ def worst_ep_moments(shape: inv.Shape, E_p, *, standalone: bool) -> dict:
 
 
 def _worst_ep(ctx: Ctx, reg: str) -> dict:
-    s = inv.Shape(np.asarray(ctx.tokens_per_rank), ctx.hidden_size, ctx.expert_ffn, ctx.num_experts,
+    N = np.asarray(ctx.tokens_per_rank)
+    s = inv.Shape(-(-N // np.asarray(ctx.tp)) if ctx.stack == "fsdp2" else N, ctx.hidden_size, ctx.expert_ffn, ctx.num_experts,
                   ctx.top_k, ctx.act_bytes)
     mom = worst_ep_moments(s, ctx.ep if ctx.stack == "fsdp2" else ctx.expert_parallel,
                            standalone=False)

@@ -9,7 +9,9 @@ the op-level SAC subset for ``ac = selective``).
 
     ac = full       retained layer inputs   forward[r], backward[r]: (r−1)·N_sp·H; head: L·N_sp·H
     ac = none /     saved activations of    forward[r], backward[r]: Σ_{ℓ<r} s(ℓ)·N_sp; head: Σ_ℓ
-    selective       the layers before r     (SAC adds each layer's input, the checkpoint input)
+    selective       the layers before r     (SAC adds each layer's input, the checkpoint input;
+                                            ac = none: a MoE layer's received rows at the routing's
+                                            Q, + (Q − N·k)·(H + 4·I) b and 2·(Q − N·k) int64)
     every ac        layer input             forward[r]: N_sp·H; backward[r] as the checkpoint's
                                             input (full, selective): under ac = none autograd saves
                                             no layer input (RMSNorm keeps its fp32 copy instead)
@@ -39,15 +41,24 @@ SOURCE = ("tensor inventory of planner/runtime/fsdp2.py + model.py; GPU allocato
 def saved_layer(ctx: Ctx, kind: str, selective: bool, local: bool) -> tuple:
     """Saved activations of one baseline layer, ``(b-byte, fp32)`` elements: its attention's
     (``fsdp2_layer.attention_saved_counts``, with QK-norm, MLA, sinks, sliding blocks) and its FFN's
-    (``boundaries.saved_per_token`` × ``N_sp``); under SAC ``fsdp2_layer.sac_saved_counts``."""
-    from planner.budget.fsdp2_saved import attention_saved_counts, sac_saved_counts
+    (``boundaries.saved_per_token`` × ``N_sp``); under SAC ``fsdp2_layer.sac_saved_counts`` (no
+    routed rows). A MoE layer's received rows follow the routing: the per-token inventory counts
+    ``N·k`` of them; the busiest rank receives ``Q`` (``fsdp2_saved.routed_rows``), and each row
+    beyond ``N·k`` adds the slot-major row ``H``, the grouped MLP's saved gate, up, silu and product
+    ``4·I`` and two int64 permutation indices (``dispatch_inventory.unchunked``'s saved rows; GPU
+    allocator history, FSDP2 Qwen3 W8 ac = none at 80/16: rank 0 receives 419392 rows, not 65536)."""
+    from planner.budget.fsdp2_saved import attention_saved_counts, routed_rows_excess, sac_saved_counts
 
     if selective:
         return sac_saved_counts(ctx, kind)
     N_sp = ceil_div(ctx.tokens_per_rank, ctx.tp)
     cb, cf = attention_saved_counts(ctx, selective, local)
     eb, ef = boundaries.saved_per_token(ctx, kind, selective)
-    return cb + eb * N_sp, cf + ef * N_sp
+    cb, cf = cb + eb * N_sp, cf + ef * N_sp
+    if kind == "moe":
+        dQ = routed_rows_excess(ctx)
+        cb, cf = cb + dQ * (ctx.hidden_size + 4 * ctx.expert_ffn), cf + 4 * dQ
+    return cb, cf
 
 
 def terms(ctx: Ctx) -> list[Term]:

@@ -4,7 +4,7 @@ each layer with its routed experts as a unit of their own, ``[norm, head]``).
 
 Legend: ``Θ_r`` the layer's parameters one rank gathers (dense part over ``tp``, its ``E/ep``
 experts), ``Θ_r^d`` its dense part alone (attention, router, shared experts, norms), ``F =
-dp_shard·cp`` the dense units' mesh, ``F/ep`` the experts' mesh, ``[c]`` 1 when ``c`` holds,
+dp_shard·cp`` the dense units' mesh, ``F·tp/ep`` the experts' mesh (replicated over ``tp``), ``[c]`` 1 when ``c`` holds,
 ``V·H/tp`` the embedding and head units. Counts from the GPU allocator history of ``planner
 validate``'s own step (``bench/memory_snapshot.py``, H200, torch 2.11):
 
@@ -57,8 +57,8 @@ def fsdp_degree(ctx: Ctx):
 
 
 def expert_degree(ctx: Ctx):
-    """``F/ep``: the routed experts' mesh."""
-    return fsdp_degree(ctx) // np.maximum(np.asarray(ctx.ep), 1)
+    """``F·tp/ep``: the routed experts' mesh (``efsdp·tp``: replicated over ``tp``, sharded over it)."""
+    return fsdp_degree(ctx) * np.asarray(ctx.tp) // np.maximum(np.asarray(ctx.ep), 1)
 
 
 def layer_dense_params(ctx: Ctx, kind: str):
@@ -69,11 +69,11 @@ def layer_dense_params(ctx: Ctx, kind: str):
 
 
 def layer_expert_params(ctx: Ctx, kind: str):
-    """The layer's ``E/ep`` routed experts over ``tp`` (0 for a dense layer)."""
+    """The layer's ``E/ep`` routed experts, whole under ``tp`` (0 for a dense layer)."""
     if kind != "moe":
         return 0
     m = ctx.model
-    return ceil_div((m.num_experts // np.asarray(ctx.ep)) * m.expert_params(), ctx.tp)
+    return (m.num_experts // np.asarray(ctx.ep)) * m.expert_params()
 
 
 def layer_params(ctx: Ctx, kind: str):

@@ -19,7 +19,7 @@ forward[r]
     ffn (moe)      the attention-region output N_sp·H (``model.py`` attention_region), the normed
                    FFN input N·H (``model_layers.py`` RMSNorm; without checkpointing its saved fp32
                    copy N_sp·H·4 and both outputs 2·N·H instead), D; the experts' all-gather output
-                   Θ^e held [F/ep > 1] (the layer's own is freed by the experts' all-gather); under
+                   Θ^e held [F·tp/ep > 1] (the layer's own is freed by the experts' all-gather); under
                    ac = none / selective the attention's saved A (A_SAC) as well
     ffn (dense)    the same two N·H, gate, silu and up 3·N·I_d/tp (``model_layers.py`` GatedMLP:
                    DeepSeek W64 forward[1], three 684 MiB blocks), the layer's all-gather output
@@ -140,7 +140,7 @@ def _substeps(ctx: Ctx, kind: str, rkind: str, local: bool) -> tuple[dict[str, l
             keep = attention_saved(ctx, False, local) if saved_regime else []
         if moe:
             ffn = mid + keep + [Item("gathered", "experts' all-gather output held", th_e * (Fe > 1), b,
-                                     "Θ^e·[F/ep>1]")]
+                                     "Θ^e·[F·tp/ep>1]")]
             out = {"ffn": ffn, "attention": att}
             if I_s:
                 out["shared experts"] = mid + keep + [

@@ -8,11 +8,14 @@ step (``bench/memory_snapshot.py``, H200). Used for the current layer's sub-step
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 import numpy as np
 
 from planner.budget import boundaries
 from planner.budget.attention_sliding import CHUNKED_LOCAL_TYPES
 from planner.context.ctx import Ctx
+from planner.plans import llep, routing
 from planner.plans.sdpa_layout import MASK_ALIGN, SINK_PAD
 from planner.units import ceil_div
 
@@ -35,6 +38,32 @@ def local_layers(ctx: Ctx) -> frozenset[int]:
     if m.sliding_window is None or m.model_type in CHUNKED_LOCAL_TYPES or m.attention == "mla":
         return frozenset()
     return frozenset(i + 1 for i in m.local_layers)
+
+
+@lru_cache(maxsize=4096)
+def _busiest_rows(profile: str, tokens: int, num_experts: int, top_k: int, ep: int) -> int:
+    load = routing.profile_counts(profile, tokens, num_experts, top_k, ep).sum(0)
+    return int(llep.standard_assignment(load, ep).load.max())
+
+
+def routed_rows(ctx: Ctx):
+    """``Q``: routed rows the busiest rank's experts receive in one MoE layer under the plan's
+    routing profile (the profile the dispatch live set and the emulated step use), standard EP over
+    ``ep`` ranks (``llep.standard_assignment``: expert ``e`` on rank ``e // (E/ep)``); ``N·k`` rows
+    when balanced. Arrays of ``N`` or ``ep`` broadcast."""
+    prof = routing.profile_name(ctx.routing, ctx.routing_hot_share, ctx.routing_hot_experts)
+    N_a, ep_a = np.broadcast_arrays(ceil_div(np.asarray(ctx.tokens_per_rank, np.int64), ctx.tp),
+                                    np.asarray(ctx.ep, np.int64))
+    out = np.asarray([_busiest_rows(prof, n, ctx.num_experts, ctx.top_k, ep)
+                      for n, ep in zip(N_a.reshape(-1).tolist(), ep_a.reshape(-1).tolist())],
+                     np.int64).reshape(N_a.shape)
+    return int(out) if out.ndim == 0 else out
+
+
+def routed_rows_excess(ctx: Ctx):
+    """``Q − N·k``: the busiest rank's routed rows beyond the balanced ``N·k`` of
+    ``boundaries.saved_per_token``'s per-token MoE inventory (0 balanced, clipped at 0)."""
+    return np.maximum(np.asarray(routed_rows(ctx)) - ceil_div(np.asarray(ctx.tokens_per_rank), ctx.tp) * ctx.top_k, 0)
 
 
 def attention_saved_counts(ctx: Ctx, selective: bool, local: bool):

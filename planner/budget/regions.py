@@ -37,7 +37,9 @@ def mlp_region_dense_params(m: ModelSpec) -> int:
 
 def layer_params_local(m: ModelSpec, *, tp, ep, moe: bool):
     """Parameters of one decoder layer one FSDP2 rank gathers: dense part over ``tp``, and for a MoE
-    layer its ``E/ep`` local experts (over ``tp``)."""
+    layer its ``E/ep`` local experts whole (replicated over ``tp``, FSDP-sharded over ``efsdp·tp``:
+    ``planner/runtime/fsdp2_layout.py``; gpt-oss W8 tp8 forward[1]: ``moe_block.py`` experts call,
+    the all-gather output 1518.8 and the unsharded experts 1012.5 + 506.2 MiB)."""
     dense = attention_region_params(m) + (moe_region_dense_params(m) if moe else dense_region_params(m))
     experts = (m.num_experts // ep) * m.expert_params() if moe else 0
-    return -(-(dense + experts) // tp)  # ints or numpy arrays
+    return -(-dense // tp) + experts  # ints or numpy arrays; experts replicated over tp
