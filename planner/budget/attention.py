@@ -52,33 +52,11 @@ def terms(ctx: Ctx) -> list[Term]:
         from planner.budget import fsdp2_layer
 
         return fsdp2_layer.terms(ctx)
-    R = ("attention",)
-    qkv = N * (n_h * d_qk + n_kv * (d_qk + d_v))
-    o = N * n_h * d_v
     if m.attention != "mla":
         return _gqa_terms(ctx, N, H, b, n_h, n_kv, d_qk, d_v)
-    out = [
-        Term("normed input x_NH", "attention", N * H, b, "N·H", FWD_BWD, regions=R, source=SOURCE, provisional=PROVISIONAL),
-        Term("q, k, v, sequence layout (all-to-all send)", "attention", qkv, b,
-             "N·(n_h·d_qk + n_kv·(d_qk+d_v))", FWD_BWD, regions=R, source=SOURCE, provisional=PROVISIONAL),
-        Term("q, k, v, head layout (all-to-all receive)", "attention", qkv, b,
-             "S·(n_h·d_qk + n_kv·(d_qk+d_v))/D", FWD_BWD, regions=R, source=SOURCE, provisional=PROVISIONAL),
-        Term("attention output, head + sequence layouts", "attention", 2 * o, b, "2·N·n_h·d_v", FWD_BWD,
-             regions=R, source=SOURCE, provisional=PROVISIONAL),
-        Term("log-sum-exp lse (fp32)", "attention", N * n_h, 4, "S·n_h/D", FWD_BWD, regions=R,
-             source=SOURCE, provisional=PROVISIONAL),
-        Term("o-proj output", "attention", N * H, b, "N·H", FWD_BWD, regions=R, source=SOURCE, provisional=PROVISIONAL),
-        Term("grads of q, k, v, output (both layouts)", "attention", 2 * qkv + 2 * o, b,
-             "2·N·(n_h·d_qk + n_kv·(d_qk+d_v)) + 2·N·n_h·d_v", ("backward",), regions=R, source=SOURCE, provisional=PROVISIONAL),
-    ]
-    if m.attention == "mla" and m.mla is not None:
-        a = m.mla
-        lat = N * ((a.q_lora_rank or 0) + a.kv_lora_rank + a.qk_rope_head_dim)
-        out.append(Term("MLA latents c_q, c_kv, k_rope", "attention", lat, b,
-                        "N·(q_lora + kv_lora + d_rope)", FWD_BWD, regions=R, source=SOURCE, provisional=PROVISIONAL))
-        out.append(Term("MLA latent grads", "attention", lat, b, "N·(q_lora + kv_lora + d_rope)",
-                        ("backward",), regions=R, source=SOURCE, provisional=PROVISIONAL))
-    return out
+    from planner.budget import attention_mla
+
+    return attention_mla.terms(ctx, N, H, b, n_h, d_qk, d_v)
 
 
 def _backward_substeps(ctx: Ctx):
