@@ -14,9 +14,10 @@ rank, ``r_q`` q latent rank (0 without), ``[D>1]`` Ulysses' head layout exists, 
       roped k_pe; cos/sin (fp32)      N·d_rope·b + N·d_rope·4      attention.py:200, model_layers.py:82
       q, k, v head layout [D>1]       N·n_h·(2·d_qk + d_v)         seq_to_head's receive buffers
       kernel output; lse (fp32)       N·n_h·d_v·b + N·n_h·4        sdpa.py:56
-      head_to_seq [D>1]               max(0, 2·N·n_h·d_v·b − acc − lse)   its receive + the
-                                      sequence-layout copy, after the kernel's fp32 output
-                                      accumulator ``acc`` (``workspace``) is freed
+      head_to_seq [D>1]               2·N·n_h·d_v                  its receive + the sequence-layout
+                                      copy, after the kernel; the kernel's fp32 output accumulator
+                                      (``workspace``) counts as its excess over them (the phase
+                                      holds the larger)
     backward[r] (at ScaledDotProductEfficientAttentionBackward0)
       RMSNorm recomputes (saved)      (N·H + N·r_kv + N·r_q)·(4 + 2·b)   fp32 input, cast, output
                                       (model_layers.py:72, :74)
@@ -60,6 +61,21 @@ def output_accumulator_elems(ctx: Ctx):
     return ctx.tokens_per_rank * m.num_heads * m.v_dim
 
 
+def head_to_seq_elems(ctx: Ctx):
+    """``head_to_seq`` of the kernel output (``D > 1``): its receive buffer and the sequence-layout
+    copy ``reshape`` makes of the permuted receive, ``2·N·n_h·d_v`` (b); the send is the output itself
+    (one sequence: already in the send order)."""
+    m = ctx.model
+    return 2 * ctx.tokens_per_rank * m.num_heads * m.v_dim * np.where(np.asarray(ctx.seq_parallel) > 1, 1, 0)
+
+
+def output_accumulator_excess_bytes(ctx: Ctx):
+    """Bytes by which the forward's fp32 output accumulator (at the kernel) exceeds ``head_to_seq``'s
+    buffers (after the kernel, the accumulator freed): the phase holds the larger of the two."""
+    v = np.maximum(np.asarray(output_accumulator_elems(ctx)) * 4 - head_to_seq_elems(ctx) * ctx.act_bytes, 0)
+    return _int(v)
+
+
 def backward_workspace_elems(ctx: Ctx):
     """fp32 elements of the efficient backward's grad-q accumulator ``N·n_h·d_qk`` and its ``delta``
     ``N·n_h`` (the ScaledDotProductEfficientAttentionBackward0 node's two buffers beside its grads)."""
@@ -76,8 +92,7 @@ def terms(ctx: Ctx, N, H, b, n_h, d_qk, d_v) -> list[Term]:
     ul = np.where(np.asarray(ctx.seq_parallel) > 1, 1, 0)
     heads = N * n_h * (2 * d_qk + d_v)
     o = N * n_h * d_v
-    acc_b = np.asarray(output_accumulator_elems(ctx)) * 4
-    h2s = np.maximum(2 * o * b - acc_b - 4 * N * n_h, 0) * ul
+    h2s = head_to_seq_elems(ctx)
 
     def t(name, count, nbytes, formula, phases):
         return Term(name, "attention", _int(count), nbytes, formula, phases, regions=R, source=SOURCE,
@@ -93,8 +108,7 @@ def terms(ctx: Ctx, N, H, b, n_h, d_qk, d_v) -> list[Term]:
         t("q, k, v, head layout (all-to-all receive)", heads * ul, b, "N·n_h·(2·d_qk + d_v) if D > 1", fw),
         t("kernel output", o, b, "N·n_h·d_v", ("forward", "backward")),
         t("log-sum-exp lse (fp32)", N * n_h, 4, "N·n_h", ("forward", "backward")),
-        t("head_to_seq receive + sequence-layout copy (excess over the kernel's accumulator)", h2s, 1,
-          "max(0, 2·N·n_h·d_v·b − 4·N·n_h·d_v [if max(d_qk,d_v) > 128] − 4·N·n_h) if D > 1 (bytes)", fw),
+        t("head_to_seq receive + sequence-layout copy of the output", h2s, b, "2·N·n_h·d_v if D > 1", fw),
         t("RMSNorm recomputes: saved fp32 input, cast and output (attention_norm, kv_norm, q_norm)",
           (N * H + N * r_kv + N * r_q) * (4 + 2 * b), 1, "(N·H + N·r_kv + N·r_q)·(4 + 2·b) (bytes)", bw),
         t("kernel's saved q, k, v: the head layout (D > 1) or q, k and the k_nope | v block (D = 1)",

@@ -58,9 +58,9 @@ def _region1_bytes(ctx: Ctx, kind: str, own: list[Term]):
     total = sum((np.asarray(t.bytes_in(ph), dtype=np.int64) for t in ts), np.int64(0))
     # MLA's efficient kernel: its fp32 buffers are as large as the region's tensors, so they count
     # (the phase holds the larger sub-step, and the kernel's buffers sit in the region's)
-    mla_ws = attention_mla.output_accumulator_elems(ctx) if kind == "forward" else (
-        attention_mla.backward_workspace_elems(ctx) if ctx.model.attention == "mla" else 0)
-    return total + np.asarray(mla_ws, dtype=np.int64) * 4
+    mla_ws = attention_mla.output_accumulator_excess_bytes(ctx) if kind == "forward" else (
+        attention_mla.backward_workspace_elems(ctx) * 4 if ctx.model.attention == "mla" else 0)
+    return total + np.asarray(mla_ws, dtype=np.int64)
 
 
 def _embedding_substeps(ctx: Ctx, own: list[Term]) -> list[Term]:

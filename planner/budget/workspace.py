@@ -70,8 +70,9 @@ def terms(ctx: Ctx) -> list[Term]:
         from planner.budget import attention_mla
 
         return out[:2] + [
-            Term("efficient attention forward fp32 output accumulator", "workspace",
-                 attention_mla.output_accumulator_elems(ctx), 4, "N·n_h·d_v if max(d_qk, d_v) > 128",
+            Term("efficient attention forward fp32 output accumulator (excess over head_to_seq's buffers)",
+                 "workspace", attention_mla.output_accumulator_excess_bytes(ctx), 1,
+                 "max(0, 4·N·n_h·d_v [max(d_qk, d_v) > 128] − 2·N·n_h·d_v·b [D > 1]) (bytes)",
                  ("forward",), regions=regions, source=attention_mla.SOURCE + " (sdpa.py:56)"),
             Term("efficient attention backward fp32 grad-q accumulator + delta", "workspace",
                  attention_mla.backward_workspace_elems(ctx), 4, "N·n_h·d_qk + N·n_h",
