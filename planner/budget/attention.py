@@ -6,9 +6,11 @@ sequence layout and all ``S`` tokens of ``n_h/D`` heads in the head layout, so b
 heads (``n_kv = n_h`` for MHA and MLA, whose keys are decompressed per head).
 
     forward[r]   normed input N·H, q/k/v in both layouts, output in both layouts, o-proj output N·H,
-                 FlashAttention log-sum-exp N·n_h (fp32), MLA latents
+                 FlashAttention log-sum-exp N·n_h (fp32)
     backward[r]  the recomputed forward interior + the gradients of q, k, v and the output in
                  both layouts (the two all-to-all buffers travel both ways)
+
+MLA regions: the tensor inventory at the memory-efficient kernel, ``planner.budget.attention_mla``.
 
 Kernel workspaces invisible to fake tensors (FlashAttention's fp32 ``dq_accum``) are in
 ``workspace``. A sliding window adds the block copies of ``planner.runtime.sdpa._sliding`` in the
@@ -30,8 +32,8 @@ from planner.budget.terms import FWD_BWD, Phase, Term
 from planner.units import ceil_div
 
 PROVISIONAL = True
-"""Not yet traced: MLA, the backward of every layer and the FSDP2 baseline's attention come from the
-layouts alone. The composed GQA/MHA forward of global and sliding-window layers is confirmed by the
+"""Not yet traced: the GQA/MHA backward and the FSDP2 baseline's attention come from the layouts
+alone (MLA: ``attention_mla``, an inventory). The composed GQA/MHA forward of global and sliding-window layers is confirmed by the
 region trace."""
 SRC_DECODER = ("tensor inventory of planner/runtime/attention.py + model_layers.py (RMSNorm, RoPE in "
                "fp32) in a region checkpoint; region trace, tests/trace/test_step_trace.py")
