@@ -6,9 +6,11 @@ sequence layout and all ``S`` tokens of ``n_h/D`` heads in the head layout, so b
 heads (``n_kv = n_h`` for MHA and MLA, whose keys are decompressed per head).
 
     forward[r]   normed input N·H, q/k/v in both layouts, output in both layouts, o-proj output N·H,
-                 FlashAttention log-sum-exp N·n_h (fp32), MLA latents
+                 FlashAttention log-sum-exp N·n_h (fp32)
     backward[r]  the recomputed forward interior + the gradients of q, k, v and the output in
                  both layouts (the two all-to-all buffers travel both ways)
+
+MLA regions: the tensor inventory at the memory-efficient kernel, ``planner.budget.attention_mla``.
 
 Kernel workspaces invisible to fake tensors (FlashAttention's fp32 ``dq_accum``) are in
 ``workspace``. A sliding window adds the block copies of ``planner.runtime.sdpa._sliding`` in the
@@ -30,8 +32,8 @@ from planner.budget.terms import FWD_BWD, Phase, Term
 from planner.units import ceil_div
 
 PROVISIONAL = True
-"""Not yet traced: MLA, the backward of every layer and the FSDP2 baseline's attention come from the
-layouts alone. The composed GQA/MHA forward of global and sliding-window layers is confirmed by the
+"""Not yet traced: the GQA/MHA backward and the FSDP2 baseline's attention come from the layouts
+alone (MLA: ``attention_mla``, an inventory). The composed GQA/MHA forward of global and sliding-window layers is confirmed by the
 region trace."""
 SRC_DECODER = ("tensor inventory of planner/runtime/attention.py + model_layers.py (RMSNorm, RoPE in "
                "fp32) in a region checkpoint; region trace, tests/trace/test_step_trace.py")
@@ -52,33 +54,11 @@ def terms(ctx: Ctx) -> list[Term]:
         from planner.budget import fsdp2_layer
 
         return fsdp2_layer.terms(ctx)
-    R = ("attention",)
-    qkv = N * (n_h * d_qk + n_kv * (d_qk + d_v))
-    o = N * n_h * d_v
     if m.attention != "mla":
         return _gqa_terms(ctx, N, H, b, n_h, n_kv, d_qk, d_v)
-    out = [
-        Term("normed input x_NH", "attention", N * H, b, "N·H", FWD_BWD, regions=R, source=SOURCE, provisional=PROVISIONAL),
-        Term("q, k, v, sequence layout (all-to-all send)", "attention", qkv, b,
-             "N·(n_h·d_qk + n_kv·(d_qk+d_v))", FWD_BWD, regions=R, source=SOURCE, provisional=PROVISIONAL),
-        Term("q, k, v, head layout (all-to-all receive)", "attention", qkv, b,
-             "S·(n_h·d_qk + n_kv·(d_qk+d_v))/D", FWD_BWD, regions=R, source=SOURCE, provisional=PROVISIONAL),
-        Term("attention output, head + sequence layouts", "attention", 2 * o, b, "2·N·n_h·d_v", FWD_BWD,
-             regions=R, source=SOURCE, provisional=PROVISIONAL),
-        Term("log-sum-exp lse (fp32)", "attention", N * n_h, 4, "S·n_h/D", FWD_BWD, regions=R,
-             source=SOURCE, provisional=PROVISIONAL),
-        Term("o-proj output", "attention", N * H, b, "N·H", FWD_BWD, regions=R, source=SOURCE, provisional=PROVISIONAL),
-        Term("grads of q, k, v, output (both layouts)", "attention", 2 * qkv + 2 * o, b,
-             "2·N·(n_h·d_qk + n_kv·(d_qk+d_v)) + 2·N·n_h·d_v", ("backward",), regions=R, source=SOURCE, provisional=PROVISIONAL),
-    ]
-    if m.attention == "mla" and m.mla is not None:
-        a = m.mla
-        lat = N * ((a.q_lora_rank or 0) + a.kv_lora_rank + a.qk_rope_head_dim)
-        out.append(Term("MLA latents c_q, c_kv, k_rope", "attention", lat, b,
-                        "N·(q_lora + kv_lora + d_rope)", FWD_BWD, regions=R, source=SOURCE, provisional=PROVISIONAL))
-        out.append(Term("MLA latent grads", "attention", lat, b, "N·(q_lora + kv_lora + d_rope)",
-                        ("backward",), regions=R, source=SOURCE, provisional=PROVISIONAL))
-    return out
+    from planner.budget import attention_mla
+
+    return attention_mla.terms(ctx, N, H, b, n_h, d_qk, d_v)
 
 
 def _backward_substeps(ctx: Ctx):

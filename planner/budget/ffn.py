@@ -22,7 +22,8 @@ region trace (``tests/trace/test_step_trace.py``), the backward by the H200 allo
 of ``planner validate`` (deepseek-v2-lite backward[2]). Shared experts (``I = I_s``) run after the
 routed experts, beside the routed output ``N·H`` (the region output): a MoE region holds the larger
 of the shared experts' and the dispatch's sub-steps, so their terms are the excess over
-``dispatch``.
+``dispatch``. Their backward runs first (created last), and the gradient they send to the router's
+input ``x_NH`` (``N·H``) waits in autograd's input buffer through the dispatch's backward.
 
 The MLP-side forward's input RMSNorm (fp32 input, fp32 normed copy, cast, output) can exceed the
 FFN/dispatch sub-step: its excess is a term (``_norm_forward_substep``); the router's input ``x_NH``
@@ -49,6 +50,11 @@ SHARED_SRC = ("; the shared experts run after the routed experts (moe_block.py:1
               "larger of the two sub-steps: deepseek-v2-lite W1 forward[4] holds model_layers.py:109 3 × 352 MiB "
               "beside the dispatcher's output and no dispatch buffer; backward[4] 3 × 352 + MulBackward0 2 × 352 "
               "+ MmBackward0 352; the routed output is the region output (boundaries)")
+SHARED_HELD = ("; the shared experts ran after the routed experts, so autograd runs their backward first and "
+               "holds the gradient they send to x_NH in the input buffer of x_NH until the dispatcher's backward "
+               "adds its own: the H200 validate run of deepseek-v2-lite at W = 8 and 64 (the dispatch sub-step "
+               "binds) measured backward[4] above a budget without it by 61, 35, 32 and 17 MiB at N = 16384, "
+               "8192, 8192 and 4096 (N·H·b = 64, 32, 32, 16 MiB)")
 NORM_SOURCE = ("planner/runtime/model_layers.py RMSNorm recomputed with grad in the region's backward; "
                "H200 allocator history of planner validate (gpt-oss-W8 backward[4], [2]: model_layers.py:72 "
                "180 MiB = N·H fp32, :74 2 × 90 MiB = the cast and the normed output)")
@@ -88,13 +94,15 @@ def terms(ctx: Ctx) -> list[Term]:
         eg = (m.num_experts * m.expert_params() // np.asarray(ctx.expert_parallel) * b
               if ctx.grad_lifetime == "freed" else 0)
         fw = _excess(3 * N * I_s * b, d_fwd, b)
-        bw = _excess(6 * N * I_s * b, d_bwd + eg, b)
+        bw = _excess(6 * N * I_s * b, d_bwd + eg + N * H * b, b)
         out += [
+            Term("shared experts' input gradient, held through the dispatch backward", "ffn", N * H, b, "N·H",
+                 ("backward",), regions=("moe",), source=SOURCE + SHARED_HELD),
             Term("shared experts forward: gate, silu, up (excess over the dispatch sub-step)", "ffn", fw, b,
                  "max(0, 3·N·I_s·b − dispatch forward)/b", ("forward",), regions=("moe",), source=SOURCE
                  + SHARED_SRC),
             Term("shared experts backward: saved gate, silu, up and 3 gradients (excess over the dispatch)",
-                 "ffn", bw, b, "max(0, 6·N·I_s·b − dispatch backward [− b·Θ_exp_layer/E_p, freed])/b", ("backward",), regions=("moe",),
+                 "ffn", bw, b, "max(0, 6·N·I_s·b − dispatch backward − N·H·b [− b·Θ_exp_layer/E_p, freed])/b", ("backward",), regions=("moe",),
                  source=SOURCE + SHARED_SRC + GATED_BWD),
         ]
     return out + _norm_forward_substep(ctx, out) + _norm_backward_substep(ctx, out)

@@ -46,14 +46,21 @@ SOURCE = "DESIGN §2 MoP layout / FSDP2 layout, §3.2 Gathered"
 
 def _region1_bytes(ctx: Ctx, kind: str, own: list[Term]):
     """Region 1's bytes in ``kind``[1] beyond the persistent state and the kernel workspaces (left
-    out: a FlashAttention workspace freed before the embedding's backward then makes the budget
-    higher by at most its size, never lower, and a fake-tensor trace, blind to workspaces, sees the
+    out, MLA's efficient-kernel buffers excepted: a FlashAttention workspace freed before the
+    embedding's backward then makes the budget higher by at most its size, never lower, and a fake-tensor trace, blind to workspaces, sees the
     same excess)."""
     from planner.budget import attention, boundary_terms
 
+    from planner.budget import attention_mla
+
     ph = Phase(kind, 1, ctx.regions[0])
     ts = [*own, *attention.terms(ctx), *boundary_terms.terms(ctx)]
-    return sum((np.asarray(t.bytes_in(ph), dtype=np.int64) for t in ts), np.int64(0))
+    total = sum((np.asarray(t.bytes_in(ph), dtype=np.int64) for t in ts), np.int64(0))
+    # MLA's efficient kernel: its fp32 buffers are as large as the region's tensors, so they count
+    # (the phase holds the larger sub-step, and the kernel's buffers sit in the region's)
+    mla_ws = attention_mla.output_accumulator_excess_bytes(ctx) if kind == "forward" else (
+        attention_mla.backward_workspace_elems(ctx) * 4 if ctx.model.attention == "mla" else 0)
+    return total + np.asarray(mla_ws, dtype=np.int64)
 
 
 def _embedding_substeps(ctx: Ctx, own: list[Term]) -> list[Term]:

@@ -7,6 +7,9 @@
     FlashAttention backward        w_fa · N·n_h·d_qk bytes    backward of attention regions
                                    (fp32 dq_accum + softmax_d, per element of q)
     GQA dk/dv expansion            N·n_h·(d_qk+d_v)·b         backward, when n_kv < n_h
+    MLA (efficient kernel)         4·N·n_h·d_v forward (fp32 output accumulator, max(d_qk,d_v) > 128),
+                                   4·N·n_h·(d_qk + 1) backward (fp32 grad-q accumulator + delta)
+                                   in place of the FlashAttention terms (planner.budget.attention_mla)
 
 With QK-norm (composed stack) the attention backward's larger sub-step may be RMSNorm's fp32
 backward over q, which runs after the kernel (its workspace freed): the two FlashAttention terms
@@ -63,6 +66,19 @@ def terms(ctx: Ctx) -> list[Term]:
     ]
     if ctx.stack == "fsdp2":   # FlashAttention's backward buffers: the attention sub-step of fsdp2_layer
         return out[:2]
+    if m.attention == "mla":   # the memory-efficient kernel's buffers (planner.budget.attention_mla)
+        from planner.budget import attention_mla
+
+        return out[:2] + [
+            Term("efficient attention forward fp32 output accumulator (excess over head_to_seq's buffers)",
+                 "workspace", attention_mla.output_accumulator_excess_bytes(ctx), 1,
+                 "max(0, 4·N·n_h·d_v [max(d_qk, d_v) > 128] − 2·N·n_h·d_v·b [D > 1]) (bytes)",
+                 ("forward",), regions=regions, source=attention_mla.SOURCE + " (sdpa.py:56)"),
+            Term("efficient attention backward fp32 grad-q accumulator + delta", "workspace",
+                 attention_mla.backward_workspace_elems(ctx), 4, "N·n_h·d_qk + N·n_h",
+                 ("backward",), regions=regions,
+                 source=attention_mla.SOURCE + " (ScaledDotProductEfficientAttentionBackward0)"),
+        ]
     if hkv < hq:
         out.append(Term("FlashAttention GQA dk/dv expansion", "workspace", exp_net, 1,
                         "N·n_h·(d_qk+d_v)·b (bytes)" + under, ("backward",), regions=regions, source=SOURCE))

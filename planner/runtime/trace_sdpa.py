@@ -6,7 +6,8 @@ backend, which materialises ``S²`` scores the CUDA kernels never hold. ``cuda_l
 replaces it, for the duration of a trace, by an autograd function that allocates what the CUDA
 flash / memory-efficient kernels hand to the caching allocator as tensors:
 
-    forward    out_BhSdv (input dtype), lse_BhS (fp32, saved)
+    forward    out_BhSdv (input dtype, in memory [B, S, h, d_v] as the CUDA kernels return it, so
+               the caller's transpose back is a view), lse_BhS (fp32, saved)
     backward   dq, dk, dv (input dtype, k/v at their own head count)
 
 Their internal workspaces (FlashAttention's fp32 ``dq_accum`` and ``softmax_d``, the GQA dk/dv
@@ -26,7 +27,7 @@ class _FlashLike(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, mask):
         B, h, S, _ = q.shape
-        out = q.new_empty(B, h, S, v.shape[-1])
+        out = q.new_empty(B, S, h, v.shape[-1]).transpose(1, 2)   # the CUDA kernels' layout
         lse = q.new_empty(B, h, S, dtype=torch.float32)
         ctx.save_for_backward(q, k, v, out, lse)
         ctx.mask_shape = None if mask is None else mask.shape
