@@ -12,7 +12,10 @@ import sys
 from datetime import date
 from pathlib import Path
 
-from planner.api import check_planfile
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from planner.api import check_planfile  # noqa: E402
 from planner.schema import Plan, PlanFile, Workload
 from planner.schema.io import load_cluster, load_model
 from planner.search.rank import lowest_peak
