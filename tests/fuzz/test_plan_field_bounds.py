@@ -6,24 +6,16 @@ from __future__ import annotations
 import pytest
 import yaml
 
+from cli_lines import CLEAN_EXIT, one_line as _one_line  # noqa: F401
 from planner import api, cli
 from planner.errors import InvalidPlan
 from planner.plans.llep import import_bound, resolve_max_imports
 from planner.schema.plan import ComposedKnobs
 
-CLEAN_EXIT = 2
-"""DESIGN §10: invalid input exits 2 with one ``error:`` line."""
 GPT_OSS_BOUND = 32 - 32 // 8
 """gpt-oss-20b has E = 32 experts; at W = 8 the default E_p is 8."""
 
 
-def _one_line(argv, capsys) -> str:
-    code = cli.main([str(a) for a in argv])
-    err = capsys.readouterr().err
-    assert code == CLEAN_EXIT, err
-    lines = [ln for ln in err.strip().splitlines() if ln.strip()]
-    assert len(lines) == 1 and lines[0].startswith("error: ") and "Traceback" not in err, err
-    return lines[0]
 
 
 def _plan_file(tmp_path, model="gpt-oss-20b", gpus=8, seq_len=1 << 15, **plan_changes) -> str:

@@ -12,23 +12,15 @@ from pathlib import Path
 import pytest
 import yaml
 
+from cli_lines import CLEAN_EXIT, one_line as _one_line  # noqa: F401
 from planner import api, cli
 from planner.errors import InvalidPlan
 from planner.schema.io import load_planfile
 from planner.units import parse_count
 
-CLEAN_EXIT = 2
-"""DESIGN §10: invalid input exits 2 with one ``error:`` line."""
 H200 = Path(__file__).resolve().parents[2] / "planner" / "profiles" / "clusters" / "h200.yaml"
 
 
-def _one_line(argv, capsys) -> str:
-    code = cli.main([str(a) for a in argv])
-    err = capsys.readouterr().err
-    assert code == CLEAN_EXIT, err
-    lines = [ln for ln in err.strip().splitlines() if ln.strip()]
-    assert len(lines) == 1 and lines[0].startswith("error: ") and "Traceback" not in err, err
-    return lines[0]
 
 
 def _plan_doc(**cluster) -> dict:
