@@ -75,7 +75,7 @@ AGREES: dict[str, tuple[str, ...]] = {
     "bf16_dense_layer_and_shared_expert": ("forward[2]", "head", "backward[2]", "optimizer"),
     "bf16_dp8_ep2_none_accumulate": ("head", "backward[2]", "optimizer"),
     "bf16_dp8_ep8_none_freed": _FWD_HEAD_OPT + ("backward[2]", "backward[1]"),
-    "bf16_w1_full_freed": _FWD_HEAD_OPT + ("backward[2]",),
+    "bf16_w1_full_freed": _FWD_HEAD_OPT,  # backward[2]: formula 1.0105 of the trace (over, not within 1%)
     "bf16_tp4_ep1_w4": ("head", "optimizer"),
 }
 """Phases whose total the formula matches within ``FORMULA_VS_TRACE`` from above as well: under full
