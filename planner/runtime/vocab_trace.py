@@ -10,7 +10,7 @@ planner's ``vocab`` terms, ``resident_weight_bytes``):
 
 - ``ring_dtp`` / ``vocab_parallel``: the weight shard (``ceil(V/P)`` rows, rank 0) and its
   gradient, allocated before the step as in training, where the persistent grad buffer exists
-  across micro-steps (the lead's ``persistent`` live set);
+  across micro-steps (the budget's ``persistent`` live set);
 - ``dense``: the full ``V × H`` head weight (``gathered`` when ZeRO-3 sharded); its gradient is a
   fresh transient of the step, as under ZeRO-3 before the reduce-scatter.
 """

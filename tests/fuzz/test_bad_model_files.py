@@ -114,7 +114,7 @@ def test_profile_non_positive_size(name, field, value):
     data = dict(PROFILES[name], **{field: value})
     with pytest.raises(InvalidPlan, match=rf"^model\.{field} \({value}\) "):
         load_model_profile(data)
-    with pytest.raises(ValidationError):  # what the lead's CLI gets from pydantic directly
+    with pytest.raises(ValidationError):  # what a caller of the schema gets from pydantic directly
         ModelSpec.model_validate(data)
 
 
