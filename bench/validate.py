@@ -50,13 +50,15 @@ STEPS = 2
 compared (and timed)."""
 
 
-def cases(fill: float = FILL):
+def cases(fill: float = FILL, worlds=WORLDS, lifetimes=LIFETIMES, per_case=None):
     """``(model, W, S, layers, lifetime, planfile, prediction)`` in run order: the largest N of
     every (model, W) under both lifetimes, then the next N, and so on; within a pass the emulated
-    (fast) cases first, so a budget cut drops the smallest real runs."""
-    passes: list[list] = [[] for _ in range(max(N_PER_CASE.values()))]
+    (fast) cases first, so a budget cut drops the smallest real runs. ``per_case`` overrides
+    ``N_PER_CASE`` (context lengths per (model, W))."""
+    n_per_case = {**N_PER_CASE, **(per_case or {})}
+    passes: list[list] = [[] for _ in range(max(n_per_case.values()))]
     for model, layers in MODELS.items():
-        for W in WORLDS:
+        for W in worlds:
             fits = []
             for S in SEQ_LENS:
                 if W == 1 and S > MAX_SEQ_REAL:
@@ -65,8 +67,8 @@ def cases(fill: float = FILL):
                 pred = predict(pf, "accumulate", timing=False)
                 if pred.peak_bytes <= fill * pred.capacity_bytes:
                     fits.append((S, pf))
-            for i, (S, pf) in enumerate(reversed(fits[-N_PER_CASE[W]:])):
-                for lt in LIFETIMES:
+            for i, (S, pf) in enumerate(reversed(fits[-n_per_case[W]:])):
+                for lt in lifetimes:
                     passes[i].append((model, W, S, layers, lt, pf, predict(pf, lt, timing=(W == 1))))
     return [c for p in passes for c in sorted(p, key=lambda c: c[1] == 1)]
 
@@ -86,12 +88,20 @@ def summary_line(c: dict) -> str:
 
 
 def main(argv=None) -> int:
-    args = parser(__doc__, "bench/results/validate", BUDGET_S, STEPS).parse_args(argv)
+    ap = parser(__doc__, "bench/results/validate", BUDGET_S, STEPS)
+    ap.add_argument("--worlds", type=int, nargs="+", choices=WORLDS, default=list(WORLDS),
+                    help="world sizes to run (default: all)")
+    ap.add_argument("--lifetimes", nargs="+", choices=LIFETIMES, default=list(LIFETIMES),
+                    help="gradient lifetimes to run (default: both)")
+    ap.add_argument("--lengths", type=int, default=None,
+                    help="context lengths per (model, W), overriding N_PER_CASE for every W")
+    args = ap.parse_args(argv)
     out = Path(args.out)
     (out / "plans").mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     results = []
-    for model, W, S, layers, lt, pf, pred in cases():
+    per_case = {W: args.lengths for W in WORLDS} if args.lengths else None
+    for model, W, S, layers, lt, pf, pred in cases(worlds=args.worlds, lifetimes=args.lifetimes, per_case=per_case):
         name = f"{model}-W{W}-S{S}-L{layers}"
         c = {"model": model, "W": W, "S": S, "N": int(pred.ctx.tokens_per_rank), "layers": layers, "lifetime": lt,
              "command": write_plan(out, name, pf, lt, args.steps), "predicted_peak_bytes": pred.peak_bytes,
