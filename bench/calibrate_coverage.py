@@ -199,7 +199,8 @@ def _attn_guess(prev: tuple, S: int, v: dict) -> float:
     return f + sum(t if t >= ONE_SHOT_S else 4 * t + 0.06 for t in (f, b))
 
 
-def attention(cfg, dev, clock: Clock, min_time_s: float) -> dict:
+def attention(cfg, dev, clock: Clock, min_time_s: float, partial=None) -> dict:
+    """Causal attention per variant, heads and S; ``partial(section)`` is called after every point."""
     import torch
 
     from planner.timing.curves import attention_flops
@@ -212,7 +213,15 @@ def attention(cfg, dev, clock: Clock, min_time_s: float) -> dict:
     for S, name, h in plan:
         v = cfg["variants"][name]
         prev = last.get((name, h))
-        guess = 0.0 if prev is None else _attn_guess(prev, S, v)
+        if prev is None:   # first point at these heads: scale the same variant's nearest heads (∝ h)
+            near = min((k for k in last if k[0] == name), key=lambda k: abs(k[1] - h), default=None)
+            if near is not None:
+                S0, t_f, t_b = last[near]
+                guess = _attn_guess((S0, t_f * h / near[1], t_b * h / near[1]), S, v)
+            else:
+                guess = 0.0
+        else:
+            guess = _attn_guess(prev, S, v)
         if time.perf_counter() + guess * 1.15 > deadline:
             clock.skip(f"attention {name} S={S} h={h}: ~{guess:.1f} s would pass the section's budget")
             continue
@@ -239,6 +248,8 @@ def attention(cfg, dev, clock: Clock, min_time_s: float) -> dict:
                    causal_flops_fwd=f_f, causal_flops_bwd=f_b,
                    fwd_tflops=f_f / t_f / 1e12, bwd_tflops=f_b / t_b / 1e12)
         rows.append(row)
+        if partial is not None:   # a run cut short (a wall-clock kill) keeps every point measured
+            partial({"rows": rows, "partial": True})
         log(f"attention {name:9s} S={S:>8d} h={h} (kv {hkv}): fwd {t_f * 1e3:9.2f} ms "
             f"({row['fwd_tflops']:6.1f} TF/s), bwd {t_b * 1e3:9.2f} ms ({row['bwd_tflops']:6.1f} TF/s)")
     note = ("causal, batch 1, [1, h, S, d]; fwd_s under no_grad, bwd_s = autograd.grad of the output for "
@@ -558,7 +569,10 @@ def main(argv: list[str] | None = None) -> int:
     log(f"coverage on {clock.prov['device']} (torch {torch.__version__}), budget {args.budget_s:.0f} s, "
         f"sections {', '.join(sections)}")
     min_time = 0.002 if args.dry_run else 0.02
-    runners = {"attention": lambda: attention(cfg, dev, clock, min_time),
+    def partial_attention(section: dict) -> None:
+        write_json(out / "coverage.json", {**doc, "attention": section})
+
+    runners = {"attention": lambda: attention(cfg, dev, clock, min_time, partial_attention),
                "dispatch_widths": lambda: dispatch_widths(cfg, dev, clock, args.dry_run, command),
                "chunk_curves": lambda: chunk_curves(cfg, dev, clock, args.dry_run),
                "sco": lambda: sco(cfg, dev, clock), "host": lambda: host(cfg, clock, args.dry_run, out)}

@@ -3,7 +3,7 @@
     python3 bench/validate_table.py                 # both stacks, markdown to stdout
     python3 bench/validate_table.py --json          # one record per case
 
-Reads ``bench/results/validate/validate.json`` and ``validate_fsdp2.json`` (H200 runs of
+Reads ``bench/results/validate/validate.json``, ``validate_w1.json`` and ``validate_fsdp2.json`` (H200 runs of
 ``bench/validate.py`` / ``bench/validate_fsdp2.py``), rebuilds every case's plan the way those
 scripts do, predicts it with the current formula (``planner.runtime.validate_plan.predict``) and
 compares it with the recorded measurement (``planner.runtime.validate_compare.compare``): per case
@@ -48,6 +48,11 @@ def _samples(result: dict) -> tuple[dict, int]:
         if opt is not None and "optimizer" in phases:
             phases["optimizer"].start_bytes = phases["optimizer"].peak_bytes - int(opt["measured"])
     return phases, start
+
+
+STEMS = ("validate", "validate_w1", "validate_fsdp2")
+"""The committed runs: the composed matrix, the composed W = 1 runs at three context lengths (timed
+as the median of steps 2–4), and the FSDP2 baseline's cases."""
 
 
 def cases(stem: str):
@@ -98,7 +103,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
-    recs = [row(stem, c, pf) for stem in ("validate", "validate_fsdp2") for c, pf in cases(stem)]
+    recs = [row(stem, c, pf) for stem in STEMS for c, pf in cases(stem)]
     print(json.dumps(recs, indent=1) if args.json else markdown(recs))
     return 0
 

@@ -14,7 +14,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 
 import validate_table  # noqa: E402
 
-from planner.runtime.validate_compare import MEMORY_UNDER  # noqa: E402
+from planner.runtime.validate_compare import MEMORY_UNDER, time_ok  # noqa: E402
 
 UNDER = MEMORY_UNDER
 _W1_BACKWARD2 = ("FSDP2 at W = 1 on a MoE layer: backward[2] holds fp32 expert-sized buffers (the 2112 MiB "
@@ -43,7 +43,7 @@ case is here: every phase of the 32 composed cases is at least 0.997 of the H200
 
 @pytest.fixture(scope="module")
 def records():
-    return [validate_table.row(stem, c, pf) for stem in ("validate", "validate_fsdp2")
+    return [validate_table.row(stem, c, pf) for stem in validate_table.STEMS
             for c, pf in validate_table.cases(stem)]
 
 
@@ -67,3 +67,30 @@ def test_no_new_false_fit_against_the_h200(records):
     under = {_key(r): f"{r['min_row']} {r['min_ratio']:.3f}" for r in records if r["min_ratio"] < 1 - UNDER}
     assert {k: v for k, v in under.items() if k not in KNOWN_UNDER} == {}
     assert sorted(k for k in KNOWN_UNDER if k not in under) == []
+
+
+_FSDP2_SHORT = ("FSDP2 W = 1 steps of 0.1-0.4 s: the baseline time model is 19-43% short at S ≤ 8192 and for Qwen3 at 16384 (issue 15); "
+                "the per-block all-gather/reduce-scatter copies and small-kernel overheads at W = 1 are "
+                "not yet modelled")
+_QWEN3_LONG = ("Qwen3-30B-A3B W = 1 at S = 65536: three runs measured 4.85, 5.32 and 5.66 s (median of "
+               "steps 2-4) against 4.66 s predicted; the spread between runs is itself 15%")
+KNOWN_SLOW = {
+    ("composed", "qwen3-30b-a3b", 1, 65536, "freed"): _QWEN3_LONG,
+    **{k: _FSDP2_SHORT for k in [
+        ("fsdp2", "qwen3-W1-full", 1, 8192, "freed"), ("fsdp2", "gptoss-W1-full", 1, 8192, "accumulate"),
+        ("fsdp2", "dsv2-W1-selective", 1, 8192, "freed"), ("fsdp2", "qwen3-W1-S4096", 1, 4096, "freed"),
+        ("fsdp2", "qwen3-W1-S16384", 1, 16384, "freed"), ("fsdp2", "gptoss-W1-S4096", 1, 4096, "freed"),
+        ("fsdp2", "dsv2-W1-S4096", 1, 4096, "freed")]},
+}
+"""W = 1 step times outside ``TIME_TOLERANCE`` today, each with its reason."""
+
+
+def test_w1_step_time_within_tolerance(records):
+    """Every real (W = 1) step's predicted time is within ``TIME_TOLERANCE`` of the measured median,
+    except the listed gaps; a listed gap that closed fails too. A key measured in several runs is
+    judged on every run."""
+    timed = [r for r in records if r["W"] == 1 and r["step_s_measured"] and r["step_s_predicted"]]
+    assert len({(r["model"], r["S"]) for r in timed if r["stack"] == "composed"}) >= 9
+    off = {_key(r) for r in timed if not time_ok(r["step_s_predicted"], r["step_s_measured"])}
+    assert sorted(off - set(KNOWN_SLOW)) == []
+    assert sorted(set(KNOWN_SLOW) - off) == []
