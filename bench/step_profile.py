@@ -108,7 +108,8 @@ def profile_case(pf, ctx, lifetime: str) -> dict:
 
         if dist.is_initialized():
             dist.destroy_process_group()
-    kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA
+               and not getattr(e, "is_user_annotation", False)]   # record_function ranges are not kernels
     by_class: dict[str, float] = {}
     by_name: dict[str, list] = {}
     for e in kernels:
