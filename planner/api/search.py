@@ -113,7 +113,10 @@ class SearchReport:
         ch = self.chosen
         if ch is None:
             return None
-        return PlanFile(model=self.model, cluster=self.cluster, workload=self.workload, plan=ch[0])
+        # the routing the user named, or none: a default routing written into the file would read
+        # as "given" and stay fixed when a later check changes the operator (README: routing)
+        plan = ch[0].model_copy(update={"routing": self.routing})
+        return PlanFile(model=self.model, cluster=self.cluster, workload=self.workload, plan=plan)
 
     def planfile_doc(self) -> dict | None:
         """What ``--out`` writes: the plan file with the cluster named by reference."""

@@ -83,9 +83,16 @@ def test_search_then_check_judges_unbounded_plans_at_the_named_skew(tmp_path):
     rc, d = _check("--plan", str(out))
     _, skew = _check("--plan", str(out), "--routing", NAMED_SKEW)
     plan = Plan.model_validate(written)
+    # the file names no routing (none was given): every later check derives it from its own operator
+    assert written["routing"] is None and d["routing"]["default"]
     if not launch_time_bound(plan):
-        assert written["routing"] == NAMED_SKEW and d["peak_bytes"] == skew["peak_bytes"]
+        assert d["peak_bytes"] == skew["peak_bytes"]
     assert d["fits"] == (d["peak_bytes"] <= d["capacity_bytes"])
+    # switching the written plan to an unbounded operator is judged at the named skew, not "balanced"
+    _, ep = _check("--plan", str(out), "--dispatch", "ep")
+    _, ep_skew = _check("--plan", str(out), "--dispatch", "ep", "--routing", NAMED_SKEW)
+    assert ep["routing"]["routing"] == NAMED_SKEW and ep["routing"]["default"]
+    assert ep["peak_bytes"] == ep_skew["peak_bytes"]
 
 
 def test_search_routing_flag_still_wins():
