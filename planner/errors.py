@@ -37,7 +37,7 @@ class InvalidPlan(PlanError, ValueError):
 
     def __init__(self, field: str, value: Any, problem: str, fix: str = "") -> None:
         self.field, self.value, self.problem, self.fix = field, value, problem, fix
-        msg = f"{shown(field, MAX_FIELD_CHARS)} ({shown(repr(value), MAX_VALUE_CHARS)}) {shown(problem, MAX_TEXT_CHARS)}"
+        msg = f"{shown(field, MAX_FIELD_CHARS)} ({shown(value_text(value), MAX_VALUE_CHARS)}) {shown(problem, MAX_TEXT_CHARS)}"
         if fix:
             msg += f"; fix: {shown(fix, MAX_TEXT_CHARS)}"
         super().__init__(msg)
@@ -51,6 +51,17 @@ MAX_TEXT_CHARS = 600
 """... of its problem and of its fix."""
 _CONTROL = {c: "?" for c in (*range(0x00, 0x20), *range(0x7F, 0xA0), 0x2028, 0x2029)}
 """Control characters (terminal escape sequences, newlines, C1 controls) and line separators."""
+
+
+def value_text(value: Any) -> str:
+    """``repr(value)``, or for an integer too long to print (Python refuses more than 4300 digits)
+    its size: an error about an absurd number is still one line."""
+    try:
+        return repr(value)
+    except ValueError:
+        if isinstance(value, int):
+            return f"an integer of about {int(abs(value).bit_length() * 0.30103) + 1} digits"
+        return f"a {type(value).__name__} that cannot be printed"
 
 
 def shown(text: str, limit: int) -> str:

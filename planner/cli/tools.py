@@ -81,6 +81,9 @@ def import_hf(config: Annotated[str, typer.Argument(help="Hugging Face config.js
 
     if output:
         check_writable(output, "--output")
+        if Path(output).exists() and Path(output).resolve() == Path(config).resolve():
+            raise InvalidPlan("--output", output, "is the config being imported",
+                              "write the profile to another file, e.g. -o model.yaml")
     data = read_structured(config)
     if not isinstance(data, dict):
         raise InvalidPlan(config, type(data).__name__, "must hold a JSON object", "pass a config.json")

@@ -77,7 +77,7 @@ def plot_format(path: str) -> str:
     """The format ``--plot PATH`` writes, from its suffix.
 
     Raises:
-        InvalidPlan: a suffix matplotlib is not asked to write here.
+        InvalidPlan: a suffix matplotlib is not asked to write here, or matplotlib is not installed.
     """
     from pathlib import Path
 
@@ -87,6 +87,10 @@ def plot_format(path: str) -> str:
     if fmt not in PLOT_FORMATS:
         raise InvalidPlan("--plot", path, f"must end in {', '.join('.' + f for f in PLOT_FORMATS)}",
                           "name the file e.g. sweep.png, sweep.pdf or sweep.svg")
+    import importlib.util
+
+    if importlib.util.find_spec("matplotlib") is None:   # before any work, and before the CSV is written
+        raise InvalidPlan("--plot", path, "needs matplotlib", "pip install 'moe-planner[plot]'")
     return fmt
 
 

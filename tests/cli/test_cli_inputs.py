@@ -1,8 +1,10 @@
 """Command-line inputs the commands refuse in one line (exit 2): an empty ``--out``/``--csv``,
 an empty or repeated ``--seq-lens`` item, the plot and the CSV written to one file, and a MODEL that
-is not the plan file's model."""
+is not the plan file's model, an integer too long to print, import-hf writing over its input, and --plot without matplotlib."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import pytest
 
@@ -52,3 +54,40 @@ def test_check_refuses_a_model_that_is_not_the_plans(tmp_path):
     assert plan.exists(), searched
     _refused(["check", "olmoe-1b-7b", "--plan", str(plan)], "MODEL", "gpt-oss-20b")
     assert cli.main(["check", "gpt-oss-20b", "--plan", str(plan)]) in (0, 1)
+
+
+HUGE = "9" * 4300
+"""An integer longer than Python prints by default (4300 digits): its error must still be one line."""
+
+
+@pytest.mark.parametrize("flag,field", [("--seq-len", "workload.seq_len"),
+                                        ("--bucket-params", "plan.composed.bucket_params"),
+                                        ("--token-budget", "plan.composed.token_budget"),
+                                        ("--global-batch-tokens", "workload.global_batch_tokens")])
+def test_an_integer_too_long_to_print_is_one_line(flag, field):
+    args = ["check", "gpt-oss-20b", "--gpus", "8", "--seq-len", "32k", flag, HUGE]
+    if flag == "--seq-len":
+        args = ["check", "gpt-oss-20b", "--gpus", "8", flag, HUGE]
+    line = _refused(args, field, "an integer of about 4301 digits", "fix:")
+    assert len(line) < 400
+
+
+def test_import_hf_refuses_to_write_over_its_input(tmp_path):
+    src = Path(__file__).resolve().parents[2] / "planner" / "profiles" / "hf-configs" / "olmoe-1b-7b-0924.json"
+    cfg = tmp_path / "config.json"
+    cfg.write_bytes(src.read_bytes())
+    before = cfg.read_bytes()
+    _refused(["import-hf", str(cfg), "-o", str(tmp_path / "." / "config.json")], "--output", "is the config being imported")
+    assert cfg.read_bytes() == before
+    assert cli.main(["import-hf", str(cfg), "-o", str(tmp_path / "m.yaml")]) == 0
+
+
+def test_plot_without_matplotlib_is_refused_before_any_work(tmp_path, monkeypatch):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "matplotlib" else real(name, *a))
+    csv = tmp_path / "new" / "x.csv"
+    _refused(["sweep", "gpt-oss-20b", "--gpus", "8", "--seq-lens", "32k", "--csv", str(csv),
+              "--plot", str(tmp_path / "new" / "x.png")], "--plot", "needs matplotlib")
+    assert not csv.exists()
