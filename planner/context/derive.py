@@ -167,10 +167,24 @@ def check_routing(model: ModelSpec, routing: str) -> None:
                           "router never picks one expert twice for a token", f"use H <= {E - k} or H = {E}")
 
 
+def global_batch_divides(workload: Workload, world_size: int, tokens_per_rank) -> np.ndarray:
+    """Per candidate: the global batch is a whole number of micro-steps of ``W·N`` tokens (all true
+    without ``global_batch_tokens``). A search drops the candidates where it is not."""
+    N = np.asarray(tokens_per_rank, dtype=np.int64)
+    if workload.global_batch_tokens is None:
+        return np.ones(N.shape, dtype=bool)
+    return workload.global_batch_tokens % (N * world_size) == 0
+
+
 def _check_global_batch(workload: Workload, plan: Plan, ctx: Ctx) -> None:
+    """Refuse a global batch that no candidate of ``ctx`` divides into micro-steps (a search
+    over many ``N`` keeps the candidates that divide it: ``global_batch_divides``)."""
     if workload.global_batch_tokens is None:
         return
-    per_step = int(np.max(np.asarray(ctx.tokens_per_rank))) * plan.world_size
+    divides = global_batch_divides(workload, plan.world_size, ctx.tokens_per_rank)
+    if divides.any():
+        return
+    per_step = int(np.min(np.asarray(ctx.tokens_per_rank))) * plan.world_size
     if workload.global_batch_tokens % per_step:
         raise InvalidPlan("workload.global_batch_tokens", workload.global_batch_tokens,
                           f"must be a multiple of the tokens per micro-step W·N ({per_step})",

@@ -16,6 +16,7 @@ from planner.budget.build import make_context
 from planner.budget.host import host_budget
 from planner.budget.peak import capacity_bytes, evaluate
 from planner.budget.work_bounds import TooCostly
+from planner.context.derive import global_batch_divides
 from planner.errors import InvalidPlan
 from planner.schema import ClusterSpec, ModelSpec, Plan, Workload
 from planner.search.space import Group
@@ -80,6 +81,10 @@ def group_plan(group: Group, W: int, routing: str, dispatch_bound: str, dtype: s
     return Plan.model_validate(base)
 
 
+BATCH_REJECTION = "global batch not a whole number of micro-steps of W·N tokens (--global-batch-tokens)"
+"""Why a candidate whose ``W·N`` does not divide the global batch is dropped."""
+
+
 def evaluate_group(group: Group, model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan: Plan,
                    tally: Tally, time_fn, min_headroom: float = 0.0) -> Evaluated | None:
     """Memory for every candidate of ``group``; time (``time_fn(ctx)``) for those that fit and
@@ -87,10 +92,11 @@ def evaluate_group(group: Group, model: ModelSpec, cluster: ClusterSpec, workloa
     try:
         ctx = make_context(model, cluster, workload, plan, resolved=True, overrides=dict(group.numeric))
     except InvalidPlan as e:     # N this large is past 2^58 B per rank: far over any HBM, not bad input
-        if e.field != "workload.seq_len":
+        if e.field not in ("workload.seq_len", "workload.global_batch_tokens"):
             raise
         tally.evaluated += group.size
-        tally.add(f"{Rejection.OVER_HBM.value} (per-rank bytes past 2^58)", group.size)
+        tally.add(f"{Rejection.OVER_HBM.value} (per-rank bytes past 2^58)" if e.field == "workload.seq_len"
+                  else BATCH_REJECTION, group.size)
         return None
     try:
         ev = evaluate(ctx, critical=True, per_term=False)
@@ -103,10 +109,12 @@ def evaluate_group(group: Group, model: ModelSpec, cluster: ClusterSpec, workloa
     peak = np.broadcast_to(ev.peak_bytes, (n,))
     hb = np.broadcast_to(host.bytes, (n,))
     cap = capacity_bytes(ctx)
-    over_hbm = peak > cap
-    over_host = ~over_hbm & (hb > host.capacity_bytes)
-    short = ~over_hbm & ~over_host & (peak > cap * (1.0 - min_headroom))
+    batch = np.broadcast_to(global_batch_divides(workload, plan.world_size, ctx.tokens_per_rank), (n,))
+    over_hbm = batch & (peak > cap)
+    over_host = batch & ~over_hbm & (hb > host.capacity_bytes)
+    short = batch & ~over_hbm & ~over_host & (peak > cap * (1.0 - min_headroom))
     tally.evaluated += n
+    tally.add(BATCH_REJECTION, int((~batch).sum()))
     bind = np.broadcast_to(ev.binding_index, (n,))
     idx, counts = np.unique(bind[over_hbm], return_counts=True)
     for i, c in zip(idx, counts):
@@ -114,7 +122,7 @@ def evaluate_group(group: Group, model: ModelSpec, cluster: ClusterSpec, workloa
     tally.add(Rejection.OVER_HOST.value, int(over_host.sum()))
     if short.any():
         tally.add(f"under {min_headroom:.0%} headroom (--min-headroom)", int(short.sum()))
-    ok = ~over_hbm & ~over_host & ~short
+    ok = batch & ~over_hbm & ~over_host & ~short
     if not ok.any():
         return None
     numeric = {k: np.asarray(v)[ok] for k, v in group.numeric.items()}

@@ -155,6 +155,7 @@ def lowest_peak(model: ModelSpec, cluster: ClusterSpec, workload: Workload, *, w
     from planner.budget.host import host_budget
     from planner.budget.peak import capacity_bytes, evaluate
     from planner.budget.work_bounds import TooCostly
+    from planner.context.derive import global_batch_divides
     from planner.errors import Infeasible, InvalidPlan
 
     groups = composed_groups(model, workload, world_size) if stack == "composed" else \
@@ -169,12 +170,13 @@ def lowest_peak(model: ModelSpec, cluster: ClusterSpec, workload: Workload, *, w
             ctx = make_context(model, cluster, workload, plan, resolved=True, overrides=dict(g.numeric))
             peak = np.broadcast_to(evaluate(ctx, critical=True, per_term=False).peak_bytes, (g.size,))
         except InvalidPlan as e:  # past 2^58 B per rank, or too costly to plan: never the closest
-            if not isinstance(e, TooCostly) and e.field != "workload.seq_len":
+            if not isinstance(e, TooCostly) and e.field not in ("workload.seq_len", "workload.global_batch_tokens"):
                 raise
             skipped = skipped or e
             continue
         host = host_budget(ctx)
-        ok_host = np.broadcast_to(host.bytes <= host.capacity_bytes, (g.size,))
+        ok_host = np.broadcast_to((host.bytes <= host.capacity_bytes)   # and a whole number of micro-steps
+                                  & global_batch_divides(workload, world_size, ctx.tokens_per_rank), (g.size,))
         fitting += int(((peak <= capacity_bytes(ctx)) & ok_host).sum())
         cand = np.where(ok_host, peak, np.iinfo(np.int64).max)
         i = int(np.argmin(cand))
