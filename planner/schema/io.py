@@ -77,7 +77,8 @@ def check_writable(path: str | Path, field: str = "output") -> Path:
 
     Raises:
         InvalidPlan: ``path`` is a directory or another thing that is not a regular file (see
-            ``_target``), its folder is not a directory, or the folder refuses a new file.
+            ``_target``), its folder is not a directory, or the folder refuses a new file (a
+            missing folder: the nearest existing one refuses new folders).
     """
     p = _target(Path(path), field)
     parent = p.parent
@@ -90,6 +91,14 @@ def check_writable(path: str | Path, field: str = "output") -> Path:
             raise _unwritable(p, field, f"cannot be written: {e.strerror or e}") from None
         os.close(fd)
         Path(tmp).unlink(missing_ok=True)
+    else:   # the write will create the missing folders: try the first one now, and remove it
+        first = next(a for a in (parent, *parent.parents) if a.parent.exists())
+        try:
+            first.mkdir()
+        except OSError as e:
+            raise _unwritable(p, field, f"needs the folder {first}, which cannot be created: "
+                                        f"{e.strerror or e}") from None
+        first.rmdir()
     return p
 
 

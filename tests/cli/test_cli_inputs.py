@@ -91,3 +91,21 @@ def test_plot_without_matplotlib_is_refused_before_any_work(tmp_path, monkeypatc
     _refused(["sweep", "gpt-oss-20b", "--gpus", "8", "--seq-lens", "32k", "--csv", str(csv),
               "--plot", str(tmp_path / "new" / "x.png")], "--plot", "needs matplotlib")
     assert not csv.exists()
+
+
+def test_an_output_folder_that_cannot_be_created_is_refused_before_the_search(tmp_path):
+    import time
+
+    t0 = time.perf_counter()
+    _refused(["search", "gpt-oss-20b", "--gpus", "8", "--seq-len", "128k", "--no-progress",
+              "--out", "/proc/no-such-folder/plan.yaml"], "--out", "cannot be created")
+    assert time.perf_counter() - t0 < SEARCH_S, "refused before the search ran"
+    # a missing folder that can be created is created by the write, and nothing is left by the check
+    out = tmp_path / "new" / "deeper" / "plan.yaml"
+    assert cli.main(["search", "olmoe-1b-7b", "--gpus", "4", "--seq-len", "32k", "--no-progress",
+                     "--out", str(out)]) == 0
+    assert out.is_file()
+
+
+SEARCH_S = 5.0
+"""Seconds the refusal may take: the gpt-oss-20b search it must not run takes about 8-15 s here."""
