@@ -83,6 +83,9 @@ class Frozen(BaseModel):
         elif isinstance(v, (str, bytes)) and _wants_int(ann) and str not in typing.get_args(ann):
             # pydantic's lax mode reads "8" as 8: a quoted number in a file is a typo, not an int
             raise PydanticCustomError("int_not_str", "must be an integer, not a string")
+        elif isinstance(v, float) and _wants_int(ann) and not _wants(ann, float):
+            # lax mode reads 8.0 as 8 (and 1.31072e5 as 131072): an integer field takes an integer
+            raise PydanticCustomError("int_not_float", "must be an integer, not a decimal number")
         return v
 
 

@@ -61,7 +61,11 @@ def validation_error(exc: ValidationError, prefix: str) -> InvalidPlan:
     if kind == "int_not_bool":
         return InvalidPlan(field, value, "must be an integer, not a boolean", "write a number")
     if kind == "int_not_str":
-        return InvalidPlan(field, value, "must be an integer, not a string", "write the number without quotes")
+        return InvalidPlan(field, value, "must be an integer, not a string",
+                           "write a plain integer without quotes (131072, not '131072', 128k or 1.31072e5)")
+    if kind == "int_not_float":
+        return InvalidPlan(field, value, "must be an integer, not a decimal number",
+                           "write a plain integer (8, not 8.0; 131072, not 1.31072e5)")
     if kind == "float_not_bool":
         return InvalidPlan(field, value, "must be a number, not a boolean", "write a number")
     msg = err.get("msg", "is invalid")
