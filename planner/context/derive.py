@@ -9,6 +9,7 @@ import numpy as np
 
 from planner.context.ctx import CTX_FIELDS, Ctx
 from planner.context.resolve import resolve_plan
+from planner.plans import chunking
 from planner.plans.routing import with_routing
 from planner.errors import InvalidPlan
 from planner.schema import ClusterSpec, ModelSpec, Plan, Workload, parse_routing
@@ -19,6 +20,15 @@ MAX_ESTIMATE_BYTES = 1 << 58
 """Largest per-rank byte estimate (``magnitude_estimate``) the budget evaluates: 256 PiB. The
 estimate over-counts every live set, and numpy's int64 holds 2^63, so every term, phase sum and peak
 of an accepted configuration is exact. Anything near this is thousands of times any GPU's HBM."""
+
+
+def chunk_symbols(N, token_budget, max_chunks):
+    """``(K, c_eff)`` of PipelinedLLEP's chunking: ``K = min(ceil(N/c), K_max)`` and
+    ``c_eff = ceil(N/K)`` (``planner.plans.chunking``, the operators' own rule), for ints or numpy
+    arrays. ``derive_context`` puts them in ``Ctx.num_chunks`` / ``Ctx.chunk_tokens``, where the
+    memory and the time model read them."""
+    K = chunking.num_chunks(N, token_budget, max_chunks)
+    return K, chunking.chunk_tokens(N, K)
 
 
 def derive_context(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan: Plan, *,
@@ -62,9 +72,9 @@ def derive_context(model: ModelSpec, cluster: ClusterSpec, workload: Workload, p
         fields = {n: getattr(plan.composed, n) for n in COMPOSED_KEYS if n in CTX_FIELDS}
         fields.update(overrides)
         N = ceil_div(tokens_seq, fields["seq_parallel"])
-        K = np.minimum(ceil_div(N, fields["token_budget"]), fields["max_chunks"])   # K = min(ceil(N/c), K_max)
+        K, c_eff = chunk_symbols(N, fields["token_budget"], fields["max_chunks"])
         ctx = Ctx(**common, **fields, num_boundaries=2 * model.num_layers, tokens_per_rank=N,
-                  num_chunks=K, chunk_tokens=ceil_div(N, K))                     # c_eff = ceil(N/K)
+                  num_chunks=K, chunk_tokens=c_eff)
     else:
         k = plan.baseline
         fields = {n: getattr(k, n) for n in BASELINE_KEYS if n in CTX_FIELDS}
