@@ -58,7 +58,8 @@ def sweep(*, model: str, cluster: str | None = None, gpus: int, seq_lens: list[i
         wl = Workload(seq_len=pt.seq_len, global_batch_tokens=global_batch_tokens)
         for plan, cand in ((pt.composed, pt.composed_candidate), (pt.baseline, pt.baseline_candidate)):
             rep = check_planfile(PlanFile(model=pf.model, cluster=pf.cluster, workload=wl, plan=plan))
-            sens = routing_sensitivity(pf.model, pf.cluster, wl, plan) if pf.model.is_moe else {}
+            sens = (routing_sensitivity(pf.model, pf.cluster, wl, rep.ctx.plan, resolved=True)
+                    if pf.model.is_moe else {})
             rows.append(SweepRow(pt.seq_len, plan.stack, rep.fits, rep.peak_bytes, rep.capacity_bytes,
                                  {ls: rep.live_set_bytes(ls)[1] for ls in LIVE_SETS}, rep.binding_live_set,
                                  cand.tokens_per_s_per_gpu if cand else None, rep.planfile.plan, sens,

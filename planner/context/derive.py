@@ -31,6 +31,15 @@ def chunk_symbols(N, token_budget, max_chunks):
     return K, chunking.chunk_tokens(N, K)
 
 
+def rank_params(ctx: Ctx):
+    """``Θ_r``: parameters whose fp32 master, m, v one rank holds (the memory model's optimizer
+    state and the time model's optimizer step both read it)."""
+    p = ctx.params
+    if ctx.stack == "fsdp2":
+        return ceil_div(p["total"], ctx.world_size)
+    return ceil_div(p["dense"] + p["head"], ctx.world_size) + ceil_div(p["experts"], ctx.world_size)
+
+
 def derive_context(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan: Plan, *,
                    resolved: bool = False, overrides: dict | None = None) -> tuple[Ctx, object]:
     """Resolve ``plan`` and derive every DESIGN §1 symbol; returns the ``Ctx`` (SCO not yet
@@ -48,8 +57,7 @@ def derive_context(model: ModelSpec, cluster: ClusterSpec, workload: Workload, p
     if not resolved:
         plan = resolve_plan(model, workload, plan)
     plan = with_routing(model, plan)
-    kind, hot_share, hot = parse_routing(plan.routing)
-    check_routing(model, plan.routing)
+    kind, hot_share, hot = check_routing(model, plan.routing)
     params = model.param_counts()
     overrides = dict(overrides or {})
     seq_len = overrides.pop("seq_len", workload.seq_len)
@@ -150,8 +158,9 @@ def _check_magnitude(ctx: Ctx) -> None:
                           "lower --seq-len / the batch, or raise --seq-parallel")
 
 
-def check_routing(model: ModelSpec, routing: str) -> None:
-    """Reject skew profiles ``R/H`` no top-k router can produce (DESIGN §3.2 profiles).
+def check_routing(model: ModelSpec, routing: str) -> tuple[str, float, int]:
+    """Reject skew profiles ``R/H`` no top-k router can produce (DESIGN §3.2 profiles); returns the
+    parsed routing ``(kind, hot share r, hot experts H)`` (``planner.schema.parse_routing``).
 
     A top-k router never picks one expert twice for a token, so the hot tokens need ``H >= k``
     distinct hot experts and the cold tokens ``E - H >= k`` cold ones (or none, ``H = E``: the cold
@@ -160,9 +169,9 @@ def check_routing(model: ModelSpec, routing: str) -> None:
     Raises:
         InvalidPlan: ``H > E``, ``H < k`` with hot tokens, or ``0 < E - H < k`` with cold tokens.
     """
-    kind, hot_share, hot = parse_routing(routing)
+    parsed = kind, hot_share, hot = parse_routing(routing)
     if kind != "skew" or not model.is_moe:
-        return
+        return parsed
     E, k = model.num_experts, model.top_k
     if hot > E:
         raise InvalidPlan("plan.routing", routing, f"hot experts must be <= model.num_experts ({E})",
@@ -175,6 +184,7 @@ def check_routing(model: ModelSpec, routing: str) -> None:
         raise InvalidPlan("plan.routing", routing,
                           f"cold experts E - H ({E - hot}) must be 0 or >= model.top_k ({k}): a top-k "
                           "router never picks one expert twice for a token", f"use H <= {E - k} or H = {E}")
+    return parsed
 
 
 def _check_global_batch(workload: Workload, plan: Plan, ctx: Ctx) -> None:
