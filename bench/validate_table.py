@@ -35,18 +35,19 @@ class _Sample:
         self.peak_bytes, self.start_bytes = peak, start
 
 
-def _samples(result: dict) -> tuple[dict, int]:
-    """Phase samples and the step-start bytes back from a recorded ``validate --json``."""
+def _samples(result: dict, case: str) -> tuple[dict, int]:
+    """Phase samples and the step-start bytes back from a recorded ``validate --json`` (every
+    committed record carries its per-phase ``measured`` samples).
+
+    Raises:
+        ValueError: a record without measured phases (written before ``validate`` recorded them).
+    """
     phases = {lab: _Sample(int(p["measured"]["peak_bytes"]), int(p["measured"]["start_bytes"]))
               for lab, p in (result.get("phases") or {}).items() if p.get("measured")}
+    if not phases:
+        raise ValueError(f"case {case}: the record has no measured phases; re-run it with "
+                         "bench/validate.py (or bench/validate_fsdp2.py)")
     start = next((int(r["measured"]) for r in result["rows"] if r["what"] == "persistent"), 0)
-    if not phases:  # older records: the rows carry the phase totals
-        for r in result["rows"]:
-            if r["what"] == "phase total":
-                phases[r["phase"]] = _Sample(int(r["measured"]), 0)
-        opt = next((r for r in result["rows"] if r["what"].startswith("optimizer_step")), None)
-        if opt is not None and "optimizer" in phases:
-            phases["optimizer"].start_bytes = phases["optimizer"].peak_bytes - int(opt["measured"])
     return phases, start
 
 
@@ -69,7 +70,7 @@ def cases(stem: str):
 def row(stem: str, c: dict, pf) -> dict:
     res = c["result"]
     pred = predict(pf, c["lifetime"], timing=c["W"] == 1, dispatch_bound=COMPARED_BOUND)  # as validate compares
-    samples, start = _samples(res)
+    samples, start = _samples(res, c.get("name") or c["model"])
     rows = [r for r in compare(pred, samples, start, step_s=res.get("step_s"), judge_time=c["W"] == 1)
             if r.unit == "bytes" and r.judged and r.measured]
     ratios = [r.ratio for r in rows]

@@ -31,9 +31,10 @@ class FrontierReport:
             out["max_seq_len"] = best
             out["seq_step"] = int(s.values[1] - s.values[0]) if len(s.values) > 1 else int(s.values[0])
         else:
+            from planner.budget.frontier import seq_degree
+
             W = self.planfile.plan.world_size
-            D = resolve_plan(self.planfile.model, self.planfile.workload, self.planfile.plan)
-            deg = D.composed.seq_parallel if D.stack == "composed" else D.baseline.cp
+            deg = seq_degree(s.plan)
             out["max_seqs_per_microbatch"] = best
             out["max_global_batch_tokens"] = (None if best is None
                                               else W // deg * best * self.planfile.workload.seq_len)
@@ -54,16 +55,34 @@ def max_context(*, seq_step: int | None = None, max_seq_len: int = 16 * 2**20, m
     """``planner max-context``: scan ``S`` over the whole grid (DESIGN §3.4). ``seq_step`` and
     ``max_seq_len`` are both total context ``S``; the step is rounded up to a multiple of the
     sequence-sharding degree ``D`` (``cp`` for the baseline), default ``1024·D``."""
-    from planner.budget.frontier import scan, seq_len_grid
+    from planner.budget.frontier import seq_degree, seq_len_grid
 
     if kwargs.get("seq_len") is None and not kwargs.get("plan_file"):
         kwargs["seq_len"] = (seq_step or DEFAULT_SEQ_STEP_PER_RANK) * (kwargs.get("gpus") or 1)
-    pf, ref = build(**kwargs)
+
+    def grid(pf: PlanFile, plan) -> Any:
+        per_rank = DEFAULT_SEQ_STEP_PER_RANK if seq_step is None else -(-seq_step // seq_degree(plan))
+        return seq_len_grid(pf, per_rank, max_seq_len, plan=plan)
+
+    return _frontier("seq_len", grid, min_headroom, kwargs)
+
+
+def max_batch(*, max_tokens: int = 16 * 2**20, min_headroom: float | None = None, **kwargs) -> FrontierReport:
+    """``planner max-batch``: scan sequences per micro-batch at fixed ``S`` (whole grid)."""
+    from planner.budget.frontier import batch_grid
+
+    return _frontier("seqs_per_microbatch", lambda pf, plan: batch_grid(pf, max_tokens), min_headroom, kwargs)
+
+
+def _frontier(axis: str, grid, min_headroom: float | None, build_kwargs: dict) -> FrontierReport:
+    """Both scans: build the plan file (``build``), resolve its plan once, lay the grid
+    (``grid(pf, resolved plan)``) and scan it with that plan."""
+    from planner.budget.frontier import scan
+
+    pf, ref = build(**build_kwargs)
     plan = resolve_plan(pf.model, pf.workload, pf.plan)
-    D = plan.composed.seq_parallel if plan.stack == "composed" else plan.baseline.cp
-    per_rank = DEFAULT_SEQ_STEP_PER_RANK if seq_step is None else -(-seq_step // D)
-    grid = seq_len_grid(pf, per_rank, max_seq_len)
-    return FrontierReport(pf, "seq_len", scan(pf, "seq_len", grid, **_headroom(min_headroom)), ref)
+    values = grid(pf, plan)
+    return FrontierReport(pf, axis, scan(pf, axis, values, plan=plan, **_headroom(min_headroom)), ref)
 
 
 def _headroom(min_headroom: float | None) -> dict:
@@ -73,12 +92,3 @@ def _headroom(min_headroom: float | None) -> dict:
     if not 0.0 <= min_headroom < 1.0:
         raise InvalidPlan("--min-headroom", min_headroom, "must be in [0, 1)", "use e.g. 0.03")
     return {"min_headroom": float(min_headroom)}
-
-
-def max_batch(*, max_tokens: int = 16 * 2**20, min_headroom: float | None = None, **kwargs) -> FrontierReport:
-    """``planner max-batch``: scan sequences per micro-batch at fixed ``S`` (whole grid)."""
-    from planner.budget.frontier import batch_grid, scan
-
-    pf, ref = build(**kwargs)
-    return FrontierReport(pf, "seqs_per_microbatch", scan(pf, "seqs_per_microbatch", batch_grid(pf, max_tokens),
-                                                          **_headroom(min_headroom)), ref)

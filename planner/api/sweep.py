@@ -58,7 +58,8 @@ def sweep(*, model: str, cluster: str | None = None, gpus: int, seq_lens: list[i
         wl = Workload(seq_len=pt.seq_len, global_batch_tokens=global_batch_tokens)
         for plan, cand in ((pt.composed, pt.composed_candidate), (pt.baseline, pt.baseline_candidate)):
             rep = check_planfile(PlanFile(model=pf.model, cluster=pf.cluster, workload=wl, plan=plan))
-            sens = routing_sensitivity(pf.model, pf.cluster, wl, plan) if pf.model.is_moe else {}
+            sens = (routing_sensitivity(pf.model, pf.cluster, wl, rep.ctx.plan, resolved=True)
+                    if pf.model.is_moe else {})
             rows.append(SweepRow(pt.seq_len, plan.stack, rep.fits, rep.peak_bytes, rep.capacity_bytes,
                                  {ls: rep.live_set_bytes(ls)[1] for ls in LIVE_SETS}, rep.binding_live_set,
                                  cand.tokens_per_s_per_gpu if cand else None, rep.planfile.plan, sens,
@@ -72,7 +73,7 @@ MIN_GPUS_MAX = 4096
 
 @dataclass
 class MinGpusReport:
-    """``planner min-gpus``: the smallest power-of-two ``W`` at which each stack has a plan that fits."""
+    """``planner min-gpus``: the smallest ``W`` of ``world_sizes`` at which each stack has a plan that fits."""
 
     model: Any
     workload: Workload
@@ -86,13 +87,25 @@ class MinGpusReport:
                 "baseline_min_gpus": self.baseline, "tried": self.tried}
 
 
+def world_sizes(max_gpus: int, gpus_per_node: int) -> list[int]:
+    """The ``W`` that ``min-gpus`` tries, increasing: powers of two below ``gpus_per_node`` (part of
+    one node), then ``gpus_per_node·2^j`` (whole nodes), all ``≤ max_gpus``. A plan file refuses any
+    other ``W`` above one node (``PlanFile`` whole-node check); with a power-of-two
+    ``gpus_per_node`` these are the powers of two."""
+    part = [1 << k for k in range(gpus_per_node.bit_length()) if 1 << k < gpus_per_node]
+    whole = [gpus_per_node << j for j in range(max(max_gpus // gpus_per_node, 0).bit_length())]
+    return [W for W in part + whole if W <= max_gpus]
+
+
 def min_gpus(*, model: str, seq_len: int, cluster: str | None = None, cluster_overrides: dict | None = None,
              routing: str | None = default("routing"), dispatch_bound: str = default("dispatch_bound"), dtype: str = default("dtype"),
              max_gpus: int = MIN_GPUS_MAX, progress=None) -> MinGpusReport:
-    """Smallest ``W = 2^k ≤ max_gpus`` for which some legal composed plan fits (HBM and host RAM),
-    and the same for the FSDP2 baseline, by the memory model alone (the search's candidate space,
-    no time model). Powers of two: the legal degrees (``D``, ``E_p``, ``P``, ``tp``, ``cp``) divide
-    ``W`` and the heads and experts, which are powers of two in every shipped model."""
+    """Smallest ``W ≤ max_gpus`` of ``world_sizes`` for which some legal composed plan fits (HBM
+    and host RAM), and the same for the FSDP2 baseline, by the memory model alone (the search's
+    candidate space, no time model). Powers of two (times ``gpus_per_node`` past one node): the
+    legal degrees (``D``, ``E_p``, ``P``, ``tp``, ``cp``) divide ``W`` and the heads and experts,
+    which are powers of two in every shipped model; every ``W`` tried fills whole nodes or part of
+    one, so ``planner search --gpus W`` accepts the answer."""
     from planner.search.rank import lowest_peak
 
     if not 1 <= max_gpus <= 2**20:
@@ -101,7 +114,7 @@ def min_gpus(*, model: str, seq_len: int, cluster: str | None = None, cluster_ov
                   overrides={"routing": routing, "dispatch_bound": dispatch_bound, "dtype": dtype})
     found: dict[str, int | None] = {"composed": None, "fsdp2": None}
     tried = []
-    ws = [1 << k for k in range(max_gpus.bit_length()) if 1 << k <= max_gpus]
+    ws = world_sizes(max_gpus, pf.cluster.topology.gpus_per_node)
     for j, W in enumerate(ws):
         row: dict[str, Any] = {"world_size": W}
         for st in ("composed", "fsdp2"):

@@ -36,6 +36,7 @@ import numpy as np
 
 from planner.budget import dispatch_inventory as inv
 from planner.context.ctx import Ctx
+from planner.context.derive import chunk_symbols
 from planner.budget.dispatch_buffers import OUTPUT
 from planner.budget.terms import Term
 from planner.budget.work_bounds import check_expected_work
@@ -104,13 +105,15 @@ def phase_moments(mom: dict, regime: str) -> dict[str, list[dict]]:
 @lru_cache(maxsize=4096)
 def expected(op: str, profile: str, N: int, H: int, I: int, E: int, k: int, b: int, E_p: int,
              c: int, K_max: int, alpha: float, m: int, lam: float, n_imp: int, regime: str,
-             standalone: bool = False) -> dict:
-    """Binding moment per phase, maximised over the ranks of the plan on ``profile``."""
+             standalone: bool = False, num_chunks: int | None = None) -> dict:
+    """Binding moment per phase, maximised over the ranks of the plan on ``profile``;
+    ``num_chunks`` is PipelinedLLEP's ``K`` (``Ctx.num_chunks``; ``None``: from ``N``, ``c``,
+    ``K_max``, as the operator computes it)."""
     counts = routing.profile_counts(profile, N, E, k, E_p)
     operator, residue = plan_operator(op)
     plan = plans_dispatch.plan_layer(counts, top_k=k, operator=operator, token_budget=c,
                                      max_chunks=K_max, alpha=alpha, min_tokens=m, lam=lam,
-                                     max_imports=n_imp, residue=residue)
+                                     max_imports=n_imp, residue=residue, num_chunks=num_chunks)
     shape = inv.Shape(N, H, I, E, k, b)
     out: dict = {}
     for d in plan.rank_classes():
@@ -127,6 +130,8 @@ def expected(op: str, profile: str, N: int, H: int, I: int, E: int, k: int, b: i
 def guarantee_sizes(ctx_like: dict, residue: str = plans_dispatch.DESTINATION) -> dict:
     """Bounded sizes (numpy-friendly) of PipelinedLLEP / LLEP for ``guarantee_moments``: a chunk
     and, when ``K >= 2``, the next ones (prefetch; a middle chunk), all at the per-chunk bounds.
+    ``K`` and ``c_eff`` are ``ctx_like["K"]`` / ``["c_eff"]`` (``terms`` passes the context's);
+    a caller without a context (one operator shape) leaves them out and gets ``chunk_symbols``.
 
     Rows received per chunk: ``Q_i ≤ min(E_p·k·c_eff, ceil(L/K) + E_p·(n + n_import_max))``
     (``plans.dispatch.chunk_recv_bound``: strided chunks put at most ``ceil(ℓ/K)`` of each
@@ -135,8 +140,7 @@ def guarantee_sizes(ctx_like: dict, residue: str = plans_dispatch.DESTINATION) -
     chunk count instead, ``plans.dispatch.source_chunks``) for the source variant."""
     g = ctx_like
     N, k, E, E_p, m = g["N"], g["k"], g["E"], g["E_p"], g["m"]
-    K = chunking.num_chunks(N, g["c"], g["K_max"])
-    c_eff = chunking.chunk_tokens(N, K)
+    K, c_eff = (g["K"], g["c_eff"]) if "K" in g else chunk_symbols(N, g["c"], g["K_max"])
     resid = llep.residue_bound_routes(k, N, E, E_p, g["alpha"], g["lam"], m, g["n_imp"])
     n = E // np.asarray(E_p)
     load = (plans_dispatch.balanced_load_bound(k, N, E, E_p, g["alpha"], g["lam"], m)
@@ -199,7 +203,9 @@ def unique_rows(cols: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
 OPERATOR_NAMES = {"ep": "standard EP", "llep": "LLEP", "pipelined_llep": "PipelinedLLEP",
                   SOURCE_OP: "PipelinedLLEP (source-side)"}
 KNOBS = ("tokens_per_rank", "expert_parallel", "token_budget", "max_chunks", "llep_alpha",
-         "llep_min_tokens", "llep_lambda", "max_imports")
+         "llep_min_tokens", "llep_lambda", "max_imports", "num_chunks", "chunk_tokens")
+"""The ``Ctx`` fields the dispatch terms read per candidate (``K``, ``c_eff`` as derived once, in
+``planner.context.derive``)."""
 
 def regime(ctx: Ctx) -> str:
     """``checkpointed`` when the MoE region runs inside a non-reentrant checkpoint, else ``saved``."""
@@ -221,6 +227,8 @@ def _knob_arrays(ctx: Ctx, op: str):
         vals["expert_parallel"] = ctx.ep
         # the baseline's MoE block keeps its sequence shard under tp (planner/runtime/fsdp2_layout.py)
         vals["tokens_per_rank"] = -(-np.asarray(ctx.tokens_per_rank) // np.asarray(ctx.tp))
+        # its standard EP is unchunked: one chunk of all its tokens
+        vals["num_chunks"], vals["chunk_tokens"] = 1, vals["tokens_per_rank"]
     arrs = np.broadcast_arrays(*[np.asarray(vals[n], dtype=np.float64) for n in KNOBS])
     return arrs[0].shape, {n: a for n, a in zip(KNOBS, arrs)}
 
@@ -229,7 +237,7 @@ def _expected_components(ctx: Ctx, op: str, reg: str) -> dict:
     shape, arrs = _knob_arrays(ctx, op)
     uniq, inv_idx = unique_rows([arrs[n].reshape(-1) for n in KNOBS])
     col = {n: np.asarray([row[i] for row in uniq]) for i, n in enumerate(KNOBS)}
-    K = np.minimum(-(-col["tokens_per_rank"] // col["token_budget"]), col["max_chunks"]) if op == "pipelined_llep" else 1
+    K = col["num_chunks"] if op == "pipelined_llep" else 1
     check_expected_work(col["expert_parallel"], K, ctx.num_experts, col["max_imports"], op)
     prof = profile_of(ctx)
     per_phase: dict = {}
@@ -239,7 +247,7 @@ def _expected_components(ctx: Ctx, op: str, reg: str) -> dict:
                        ctx.num_experts, ctx.top_k, ctx.act_bytes, int(kw["expert_parallel"]),
                        int(kw["token_budget"]), int(kw["max_chunks"]), float(kw["llep_alpha"]),
                        int(kw["llep_min_tokens"]), float(kw["llep_lambda"]), int(kw["max_imports"]),
-                       reg)
+                       reg, num_chunks=int(kw["num_chunks"]) if op in ("pipelined_llep", SOURCE_OP) else None)
         for kind, (_, mom, _) in res.items():
             comp = per_phase.setdefault(kind, {})
             for key, c in mom.items():
@@ -279,7 +287,8 @@ def _guarantee_components(ctx: Ctx, op: str, reg: str) -> dict:
              E_p=u["expert_parallel"].astype(np.int64), c=u["token_budget"].astype(np.int64),
              K_max=u["max_chunks"].astype(np.int64), alpha=u["llep_alpha"],
              lam=u["llep_lambda"], m=u["llep_min_tokens"].astype(np.int64),
-             n_imp=u["max_imports"].astype(np.int64))
+             n_imp=u["max_imports"].astype(np.int64), K=u["num_chunks"].astype(np.int64),
+             c_eff=u["chunk_tokens"].astype(np.int64))
     s = inv.Shape(g["N"], ctx.hidden_size, ctx.expert_ffn, ctx.num_experts, ctx.top_k, ctx.act_bytes)
     mom = guarantee_moments(op, s, g, standalone=False)
     out = {}

@@ -17,7 +17,7 @@ from planner.budget.host import host_budget
 from planner.budget.peak import capacity_bytes, evaluate
 from planner.context.resolve import resolve_plan
 from planner.errors import InvalidPlan
-from planner.schema import PlanFile
+from planner.schema import Plan, PlanFile
 from planner.schema.base import MAX_TOKENS
 
 CHUNK = 4096
@@ -44,6 +44,8 @@ class FrontierScan:
     """Usable HBM per rank."""
     host_capacity_bytes: int
     """Usable host RAM per node."""
+    plan: Plan
+    """The resolved plan every grid point was evaluated with."""
 
     @property
     def best(self) -> int | None:
@@ -65,12 +67,21 @@ so a plan chosen at the edge of the capacity does not OOM on a model error; the 
 reserve is already subtracted from the capacity."""
 
 
-def scan(pf: PlanFile, axis: str, values: np.ndarray, min_headroom: float = MIN_HEADROOM) -> FrontierScan:
+def seq_degree(plan: Plan) -> int:
+    """The degree sharding each sequence of a resolved plan: ``D`` (Ulysses) composed, ``cp`` for
+    the baseline."""
+    return plan.composed.seq_parallel if plan.stack == "composed" else plan.baseline.cp
+
+
+def scan(pf: PlanFile, axis: str, values: np.ndarray, min_headroom: float = MIN_HEADROOM, *,
+         plan: Plan | None = None) -> FrontierScan:
     """Evaluate ``pf`` at each ``values`` of ``axis`` (``seq_len`` or ``seqs_per_microbatch``); a
-    point fits when its peak leaves ``min_headroom`` of the usable capacity free (and the host fits)."""
+    point fits when its peak leaves ``min_headroom`` of the usable capacity free (and the host fits).
+    ``plan`` is ``pf``'s plan already resolved (``resolve_plan``; resolved here when ``None``)."""
     assert axis in ("seq_len", "seqs_per_microbatch"), axis
     workload = pf.workload.model_copy(update={"global_batch_tokens": None})
-    plan = resolve_plan(pf.model, workload, pf.plan)
+    if plan is None:
+        plan = resolve_plan(pf.model, workload, pf.plan)
     peaks, hosts, fits, tokens = [], [], [], []
     cap = host_cap = 0
     for lo in range(0, len(values), CHUNK):
@@ -93,15 +104,15 @@ def scan(pf: PlanFile, axis: str, values: np.ndarray, min_headroom: float = MIN_
         fits.append((peak <= cap * (1.0 - min_headroom)) & (hb <= host_cap))
         tokens.append(np.broadcast_to(ctx.tokens_per_rank, v.shape))
     return FrontierScan(np.asarray(values), np.concatenate(tokens), np.concatenate(peaks),
-                        np.concatenate(hosts), np.concatenate(fits), cap, host_cap)
+                        np.concatenate(hosts), np.concatenate(fits), cap, host_cap, plan)
 
 
-def seq_len_grid(pf: PlanFile, seq_step: int, max_seq_len: int) -> np.ndarray:
+def seq_len_grid(pf: PlanFile, seq_step: int, max_seq_len: int, *, plan: Plan | None = None) -> np.ndarray:
     """``S = j·seq_step·D`` for ``j ≥ 1`` up to ``max_seq_len``: ``N = S/D`` runs over the multiples
-    of ``seq_step`` (``D`` = Ulysses degree, or ``cp`` for the baseline)."""
-    plan = resolve_plan(pf.model, pf.workload, pf.plan)
-    D = plan.composed.seq_parallel if plan.stack == "composed" else plan.baseline.cp
-    step_s = seq_step * D
+    of ``seq_step`` (``D = seq_degree(plan)``; ``plan`` as for ``scan``)."""
+    if plan is None:
+        plan = resolve_plan(pf.model, pf.workload, pf.plan)
+    step_s = seq_step * seq_degree(plan)
     if max_seq_len > MAX_TOKENS:
         raise InvalidPlan("--max-seq-len", max_seq_len, f"must be <= {MAX_TOKENS} (2^32 tokens)",
                           "lower --max-seq-len")

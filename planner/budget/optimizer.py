@@ -32,6 +32,7 @@ from __future__ import annotations
 import numpy as np
 
 from planner.context.ctx import Ctx
+from planner.context.derive import rank_params  # noqa: F401  (Θ_r, derived in the resolution layer)
 from planner.budget.terms import ALWAYS, Term
 from planner.plans import fsdp2_shards
 from planner.plans.buckets import num_buckets
@@ -39,14 +40,6 @@ from planner.units import PAGE_BYTES, ceil_div, round_up
 
 SOURCE = "DESIGN §3.2 Optimizer step; planner/runtime/offload_adamw.py, cpu_offload_adamw.py inventory"
 OPT = ("optimizer",)
-
-
-def rank_params(ctx: Ctx):
-    """``Θ_r``: parameters whose fp32 master, m, v one rank holds."""
-    p = ctx.params
-    if ctx.stack == "fsdp2":
-        return ceil_div(p["total"], ctx.world_size)
-    return ceil_div(p["dense"] + p["head"], ctx.world_size) + ceil_div(p["experts"], ctx.world_size)
 
 
 def stream_staging_bytes(theta_r, bucket_params, staging_slots):

@@ -19,13 +19,14 @@ ROUTINGS = ("balanced", NAMED_SKEW, "worst")
 model where ``80/16`` is no top-k routing of it)."""
 
 
-def routing_sensitivity(model, cluster, workload, plan) -> dict[str, dict]:
+def routing_sensitivity(model, cluster, workload, plan, *, resolved: bool = False) -> dict[str, dict]:
     """``{routing: {"peak_bytes", "fits_hbm"}}`` for each of ``ROUTINGS`` (HBM verdict only: the
-    host does not depend on the routing)."""
+    host does not depend on the routing). ``resolved``: ``plan`` is already resolved
+    (``Ctx.plan`` of the verdict); no degree depends on the routing, so it is not resolved again."""
     out = {}
     skew = named_skew(model.num_experts, model.top_k)
     for r in (ROUTINGS[0], skew, ROUTINGS[2]):
-        ctx = make_context(model, cluster, workload, plan.model_copy(update={"routing": r}))
+        ctx = make_context(model, cluster, workload, plan.model_copy(update={"routing": r}), resolved=resolved)
         peak = int(np.max(evaluate(ctx).peak_bytes))
         out[r] = {"peak_bytes": peak, "fits_hbm": bool(peak <= capacity_bytes(ctx))}
     return out

@@ -44,9 +44,12 @@ def check(
     raise typer.Exit(0 if rep.fits else 1)
 
 
-def _show_frontier(rep, json_out: bool) -> None:
+def _frontier(scan: str, build_kw: dict, overrides: dict, json_out: bool, **scan_kw) -> None:
+    """Both frontier commands: forward to ``api.<scan>`` by keyword, print, exit 0 when a point fits."""
+    from planner import api
     from planner.report.check_view import render_frontier
 
+    rep = getattr(api, scan)(**build_kw, overrides=overrides, **scan_kw)
     if json_out:
         print_json(rep.to_json())
     else:
@@ -67,15 +70,12 @@ def max_context(
     json_out: Json = False, **knobs,
 ) -> None:
     """Largest context length that fits (whole-grid scan; the peak is not monotone in S)."""
-    from planner import api
-
-    rep = api.max_context(**launch(model=model, plan=plan, cluster=cluster, gpus=gpus, seq_len=seq_len,
+    _frontier("max_context", launch(model=model, plan=plan, cluster=cluster, gpus=gpus, seq_len=seq_len,
                                    global_batch_tokens=global_batch_tokens, seqs_per_microbatch=seqs_per_microbatch,
                                    hbm_gib=hbm_gib, host_ram_gib=host_ram_gib, gpus_per_node=gpus_per_node,
-                                   mtp_trained=mtp_trained),
-                          overrides=plan_overrides(knobs, baseline=baseline), seq_step=count(seq_step, "--seq-step"),
-                          max_seq_len=parse_count(max_seq_len, "--max-seq-len"), min_headroom=min_headroom)
-    _show_frontier(rep, json_out)
+                                   mtp_trained=mtp_trained), plan_overrides(knobs, baseline=baseline), json_out,
+              seq_step=count(seq_step, "--seq-step"), max_seq_len=parse_count(max_seq_len, "--max-seq-len"),
+              min_headroom=min_headroom)
 
 
 @app.command("max-batch")
@@ -90,12 +90,8 @@ def max_batch(
     json_out: Json = False, **knobs,
 ) -> None:
     """Largest global batch per micro-step that fits at the given S (whole-grid scan)."""
-    from planner import api
-
-    rep = api.max_batch(**launch(model=model, plan=plan, cluster=cluster, gpus=gpus, seq_len=seq_len,
+    _frontier("max_batch", launch(model=model, plan=plan, cluster=cluster, gpus=gpus, seq_len=seq_len,
                                  global_batch_tokens=global_batch_tokens, seqs_per_microbatch=seqs_per_microbatch,
                                  hbm_gib=hbm_gib, host_ram_gib=host_ram_gib, gpus_per_node=gpus_per_node,
-                                 mtp_trained=mtp_trained),
-                        overrides=plan_overrides(knobs, baseline=baseline),
-                        max_tokens=parse_count(max_tokens, "--max-tokens"), min_headroom=min_headroom)
-    _show_frontier(rep, json_out)
+                                 mtp_trained=mtp_trained), plan_overrides(knobs, baseline=baseline), json_out,
+              max_tokens=parse_count(max_tokens, "--max-tokens"), min_headroom=min_headroom)

@@ -126,11 +126,11 @@ def min_gpus(
     cluster: Cluster = None,
     hbm_gib: HbmGib = None, host_ram_gib: HostRamGib = None, gpus_per_node: GpusPerNode = None,
     routing: Routing = default("routing"), dispatch_bound: BoundOpt = DEFAULT_BOUND, dtype: DtypeOpt = DEFAULT_DTYPE,
-    max_gpus: Annotated[int, typer.Option(help="Largest W tried (powers of two).")] = 4096,
+    max_gpus: Annotated[int, typer.Option(help="Largest W tried (powers of two; past one node, --gpus-per-node times a power of two).")] = 4096,
     progress: Progress = True,
     json_out: Json = False,
 ) -> None:
-    """Smallest W (a power of two) at which some composed plan fits; the FSDP2 baseline's beside it."""
+    """Smallest W (a power of two; whole nodes past one node) at which some composed plan fits; the FSDP2 baseline's beside it."""
     from planner import api
     from planner.report.search_view import render_min_gpus
 

@@ -9,6 +9,7 @@ import numpy as np
 
 from planner.context.ctx import CTX_FIELDS, Ctx
 from planner.context.resolve import resolve_plan
+from planner.plans import chunking
 from planner.plans.routing import with_routing
 from planner.errors import InvalidPlan
 from planner.schema import ClusterSpec, ModelSpec, Plan, Workload, parse_routing
@@ -19,6 +20,24 @@ MAX_ESTIMATE_BYTES = 1 << 58
 """Largest per-rank byte estimate (``magnitude_estimate``) the budget evaluates: 256 PiB. The
 estimate over-counts every live set, and numpy's int64 holds 2^63, so every term, phase sum and peak
 of an accepted configuration is exact. Anything near this is thousands of times any GPU's HBM."""
+
+
+def chunk_symbols(N, token_budget, max_chunks):
+    """``(K, c_eff)`` of PipelinedLLEP's chunking: ``K = min(ceil(N/c), K_max)`` and
+    ``c_eff = ceil(N/K)`` (``planner.plans.chunking``, the operators' own rule), for ints or numpy
+    arrays. ``derive_context`` puts them in ``Ctx.num_chunks`` / ``Ctx.chunk_tokens``, where the
+    memory and the time model read them."""
+    K = chunking.num_chunks(N, token_budget, max_chunks)
+    return K, chunking.chunk_tokens(N, K)
+
+
+def rank_params(ctx: Ctx):
+    """``Θ_r``: parameters whose fp32 master, m, v one rank holds (the memory model's optimizer
+    state and the time model's optimizer step both read it)."""
+    p = ctx.params
+    if ctx.stack == "fsdp2":
+        return ceil_div(p["total"], ctx.world_size)
+    return ceil_div(p["dense"] + p["head"], ctx.world_size) + ceil_div(p["experts"], ctx.world_size)
 
 
 def derive_context(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan: Plan, *,
@@ -38,8 +57,7 @@ def derive_context(model: ModelSpec, cluster: ClusterSpec, workload: Workload, p
     if not resolved:
         plan = resolve_plan(model, workload, plan)
     plan = with_routing(model, plan)
-    kind, hot_share, hot = parse_routing(plan.routing)
-    check_routing(model, plan.routing)
+    kind, hot_share, hot = check_routing(model, plan.routing)
     params = model.param_counts()
     overrides = dict(overrides or {})
     seq_len = overrides.pop("seq_len", workload.seq_len)
@@ -62,9 +80,9 @@ def derive_context(model: ModelSpec, cluster: ClusterSpec, workload: Workload, p
         fields = {n: getattr(plan.composed, n) for n in COMPOSED_KEYS if n in CTX_FIELDS}
         fields.update(overrides)
         N = ceil_div(tokens_seq, fields["seq_parallel"])
-        K = np.minimum(ceil_div(N, fields["token_budget"]), fields["max_chunks"])   # K = min(ceil(N/c), K_max)
+        K, c_eff = chunk_symbols(N, fields["token_budget"], fields["max_chunks"])
         ctx = Ctx(**common, **fields, num_boundaries=2 * model.num_layers, tokens_per_rank=N,
-                  num_chunks=K, chunk_tokens=ceil_div(N, K))                     # c_eff = ceil(N/K)
+                  num_chunks=K, chunk_tokens=c_eff)
     else:
         k = plan.baseline
         fields = {n: getattr(k, n) for n in BASELINE_KEYS if n in CTX_FIELDS}
@@ -140,8 +158,9 @@ def _check_magnitude(ctx: Ctx) -> None:
                           "lower --seq-len / the batch, or raise --seq-parallel")
 
 
-def check_routing(model: ModelSpec, routing: str) -> None:
-    """Reject skew profiles ``R/H`` no top-k router can produce (DESIGN §3.2 profiles).
+def check_routing(model: ModelSpec, routing: str) -> tuple[str, float, int]:
+    """Reject skew profiles ``R/H`` no top-k router can produce (DESIGN §3.2 profiles); returns the
+    parsed routing ``(kind, hot share r, hot experts H)`` (``planner.schema.parse_routing``).
 
     A top-k router never picks one expert twice for a token, so the hot tokens need ``H >= k``
     distinct hot experts and the cold tokens ``E - H >= k`` cold ones (or none, ``H = E``: the cold
@@ -150,9 +169,9 @@ def check_routing(model: ModelSpec, routing: str) -> None:
     Raises:
         InvalidPlan: ``H > E``, ``H < k`` with hot tokens, or ``0 < E - H < k`` with cold tokens.
     """
-    kind, hot_share, hot = parse_routing(routing)
+    parsed = kind, hot_share, hot = parse_routing(routing)
     if kind != "skew" or not model.is_moe:
-        return
+        return parsed
     E, k = model.num_experts, model.top_k
     if hot > E:
         raise InvalidPlan("plan.routing", routing, f"hot experts must be <= model.num_experts ({E})",
@@ -165,6 +184,7 @@ def check_routing(model: ModelSpec, routing: str) -> None:
         raise InvalidPlan("plan.routing", routing,
                           f"cold experts E - H ({E - hot}) must be 0 or >= model.top_k ({k}): a top-k "
                           "router never picks one expert twice for a token", f"use H <= {E - k} or H = {E}")
+    return parsed
 
 
 def global_batch_divides(workload: Workload, world_size: int, tokens_per_rank) -> np.ndarray:

@@ -53,7 +53,7 @@ A model with ``E < 16 + k`` uses the largest ``H`` that leaves cold experts (``n
 def named_skew(num_experts: int, top_k: int) -> str:
     """``NAMED_SKEW`` on a model with ``E`` experts and top-``k``: the same hot share with the
     largest ``H <= 16`` that a top-k router can produce and that leaves the cold tokens their own
-    experts (``k <= H <= E - k``; ``planner.budget.build.check_routing``). Where none exists,
+    experts (``k <= H <= E - k``; ``planner.context.derive.check_routing``). Where none exists,
     ``H = E`` (every token on the hot experts), or ``worst`` when even ``E < k``."""
     _, share, hot = parse_profile(NAMED_SKEW)
     h = min(hot, num_experts - top_k)

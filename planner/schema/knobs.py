@@ -124,11 +124,11 @@ def parse_flag(name: str, value: Any) -> Any:
 def plan_overrides(flags: dict[str, Any], *, baseline: bool = False) -> dict[str, Any]:
     """The knob flags a user typed (``None``/``False`` = not given) → plan overrides, in plan
     units; ``baseline`` selects the FSDP2 stack (``--baseline``). The one place flags become plan
-    values."""
+    values; which stack's field a flag lands in (``ALIASES``) is ``stack_overrides``'s, in
+    ``api.build``, for flags and api callers alike."""
     ov = {k: parse_flag(k, v) for k, v in flags.items() if v is not None and v is not False}
     if baseline:
         ov["stack"] = "fsdp2"
-        _alias(ov)
     return ov
 
 

@@ -50,8 +50,10 @@ def test_baseline_flags_select_fsdp2(monkeypatch):
         cli.app(["check", "gpt-oss-20b", "--gpus", "16", "--seq-len", "1m", "--baseline", "--tp", "2",
                  "--cp", "4", "--expert-parallel", "2", "--ac", "selective", "--cpu-offload"], standalone_mode=False)
     ov = seen["overrides"]
-    assert ov["stack"] == "fsdp2" and ov["tp"] == 2 and ov["cp"] == 4 and ov["ep"] == 2
+    assert ov["stack"] == "fsdp2" and ov["tp"] == 2 and ov["cp"] == 4 and ov["expert_parallel"] == 2
     assert ov["ac"] == "selective" and ov["cpu_offload"] is True and seen["seq_len"] == 1 << 20
+    pf = api.build_planfile(**{k: v for k, v in seen.items() if k != "overrides"}, overrides=ov)
+    assert pf.plan.baseline.ep == 2 and pf.plan.stack == "fsdp2"   # --expert-parallel means ep here
 
 
 @pytest.mark.parametrize("argv, code", [

@@ -116,6 +116,15 @@ def compare() -> int:
     return 1 if bad else 0
 
 
+def main(argv=None) -> int:
+    import argparse
+
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 epilog="capture: (re)write tests/golden/outputs/; compare (the default): "
+                                        "rerun every command, print each byte difference, exit 1 on any.")
+    ap.add_argument("mode", nargs="?", choices=("capture", "compare"), default="compare")
+    return {"capture": capture, "compare": compare}[ap.parse_args(argv).mode]()
+
+
 if __name__ == "__main__":
-    mode = sys.argv[1] if len(sys.argv) > 1 else "compare"
-    sys.exit({"capture": capture, "compare": compare}[mode]())
+    sys.exit(main())

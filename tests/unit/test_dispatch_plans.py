@@ -213,7 +213,10 @@ def _ctx(**kw):
                 routing_hot_experts=0, routing_text="balanced", dispatch_bound="expected",
                 expert_parallel=g["E_p"], token_budget=g["c"], max_chunks=10, checkpoint="sco")
     base.update(kw)
-    return Ctx(**base)
+    from planner.context.derive import chunk_symbols
+
+    K, c_eff = chunk_symbols(base["tokens_per_rank"], base["token_budget"], base["max_chunks"])
+    return Ctx(**base, num_chunks=K, chunk_tokens=c_eff)   # as derive_context fills them
 
 
 def _phase_bytes(terms, kind):
