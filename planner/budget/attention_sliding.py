@@ -88,7 +88,8 @@ def sliding_backward(ctx: Ctx):
                                  bias B·n_b·w·L_p, the output R·w_v (b) and its lse R (fp32)
         gradients                dq and a second R·w_q block, dk/dv P, the output's R·w_v (the
                                  slice's backward) (b), the kernel's delta R (fp32)
-        region                   the attention_norm's saved fp32 input N·H and cast N·H (b); the
+        region                   the attention_norm's saved fp32 input N·H, its cast and output
+                                 2·N·H (b: model_layers.py:74, two blocks in the H200 history); the
                                  cos/sin tables N·d_qk (fp32)"""
     m, N, H, b = ctx.model, ctx.tokens_per_rank, ctx.hidden_size, ctx.act_bytes
     n_h, d_qk, d_v, w = m.num_heads, m.head_dim, m.v_dim, int(m.sliding_window)
@@ -103,7 +104,7 @@ def sliding_backward(ctx: Ctx):
     lk_p = -(-(2 * w + int(sink)) // MASK_ALIGN) * MASK_ALIGN
     P = R * lk_p // w * (wk + wv)
     bias = B * nb * w * lk_p
-    return (b * (3 * R * wq + 2 * P + 2 * R * wv + bias) + 4 * 2 * R + N * H * (4 + b) + 4 * N * d_qk)
+    return (b * (3 * R * wq + 2 * P + 2 * R * wv + bias) + 4 * 2 * R + N * H * (4 + 2 * b) + 4 * N * d_qk)
 
 
 def backward_excess_terms(ctx: Ctx, global_backward) -> list[Term]:
@@ -121,7 +122,7 @@ def backward_excess_terms(ctx: Ctx, global_backward) -> list[Term]:
     def at(ph: Phase):
         return extra if ph.region in regions else 0
 
-    text = ("max(0, b·(3·R·w_q + 2·R·L_p/w·(w_k+w_v) + 2·R·w_v + B·n_b·w·L_p) + 8·R + N·H·(4+b) + 4·N·d_qk "
+    text = ("max(0, b·(3·R·w_q + 2·R·L_p/w·(w_k+w_v) + 2·R·w_v + B·n_b·w·L_p) + 8·R + N·H·(4+2b) + 4·N·d_qk "
             "− global backward)/b  [local layers; planner/budget/attention_sliding.py]")
     return [Term("sliding window backward: block copies, their gradients, the norm's saved input "
                  "(excess over a global layer)", "attention", extra, b, text, ("backward",),
@@ -129,7 +130,7 @@ def backward_excess_terms(ctx: Ctx, global_backward) -> list[Term]:
                  source=SOURCE + "; H200 allocator history of planner validate, gpt-oss-W8 backward[1]: "
                  "sdpa.py:151 2 × 306 MiB, :113 144, :159 68, :56 144 + 4, SliceBackward0 144, "
                  "EfficientAttentionBackward0 306 + 306 + 144 + 144 + 4 (+ its 512 MiB accumulator), "
-                 "model_layers.py:72/74 180 + 90")]
+                 "model_layers.py:72/74 180 + 90 + 90")]
 
 
 def excess_terms(ctx: Ctx, n_kv: int, global_forward) -> list[Term]:

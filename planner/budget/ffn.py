@@ -12,9 +12,11 @@ inside a non-reentrant region checkpoint:
 
 Every MLP-side region's backward first recomputes its input RMSNorm with grad, which saves the
 fp32 input ``x.float()`` ``N·H`` (fp32) and the cast ``y.to(b)`` ``N·H`` (b) for the norm's
-backward, live through the dispatch or FFN backward: the ``ffn_norm recompute`` terms (the normed
-output and the gradient into it take the places of the region input and the outgoing boundary
-gradient, which are not live then).
+backward, live through the dispatch or FFN backward: the ``ffn_norm recompute`` terms. In a MoE
+region the normed output and the gradient into it take the places of the region input and the
+outgoing boundary gradient, which ``boundaries`` still counts there; a dense FFN region's backward
+holds the normed output (gate's and up's saved input) as its own term, its restored input freed and
+its outgoing gradient not yet made (``boundaries.PAST_RECOMPUTE``).
 
 (the region's input, output and boundary gradients are ``boundaries``; its weights and their
 unreduced gradients ``gathered``). Dense regions: ``I = I_d``; the forward is confirmed by the
@@ -55,6 +57,9 @@ SHARED_HELD = ("; the shared experts ran after the routed experts, so autograd r
                "adds its own: the H200 validate run of deepseek-v2-lite at W = 8 and 64 (the dispatch sub-step "
                "binds) measured backward[4] above a budget without it by 61, 35, 32 and 17 MiB at N = 16384, "
                "8192, 8192 and 4096 (N·H·b = 64, 32, 32, 16 MiB)")
+DENSE_NORMED = ("; deepseek-v2-lite-W1 backward[2] (dense FFN): model_layers.py:74 2 × 256 MiB (the cast and "
+                "the normed output) beside one incoming boundary gradient and one SCO prefetch: the region input "
+                "is freed and the outgoing gradient not yet made (boundaries.PAST_RECOMPUTE)")
 NORM_SOURCE = ("planner/runtime/model_layers.py RMSNorm recomputed with grad in the region's backward; "
                "H200 allocator history of planner validate (gpt-oss-W8 backward[4], [2]: model_layers.py:72 "
                "180 MiB = N·H fp32, :74 2 × 90 MiB = the cast and the normed output)")
@@ -81,6 +86,8 @@ def terms(ctx: Ctx) -> list[Term]:
                  "N·(H + 3·I_d)", ("forward",), regions=("dense_mlp",), source=SOURCE),
             Term("dense FFN backward: saved gate, silu, up and the gradients of silu·up, silu, up", "ffn",
                  6 * N * I_d, b, "6·N·I_d", ("backward",), regions=("dense_mlp",), source=SOURCE + GATED_BWD),
+            Term("ffn_norm recompute: saved normed output (gate and up's input)", "ffn", N * H, b, "N·H",
+                 ("backward",), regions=("dense_mlp",), source=NORM_SOURCE + DENSE_NORMED),
         ]
     if "moe" in set(ctx.regions):
         out.append(Term("ffn_norm output x_NH (the router's and dispatcher's input)", "ffn", N * H, b, "N·H",
@@ -116,18 +123,24 @@ def _norm_backward_substep(ctx: Ctx, own: list[Term]) -> list[Term]:
     input and cast, the region input and the boundary gradients (``boundaries``) and the
     FFN/dispatch backward; the term is the norm backward's excess over that interior, per kind."""
     N, H, b = ctx.tokens_per_rank, ctx.hidden_size, ctx.act_bytes
-    sub = N * H * (6 * 4 + 2 * b)
     ts = [t for t in (*own, *_dispatch_terms(ctx)) if not t.name.startswith("ffn_norm recompute")]
+    # (sub-step, what the interior phase already counts beside the interior), bytes per N·H: a MoE
+    # region counts the norm's fp32 input and cast, the region input and 2 boundary gradients; a
+    # dense one the fp32 input, cast and normed output and the incoming gradient, its sub-step the
+    # outgoing gradient too (boundaries.PAST_RECOMPUTE)
+    per = {"moe": (24 + 2 * b, 4 + 4 * b, "max(0, N·H·(24 + 2b) − N·H·(4 + 4b) − interior)/b"),
+           "dense_mlp": (24 + 3 * b, 4 + 3 * b, "max(0, N·H·(24 + 3b) − N·H·(4 + 3b) − interior)/b")}
     out = []
     for kind in ("moe", "dense_mlp"):
         if kind not in set(ctx.regions):
             continue
+        sub, held, text = per[kind]
         ph = Phase("backward", 1 + ctx.regions.index(kind), kind)
         interior = sum((np.asarray(t.bytes_in(ph), dtype=np.int64) for t in ts), np.int64(0))
-        v = _excess(sub, N * H * (4 + b) + 3 * N * H * b + interior, b)
+        v = _excess(N * H * sub, N * H * held + interior, b)
         out.append(Term(f"ffn_norm backward sub-step: fp32 input and 5 fp32 temporaries, 2 gradients (excess, {kind})",
-                        "ffn", v, b, "max(0, N·H·(24 + 2b) − N·H·(4 + 4b) − interior)/b  (interior: ffn + dispatch "
-                        "backward of the region)", ("backward",), regions=(kind,), provisional=True,
+                        "ffn", v, b, text + "  (interior: ffn + dispatch backward of the region)", ("backward",),
+                        regions=(kind,), provisional=True,
                         source=NORM_SOURCE + "; the fp32 backward of planner/runtime/model_layers.py RMSNorm"))
     return out
 

@@ -135,9 +135,21 @@ def _region_weights(ctx: Ctx, P) -> list[Term]:
 def _unreduced_grads(ctx: Ctx, P) -> Term:
     """``backward[r]``: region ``r``'s unsharded gradients, and the reduce-scatter input of the unit
     whose backward ran before it (region ``r+1``; after the last region the ``[norm, head]`` unit),
-    which FSDP2 keeps until the next reduce-scatter (``reduce_scatter_max_input_buffers``)."""
+    which FSDP2 keeps until the next reduce-scatter (``reduce_scatter_max_input_buffers``).
+
+    A dense FFN region's backward peaks at its gated MLP's backward (6·N·I_d live: the saved gate,
+    silu and up, the gradients of silu·up, silu and up) with only w_down's gradient made: w_up's
+    and w_gate's come after three of the six are freed, a sub-step that holds at most
+    3·N·I_d + 2·H·I_d + N·H, below the peak when ``N ≥ H``; so region ``r``'s own count there is
+    ``Θ_region(r) − 2·H·I_d`` (deepseek-v2-lite-W1 backward[2]: MmBackward0's 42.75 MiB w_down
+    gradient, no w_gate/w_up gradient at the peak)."""
     units = _unit_params(ctx, P)
-    cnt = [np.asarray(units[r - 1]) + np.asarray(units[r]) for r in range(1, len(units))]
+    own = list(units[:-1])
+    if "dense_mlp" in set(ctx.regions):    # the gated FFN's backward peaks before w_gate's, w_up's grads
+        HI = ctx.hidden_size * ctx.dense_ffn
+        late = np.where(np.asarray(ctx.tokens_per_rank) >= ctx.hidden_size, 2 * HI, 0)
+        own = [np.asarray(u) - late if k == "dense_mlp" else u for u, k in zip(own, ctx.regions)]
+    cnt = [np.asarray(own[r - 1]) + np.asarray(units[r]) for r in range(1, len(units))]
     big = cnt[0]
     for c in cnt[1:]:
         big = np.maximum(big, c)
@@ -148,8 +160,8 @@ def _unreduced_grads(ctx: Ctx, P) -> Term:
 
     return Term("unreduced grads: region r's, and the held reduce-scatter input of region r+1 (bf16)",
                 "gathered", int(big) if np.ndim(big) == 0 else big, ctx.act_bytes,
-                "Θ_region(r) + Θ_unit(r+1)  (unit L_b+1: final norm [+ V·H when the head is ZeRO-3])",
-                ("backward",), at=at, provisional=PROVISIONAL,
+                "Θ_region(r) + Θ_unit(r+1)  (unit L_b+1: final norm [+ V·H when the head is ZeRO-3]; dense FFN "
+                "region r: − 2·H·I_d if N ≥ H)", ("backward",), at=at, provisional=PROVISIONAL,
                 source=SOURCE + "; H200 allocator history of planner validate: qwen3-W1 backward[4] holds "
                 "2 × V·H·b (the [norm, head] unit's reduce-scatter input and output), gpt-oss-W8 backward[2] "
                 "holds region 3's 50.6 MiB reduce-scatter input beside region 1's all-gather buffer")
