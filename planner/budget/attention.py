@@ -27,11 +27,9 @@ import dataclasses
 import numpy as np
 
 from planner.budget import attention_backward
-from planner.budget import attention_backward
 from planner.budget.attention_sliding import CHUNKED_LOCAL_TYPES, backward_excess_terms, excess_terms
 from planner.context.ctx import Ctx
 from planner.budget.terms import FWD_BWD, Phase, Term
-from planner.units import ceil_div
 
 PROVISIONAL = True
 """Not yet traced: the GQA/MHA backward and the FSDP2 baseline's attention come from the layouts

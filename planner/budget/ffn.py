@@ -71,7 +71,10 @@ def terms(ctx: Ctx) -> list[Term]:
         return []
     if ctx.checkpoint == "none":
         return []
+    from planner.budget import dispatch
+
     N, H, b, m = ctx.tokens_per_rank, ctx.hidden_size, ctx.act_bytes, ctx.model
+    disp = dispatch.terms(ctx)      # evaluated once: the shared experts' and the norms' sub-steps read it
     mlp = tuple(k for k in ("moe", "dense_mlp") if k in set(ctx.regions))
     out: list[Term] = [
         Term("ffn_norm recompute: saved fp32 input x.float()", "ffn", N * H, 4, "N·H (fp32)", ("backward",),
@@ -95,7 +98,7 @@ def terms(ctx: Ctx) -> list[Term]:
                         "90 MiB beside the dispatch buffers"))
     I_s = m.shared_expert_ffn
     if I_s and "moe" in set(ctx.regions):
-        d_fwd, d_bwd = _dispatch_bytes(ctx)
+        d_fwd, d_bwd = (_interior(ctx, disp, k, "moe") for k in ("forward", "backward"))
         # freed gradients: the routed experts' gradients of this region first exist in the dispatch's
         # backward, after the shared experts' (persistent counts them in the whole backward[r])
         eg = (m.num_experts * m.expert_params() // np.asarray(ctx.expert_parallel) * b
@@ -112,10 +115,10 @@ def terms(ctx: Ctx) -> list[Term]:
                  "ffn", bw, b, "max(0, 6·N·I_s·b − dispatch backward − N·H·b [− b·Θ_exp_layer/E_p, freed])/b", ("backward",), regions=("moe",),
                  source=SOURCE + SHARED_SRC + GATED_BWD),
         ]
-    return out + _norm_forward_substep(ctx, out) + _norm_backward_substep(ctx, out)
+    return out + _norm_forward_substep(ctx, out, disp) + _norm_backward_substep(ctx, out, disp)
 
 
-def _norm_backward_substep(ctx: Ctx, own: list[Term]) -> list[Term]:
+def _norm_backward_substep(ctx: Ctx, own: list[Term], disp: list[Term]) -> list[Term]:
     """The MLP-side region's backward ends with its input RMSNorm's backward in fp32: the saved fp32
     input and five fp32 temporaries over ``N·H`` (as QK-norm's over q: PowBackward0 3×, MulBackward0,
     MeanBackward1 in qwen3-W1 backward[3]), beside the incoming boundary gradient and the gradient
@@ -123,7 +126,7 @@ def _norm_backward_substep(ctx: Ctx, own: list[Term]) -> list[Term]:
     input and cast, the region input and the boundary gradients (``boundaries``) and the
     FFN/dispatch backward; the term is the norm backward's excess over that interior, per kind."""
     N, H, b = ctx.tokens_per_rank, ctx.hidden_size, ctx.act_bytes
-    ts = [t for t in (*own, *_dispatch_terms(ctx)) if not t.name.startswith("ffn_norm recompute")]
+    ts = [t for t in (*own, *disp) if not t.name.startswith("ffn_norm recompute")]
     # (sub-step, what the interior phase already counts beside the interior), bytes per N·H: a MoE
     # region counts the norm's fp32 input and cast, the region input and 2 boundary gradients; a
     # dense one the fp32 input, cast and normed output and the incoming gradient, its sub-step the
@@ -131,13 +134,9 @@ def _norm_backward_substep(ctx: Ctx, own: list[Term]) -> list[Term]:
     per = {"moe": (24 + 2 * b, 4 + 4 * b, "max(0, N·H·(24 + 2b) − N·H·(4 + 4b) − interior)/b"),
            "dense_mlp": (24 + 3 * b, 4 + 3 * b, "max(0, N·H·(24 + 3b) − N·H·(4 + 3b) − interior)/b")}
     out = []
-    for kind in ("moe", "dense_mlp"):
-        if kind not in set(ctx.regions):
-            continue
+    for kind in _mlp_kinds(ctx):
         sub, held, text = per[kind]
-        ph = Phase("backward", 1 + ctx.regions.index(kind), kind)
-        interior = sum((np.asarray(t.bytes_in(ph), dtype=np.int64) for t in ts), np.int64(0))
-        v = _excess(N * H * sub, N * H * held + interior, b)
+        v = _excess(N * H * sub, N * H * held + _interior(ctx, ts, "backward", kind), b)
         out.append(Term(f"ffn_norm backward sub-step: fp32 input and 5 fp32 temporaries, 2 gradients (excess, {kind})",
                         "ffn", v, b, text + "  (interior: ffn + dispatch backward of the region)", ("backward",),
                         regions=(kind,), provisional=True,
@@ -145,10 +144,15 @@ def _norm_backward_substep(ctx: Ctx, own: list[Term]) -> list[Term]:
     return out
 
 
-def _dispatch_terms(ctx: Ctx) -> list[Term]:
-    from planner.budget import dispatch
+def _mlp_kinds(ctx: Ctx) -> list[str]:
+    """The MLP-side region kinds of ``ctx``, MoE first."""
+    return [k for k in ("moe", "dense_mlp") if k in set(ctx.regions)]
 
-    return dispatch.terms(ctx)
+
+def _interior(ctx: Ctx, ts: list[Term], phase_kind: str, kind: str):
+    """Bytes of ``ts`` in ``phase_kind`` of the first region of ``kind``."""
+    ph = Phase(phase_kind, 1 + ctx.regions.index(kind), kind)
+    return sum((np.asarray(t.bytes_in(ph), dtype=np.int64) for t in ts), np.int64(0))
 
 
 def _excess(sub, other, b):
@@ -157,37 +161,20 @@ def _excess(sub, other, b):
     return int(v) if np.ndim(v) == 0 else v
 
 
-def _dispatch_bytes(ctx: Ctx):
-    """Bytes of the ``dispatch`` live set in a MoE region's forward and backward."""
-    from planner.budget import dispatch
-
-    r = 1 + ctx.regions.index("moe")
-    ts = dispatch.terms(ctx)
-    return tuple(sum((np.asarray(t.bytes_in(Phase(k, r, "moe")), dtype=np.int64) for t in ts), np.int64(0))
-                 for k in ("forward", "backward"))
-
-
-def _norm_forward_substep(ctx: Ctx, own: list[Term]) -> list[Term]:
+def _norm_forward_substep(ctx: Ctx, own: list[Term], disp: list[Term]) -> list[Term]:
     """The MLP-side region's forward holds the larger of two sub-steps: its input RMSNorm (the fp32
     input and the fp32 normed copy, the cast and the weighted output: ``N·H`` fp32 ×2 and ``N·H`` b
     ×2, the region output not yet made) and the FFN/dispatch sub-step (the region output, which
     ``boundaries`` counts, and the interior: these ``ffn`` terms and ``dispatch``). The term is the
     norm sub-step's excess, per region kind."""
-    from planner.budget import dispatch
-
     N, H, b = ctx.tokens_per_rank, ctx.hidden_size, ctx.act_bytes
     norm = N * H * (8 + 2 * b)                          # bytes
-    ts = [*own, *dispatch.terms(ctx)]   # the shared experts' term is already their excess over dispatch
+    ts = [*own, *disp]   # the shared experts' term is already their excess over dispatch
     out = []
-    for kind in ("moe", "dense_mlp"):
-        if kind not in set(ctx.regions):
-            continue
-        ph = Phase("forward", 1 + ctx.regions.index(kind), kind)
-        interior = sum((np.asarray(t.bytes_in(ph), dtype=np.int64) for t in ts), np.int64(0))
-        v = np.maximum(np.asarray(norm, dtype=np.int64) - N * H * b - interior, 0)
-        v = -(-v // b)
+    for kind in _mlp_kinds(ctx):
+        v = _excess(norm, N * H * b + _interior(ctx, ts, "forward", kind), b)
         out.append(Term(f"ffn_norm forward sub-step: fp32 input and normed copy, cast, output (excess, {kind})",
-                        "ffn", int(v) if np.ndim(v) == 0 else v, b,
+                        "ffn", v, b,
                         "max(0, N·H·(8 + 2b) − N·H·b − interior)/b  (interior: ffn + dispatch of the region)",
                         ("forward",), regions=(kind,), source=NORM_SOURCE + "; qwen3-W1 forward[2]: the peak "
                         "is inside ffn_norm, model_layers.py:72/73/74 = 512 + 512 + 2 × 256 MiB"))

@@ -34,7 +34,6 @@ from planner.budget import attention_backward
 from planner.budget.attention_sliding import local_regions
 from planner.context.ctx import Ctx
 from planner.budget.terms import PHASE_KINDS, Term
-from planner.units import ceil_div
 
 SOURCE = "cluster profile memory constants (DESIGN §3.1 workspace)"
 BLAS_HANDLES = 2
