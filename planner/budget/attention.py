@@ -7,8 +7,10 @@ heads (``n_kv = n_h`` for MHA and MLA, whose keys are decompressed per head).
 
     forward[r]   normed input N·H, q/k/v in both layouts, output in both layouts, o-proj output N·H,
                  FlashAttention log-sum-exp N·n_h (fp32)
-    backward[r]  the recomputed forward interior + the gradients of q, k, v and the output in
-                 both layouts (the two all-to-all buffers travel both ways)
+    backward[r]  the larger of three sub-steps (``planner.budget.attention_backward``): the
+                 FlashAttention kernel's backward (what the recompute saved: the norms' inputs,
+                 RoPE tables, the kernel's q, k, v, output and lse; the gradients of the output, q,
+                 k, v), QK-norm's fp32 backward over q, and attention_norm's fp32 backward
 
 MLA regions: the tensor inventory at the memory-efficient kernel, ``planner.budget.attention_mla``.
 
@@ -31,10 +33,6 @@ from planner.budget.attention_sliding import CHUNKED_LOCAL_TYPES, backward_exces
 from planner.context.ctx import Ctx
 from planner.budget.terms import FWD_BWD, Phase, Term
 
-PROVISIONAL = True
-"""Not yet traced: the GQA/MHA backward and the FSDP2 baseline's attention come from the layouts
-alone (MLA: ``attention_mla``, an inventory). The composed GQA/MHA forward of global and sliding-window layers is confirmed by the
-region trace."""
 SRC_DECODER = ("tensor inventory of planner/runtime/attention.py + model_layers.py (RMSNorm, RoPE in "
                "fp32) in a region checkpoint; region trace, tests/trace/test_step_trace.py")
 SOURCE = "DESIGN §3.2 Attention (Ulysses); FlashAttention-2 forward/backward tensors"
@@ -108,8 +106,8 @@ def _backward_terms(ctx: Ctx, N, H, b, n_h, n_kv, d_qk) -> list[Term]:
              b, f"2·N·n_kv·d_qk  {E}", bw, regions=R, source=src),
         Term("attention_norm backward: fp32 input + 5 temporaries", "attention", pick(end, 6 * N * H), 4,
              "6·N·H (fp32)  [attention_norm backward sub-step]", bw, regions=R, source=src),
-        Term("outgoing boundary gradient (attention_norm backward)", "attention", pick(end, N * H), b,
-             "N·H  [attention_norm backward sub-step]", bw, regions=R, source=src),
+        Term("gradient into attention_norm's output; outgoing boundary gradient", "attention",
+             pick(end, 2 * N * H), b, "2·N·H  [attention_norm backward sub-step]", bw, regions=R, source=src),
     ]
 
 

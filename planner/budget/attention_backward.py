@@ -20,8 +20,10 @@ query) of ``d_k = d_qk + 8`` channels, v padded to ``d_vk = d_k``; else ``S_k = 
     qk_norm   QK-norm's fp32 RMSNorm backward over q, after the kernel: its fp32 input and five
               fp32 temporaries 6·N·n_h·d_qk, k and its gradient 2·N·n_kv·d_qk (b), attention_norm's
               saved tensors.
-    end       attention_norm's backward: its fp32 input and five fp32 temporaries 6·N·H (fp32) and
-              the outgoing boundary gradient N·H (b).
+    end       attention_norm's backward: its fp32 input and five fp32 temporaries 6·N·H (fp32), the
+              gradient into its output (the q, k, v projections' input gradients) and the outgoing
+              boundary gradient 2·N·H (b) (as ``ffn``'s norm backward; the whole-step trace of
+              gpt-oss at W = 8 and 64 peaks there, at N = 4096).
 
 The phase holds ``max(kernel + workspace, qk_norm, end)``: the kernel's workspace is freed before
 the other two, so ``workspace`` carries only its excess over the larger of them
@@ -121,7 +123,7 @@ def substeps(ctx: Ctx) -> dict[str, object]:
     qkn_saved = N * (n_h + n_kv) * ((d + 1) * FP32 + d * b) if m.qk_norm else 0
     kernel = norm_saved + rope + qkn_saved + (k.q + k.kv + k.out) * b + k.rows * FP32 + (k.out + k.q + k.kv) * b
     qkn = (6 * N * n_h * d * FP32 + 2 * N * n_kv * d * b + norm_saved) if m.qk_norm else 0
-    end = 6 * N * H * FP32 + N * H * b
+    end = 6 * N * H * FP32 + 2 * N * H * b
     sr = -(-np.asarray(k.S_k) // SEQ_TILE) * SEQ_TILE
     accum = k.B * sr * k.h_l * (head_round(k.d_k) + 1) * FP32
     expansion = np.where(np.asarray(k.h_kv) < np.asarray(k.h_l), k.B * k.S_k * k.h_l * (k.d_k + k.d_vk) * b, 0)
