@@ -9,8 +9,10 @@ Composed stack:
                                                                 before it, which FSDP2 holds
     embedding sub-step         max(0, 2·V·H + N·H − A_f)        forward[1]: all-gather output +
                                                                 unsharded table + its output
-    embedding re-gathered      V·H                              backward[1]: FSDP2 prefetches the
+    embedding re-gathered      V·H if W > 1                     backward[1]: FSDP2 prefetches the
                                                                 table during region 1's backward
+                                                                (at W = 1 it copies it in later, at
+                                                                the embedding's own pre-backward)
     embedding grad sub-step    max(0, 2·V·H [+ V·H/W] − A_b)    backward[1]: dense grad + its
                                                                 reduce-scatter input copy (+ its
                                                                 shard, freed gradients)
@@ -72,10 +74,15 @@ def _embedding_substeps(ctx: Ctx, own: list[Term]) -> list[Term]:
         v = -(-v // b)
         return int(v) if np.ndim(v) == 0 else v
 
-    prefetch = Term("embedding table, re-gathered by FSDP2's backward prefetch", "gathered", VH, b, "V·H",
-                    ("backward",), first_region_only=True, provisional=True,
+    multi = np.where(np.asarray(ctx.world_size) > 1, 1, 0)
+    prefetch = Term("embedding table, re-gathered by FSDP2's backward prefetch", "gathered", _int(VH * multi), b,
+                    "V·H if W > 1", ("backward",), first_region_only=True, provisional=True,
                     source=SOURCE + "; H200 validate run: backward[1] − backward[3] ≈ V·H (Qwen3 614 vs "
-                    "594 MiB), gpt-oss backward[1] 0.99-1.01 with it")
+                    "594 MiB), gpt-oss backward[1] 0.99-1.01 with it; gpt-oss-W8 backward[1]: the 1104.6 MiB "
+                    "table (empty_cuda). At W = 1 FSDP2's unshard() allocates nothing (no all-gather) and "
+                    "wait_for_unshard() copies the table in at the embedding's own pre-backward, after region "
+                    "1's (torch/distributed/fsdp/_fully_shard/_fsdp_param_group.py): qwen3-W1 and "
+                    "deepseek-v2-lite-W1 backward[1] hold no table copy")
     own = [*own, prefetch]
     from planner.budget.persistent import embedding_grad_shard
 
@@ -89,6 +96,10 @@ def _embedding_substeps(ctx: Ctx, own: list[Term]) -> list[Term]:
              "gathered", bwd, b, "max(0, 2·V·H [+ ceil(V·H/W), freed] − A_b)", ("backward",), first_region_only=True,
              source=SOURCE + "; whole-step trace backward[1]"),
     ]
+
+
+def _int(v):
+    return int(v) if np.ndim(v) == 0 else v
 
 
 def _unit_params(ctx: Ctx, P) -> list:
