@@ -7,8 +7,10 @@ heads (``n_kv = n_h`` for MHA and MLA, whose keys are decompressed per head).
 
     forward[r]   normed input N·H, q/k/v in both layouts, output in both layouts, o-proj output N·H,
                  FlashAttention log-sum-exp N·n_h (fp32)
-    backward[r]  the recomputed forward interior + the gradients of q, k, v and the output in
-                 both layouts (the two all-to-all buffers travel both ways)
+    backward[r]  the larger of three sub-steps (``planner.budget.attention_backward``): the
+                 FlashAttention kernel's backward (what the recompute saved: the norms' inputs,
+                 RoPE tables, the kernel's q, k, v, output and lse; the gradients of the output, q,
+                 k, v), QK-norm's fp32 backward over q, and attention_norm's fp32 backward
 
 MLA regions: the tensor inventory at the memory-efficient kernel, ``planner.budget.attention_mla``.
 
@@ -26,15 +28,11 @@ import dataclasses
 
 import numpy as np
 
-from planner.budget.attention_sliding import backward_excess_terms, excess_terms
+from planner.budget import attention_backward
+from planner.budget.attention_sliding import CHUNKED_LOCAL_TYPES, backward_excess_terms, excess_terms
 from planner.context.ctx import Ctx
 from planner.budget.terms import FWD_BWD, Phase, Term
-from planner.units import ceil_div
 
-PROVISIONAL = True
-"""Not yet traced: the GQA/MHA backward and the FSDP2 baseline's attention come from the layouts
-alone (MLA: ``attention_mla``, an inventory). The composed GQA/MHA forward of global and sliding-window layers is confirmed by the
-region trace."""
 SRC_DECODER = ("tensor inventory of planner/runtime/attention.py + model_layers.py (RMSNorm, RoPE in "
                "fp32) in a region checkpoint; region trace, tests/trace/test_step_trace.py")
 SOURCE = "DESIGN §3.2 Attention (Ulysses); FlashAttention-2 forward/backward tensors"
@@ -61,30 +59,56 @@ def terms(ctx: Ctx) -> list[Term]:
     return attention_mla.terms(ctx, N, H, b, n_h, d_qk, d_v)
 
 
-def _backward_substeps(ctx: Ctx):
-    """Bytes of the composed GQA backward's two sub-steps: the layouts and their gradients (where
-    FlashAttention's backward runs, with its workspace), and QK-norm's fp32 RMSNorm backward over q
-    (after it: the kernel's workspace is freed by then)."""
-    m, N, H, b = ctx.model, ctx.tokens_per_rank, ctx.hidden_size, ctx.act_bytes
-    n_h, n_kv, d_qk, d_v = _head_dims(ctx)
-    qkv = N * (n_h * d_qk + n_kv * (d_qk + d_v))
-    o = N * n_h * d_v
-    lay_b = qkv + 2 * o + N * H + 2 * N * n_h + 2 * qkv + 2 * o
-    qkn_f = 6 * N * n_h * d_qk if m.qk_norm else 0
-    qkn_b = 2 * N * n_kv * d_qk if m.qk_norm else 0
-    return np.asarray(lay_b * b), np.asarray(qkn_f * 4 + qkn_b * b)
-
-
-def qk_norm_lead(ctx: Ctx):
-    """How far QK-norm's backward sub-step exceeds the layouts' (bytes, ≥ 0; 0 without QK-norm,
-    for MLA and for the FSDP2 baseline): the part of FlashAttention's backward workspace that sits
-    under it, which ``workspace`` leaves out (DESIGN §3.1: a phase holds its larger sub-step)."""
+def _backward_terms(ctx: Ctx, N, H, b, n_h, n_kv, d_qk) -> list[Term]:
+    """The composed GQA/MHA backward: the sub-step a trace sees binding, of the three of
+    ``planner.budget.attention_backward`` (the kernel's workspace is in ``workspace``)."""
     m = ctx.model
-    if ctx.stack == "fsdp2" or m.attention == "mla" or not m.qk_norm:
-        return 0
-    lay, qkn = _backward_substeps(ctx)
-    v = np.maximum(qkn - lay, 0)
-    return int(v) if np.ndim(v) == 0 else v
+    k = attention_backward.kernel_shape(ctx)
+    win = attention_backward.binding(ctx)
+
+    def when(*names):
+        on = np.zeros(np.shape(win["kernel"]), dtype=bool)
+        for n in names:
+            on = on | win[n]
+        return on
+
+    def pick(on, v):
+        v = np.where(on, v, 0)
+        return int(v) if np.ndim(v) == 0 else v
+
+    kern, kq, qkn, end = when("kernel"), when("kernel", "qk_norm"), when("qk_norm"), when("end")
+    qk = m.qk_norm
+    rope = m.model_type not in CHUNKED_LOCAL_TYPES
+    bw, R, src = ("backward",), ("attention",), attention_backward.SOURCE
+    K, Q, E = "[kernel sub-step]", "[kernel or QK-norm sub-step]", "[QK-norm sub-step]"
+    return [
+        Term("attention_norm recompute: saved fp32 input x.float()", "attention", pick(kq, N * H), 4,
+             f"N·H (fp32)  {Q}", bw, regions=R, source=src),
+        Term("attention_norm recompute: saved cast y.to(b) and output", "attention", pick(kq, 2 * N * H), b,
+             f"2·N·H  {Q}", bw, regions=R, source=src),
+        Term("RoPE cos/sin tables (fp32)", "attention", pick(kern, N * d_qk if rope else 0), 4,
+             f"N·d_qk  {K}", bw, regions=R, source=src),
+        Term("QK-norm recompute: saved fp32 inputs and rsqrt of q and k", "attention",
+             pick(kern, N * (n_h + n_kv) * (d_qk + 1) if qk else 0), 4, f"N·(n_h+n_kv)·(d_qk+1) (fp32)  {K}",
+             bw, regions=R, source=src),
+        Term("QK-norm recompute: saved casts of q and k", "attention",
+             pick(kern, N * (n_h + n_kv) * d_qk if qk else 0), b, f"N·(n_h+n_kv)·d_qk  {K}", bw, regions=R,
+             source=src),
+        Term("kernel inputs q, k, v (head layout) and its output", "attention", pick(kern, k.q + k.kv + k.out), b,
+             f"B·S_k·(h_l·d_k + h_kv·(d_k+d_vk) + h_l·d_vk)  {K}", bw, regions=R, source=src),
+        Term("kernel log-sum-exp (fp32)", "attention", pick(kern, k.rows), 4, f"B·S_k·h_l  {K}", bw, regions=R,
+             source=src),
+        Term("gradients of the kernel's output, q, k, v (head layout)", "attention", pick(kern, k.out + k.q + k.kv),
+             b, f"B·S_k·(h_l·d_vk + h_l·d_k + h_kv·(d_k+d_vk))  {K}", bw, regions=R, source=src),
+        Term("QK-norm backward over q in fp32 (input + 5 temporaries)", "attention",
+             pick(qkn, 6 * N * n_h * d_qk if qk else 0), 4, f"6·N·n_h·d_qk  {E}", bw, regions=R, source=src),
+        Term("k and its gradient at the QK-norm backward", "attention", pick(qkn, 2 * N * n_kv * d_qk if qk else 0),
+             b, f"2·N·n_kv·d_qk  {E}", bw, regions=R, source=src),
+        Term("attention_norm backward: fp32 input + 5 temporaries", "attention", pick(end, 6 * N * H), 4,
+             "6·N·H (fp32)  [attention_norm backward sub-step]", bw, regions=R, source=src),
+        Term("gradient into attention_norm's output; outgoing boundary gradient", "attention",
+             pick(end, 2 * N * H), b, "2·N·H  [attention_norm backward sub-step]", bw, regions=R, source=src),
+    ]
 
 
 def _gqa_terms(ctx: Ctx, N, H, b, n_h, n_kv, d_qk, d_v) -> list[Term]:
@@ -136,40 +160,14 @@ def _gqa_terms(ctx: Ctx, N, H, b, n_h, n_kv, d_qk, d_v) -> list[Term]:
         Term("log-sum-exp lse (fp32)", "attention", pick(0, ex_f), 4, "S·n_h/D  [forward: exchange sub-step]",
              fw, regions=R, source=SRC_DECODER, provisional=prov),
     ]
-    # backward: the layouts and their gradients, or (QK-norm) RMSNorm's fp32 backward over q
-    qkn_f = 6 * N * n_h * d_qk if m.qk_norm else 0
-    qkn_b = 2 * N * n_kv * d_qk if m.qk_norm else 0
-    lay_bytes, qkn_bytes = _backward_substeps(ctx)
-    qkn_wins = qkn_bytes > lay_bytes
-
-    def pick_b(a, c):
-        v = np.where(qkn_wins, a, c)
-        return int(v) if np.ndim(v) == 0 else v
-
     bw = ("backward",)
     out = [t if t.phases != FWD_BWD else dataclasses.replace(t, phases=fw) for t in out]
 
     glob_fw = np.maximum(rope_b * b + rope_f * 4, ex_b * b + ex_f * 4) // b
     out += excess_terms(ctx, n_kv, glob_fw)
-    out += [
-        Term("backward: normed input, q, k, v both layouts, outputs, lse", "attention",
-             pick_b(0, N * H + N * n_h * d_qk + N * n_kv * (d_qk + d_v) + qkv + 2 * o + N * H + 2 * N * n_h), b,
-             "N·H + 2·N·(n_h·d_qk + n_kv·(d_qk+d_v)) + 2·N·n_h·d_v + N·H + lse  [when the layouts bind]",
-             bw, regions=R, source=SOURCE, provisional=PROVISIONAL),
-        Term("grads of q, k, v, output (both layouts)", "attention", pick_b(0, 2 * qkv + 2 * o), b,
-             "2·N·(n_h·d_qk + n_kv·(d_qk+d_v)) + 2·N·n_h·d_v  [when the layouts bind]", bw, regions=R,
-             source=SOURCE, provisional=PROVISIONAL),
-        Term("QK-norm backward over q in fp32 (6 temporaries)", "attention", pick_b(qkn_f, 0), 4,
-             "6·N·n_h·d_qk  [when the QK-norm backward binds]", bw, regions=R, source=SRC_DECODER,
-             provisional=PROVISIONAL),
-        Term("k and its gradient at the QK-norm backward", "attention", pick_b(qkn_b, 0), b,
-             "2·N·n_kv·d_qk  [when the QK-norm backward binds]", bw, regions=R, source=SRC_DECODER,
-             provisional=PROVISIONAL),
-    ]
-    # a local layer's backward over its block copies: excess over the global backward terms above and
-    # the GQA expansion workspace (a local layer's K/V are expanded before the kernel)
+    out += _backward_terms(ctx, N, H, b, n_h, n_kv, d_qk)
+    # a local layer's backward over its block copies: its excess over the global backward terms above
     ph = Phase("backward", 1, "attention")
     glob_bw = sum((np.asarray(t.bytes_in(ph), dtype=np.int64) for t in out if t.phases == bw), np.int64(0))
-    glob_bw = glob_bw + (N * n_h * (d_qk + d_v) * b if n_kv < n_h else 0)
     out += backward_excess_terms(ctx, glob_bw)
     return out

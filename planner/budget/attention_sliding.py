@@ -28,6 +28,8 @@ backward's recompute holds the same copies, but the H200 run's gpt-oss backward[
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from planner.context.ctx import Ctx
@@ -50,29 +52,54 @@ def local_regions(ctx: Ctx) -> frozenset[int]:
     return frozenset(2 * i + 1 for i in m.local_layers)
 
 
-def sliding_peak(ctx: Ctx, n_kv: int):
-    """Elements (b bytes; the bool mask counted at ``1/b``) of the block copies at their peak, and
-    of the whole sliding sub-step of the region."""
-    m, N, H = ctx.model, ctx.tokens_per_rank, ctx.hidden_size
+@dataclass(frozen=True)
+class BlockGeometry:
+    """The block layout of ``planner.runtime.sdpa._sliding`` on one rank (module legend)."""
+
+    R: object
+    """Padded query rows ``B·n_b·w·h'``."""
+    B: object
+    nb: object
+    hl: object
+    w: int
+    w_q: int
+    w_k: int
+    w_v: int
+    lk_p: int
+    sink: bool
+
+
+def block_geometry(ctx: Ctx) -> BlockGeometry:
+    """``R``, ``n_b``, ``h'``, the channel widths and ``L_p`` of the local layers' block copies."""
+    m, N = ctx.model, ctx.tokens_per_rank
     n_h, d_qk, d_v, w = m.num_heads, m.head_dim, m.v_dim, int(m.sliding_window)
-    D, B, b = ctx.seq_parallel, ctx.seqs_per_microbatch, ctx.act_bytes
+    D, B = ctx.seq_parallel, ctx.seqs_per_microbatch
     S = np.asarray(N) * D // B                         # tokens of one sequence (head layout)
     hl = ceil_div(n_h, D)
     nb = -(-S // w)
-    R = B * nb * w * hl
     sink = bool(m.attention_sinks)
     wq = wk = d_qk + (SINK_PAD if sink else 0)
     wv = d_qk + SINK_PAD if sink else d_v
     lk_p = -(-(2 * w + int(sink)) // MASK_ALIGN) * MASK_ALIGN
-    if sink:
+    return BlockGeometry(B * nb * w * hl, B, nb, hl, w, wq, wk, wv, lk_p, sink)
+
+
+def sliding_peak(ctx: Ctx, n_kv: int):
+    """Elements (b bytes; the bool mask counted at ``1/b``) of the block copies at their peak, and
+    of the whole sliding sub-step of the region."""
+    m, N, H, b = ctx.model, ctx.tokens_per_rank, ctx.hidden_size, ctx.act_bytes
+    n_h, d_qk, d_v, D = m.num_heads, m.head_dim, m.v_dim, ctx.seq_parallel
+    g = block_geometry(ctx)
+    R, w, wq, wk, wv, lk_p = g.R, g.w, g.w_q, g.w_k, g.w_v, g.lk_p
+    if g.sink:
         held = R * (wq + wk + wv)
         kv = R * (2 * w + 1) // w * (wk + wv)
     else:
         held = R * (d_qk + d_v) if n_kv < n_h else 0
-        kv = (R + B * w * hl) * (wk + wv)
+        kv = (R + g.B * w * g.hl) * (wk + wv)
     qb = R * wq
     pad = R * lk_p // w * (wk + wv)
-    mask = B * nb * w * lk_p + ceil_div(nb * w * lk_p, b)
+    mask = g.B * g.nb * w * lk_p + ceil_div(g.nb * w * lk_p, b)
     out = 2 * R * wv
     peak = np.maximum(held + qb + kv + pad, held + qb + pad + mask + out)
     qkv = N * (n_h * d_qk + n_kv * (d_qk + d_v))
@@ -88,22 +115,15 @@ def sliding_backward(ctx: Ctx):
                                  bias B·n_b·w·L_p, the output R·w_v (b) and its lse R (fp32)
         gradients                dq and a second R·w_q block, dk/dv P, the output's R·w_v (the
                                  slice's backward) (b), the kernel's delta R (fp32)
-        region                   the attention_norm's saved fp32 input N·H and cast N·H (b); the
+        region                   the attention_norm's saved fp32 input N·H, its cast and output
+                                 2·N·H (b: model_layers.py:74, two blocks in the H200 history); the
                                  cos/sin tables N·d_qk (fp32)"""
-    m, N, H, b = ctx.model, ctx.tokens_per_rank, ctx.hidden_size, ctx.act_bytes
-    n_h, d_qk, d_v, w = m.num_heads, m.head_dim, m.v_dim, int(m.sliding_window)
-    D, B = ctx.seq_parallel, ctx.seqs_per_microbatch
-    S = np.asarray(N) * D // B
-    hl = ceil_div(n_h, D)
-    nb = -(-S // w)
-    R = B * nb * w * hl
-    sink = bool(m.attention_sinks)
-    wq = wk = d_qk + (SINK_PAD if sink else 0)
-    wv = d_qk + SINK_PAD if sink else d_v
-    lk_p = -(-(2 * w + int(sink)) // MASK_ALIGN) * MASK_ALIGN
-    P = R * lk_p // w * (wk + wv)
-    bias = B * nb * w * lk_p
-    return (b * (3 * R * wq + 2 * P + 2 * R * wv + bias) + 4 * 2 * R + N * H * (4 + b) + 4 * N * d_qk)
+    N, H, b, d_qk = ctx.tokens_per_rank, ctx.hidden_size, ctx.act_bytes, ctx.model.head_dim
+    g = block_geometry(ctx)
+    R, w = g.R, g.w
+    P = R * g.lk_p // w * (g.w_k + g.w_v)
+    bias = g.B * g.nb * w * g.lk_p
+    return (b * (3 * R * g.w_q + 2 * P + 2 * R * g.w_v + bias) + 4 * 2 * R + N * H * (4 + 2 * b) + 4 * N * d_qk)
 
 
 def backward_excess_terms(ctx: Ctx, global_backward) -> list[Term]:
@@ -121,7 +141,7 @@ def backward_excess_terms(ctx: Ctx, global_backward) -> list[Term]:
     def at(ph: Phase):
         return extra if ph.region in regions else 0
 
-    text = ("max(0, b·(3·R·w_q + 2·R·L_p/w·(w_k+w_v) + 2·R·w_v + B·n_b·w·L_p) + 8·R + N·H·(4+b) + 4·N·d_qk "
+    text = ("max(0, b·(3·R·w_q + 2·R·L_p/w·(w_k+w_v) + 2·R·w_v + B·n_b·w·L_p) + 8·R + N·H·(4+2b) + 4·N·d_qk "
             "− global backward)/b  [local layers; planner/budget/attention_sliding.py]")
     return [Term("sliding window backward: block copies, their gradients, the norm's saved input "
                  "(excess over a global layer)", "attention", extra, b, text, ("backward",),
@@ -129,7 +149,7 @@ def backward_excess_terms(ctx: Ctx, global_backward) -> list[Term]:
                  source=SOURCE + "; H200 allocator history of planner validate, gpt-oss-W8 backward[1]: "
                  "sdpa.py:151 2 × 306 MiB, :113 144, :159 68, :56 144 + 4, SliceBackward0 144, "
                  "EfficientAttentionBackward0 306 + 306 + 144 + 144 + 4 (+ its 512 MiB accumulator), "
-                 "model_layers.py:72/74 180 + 90")]
+                 "model_layers.py:72/74 180 + 90 + 90")]
 
 
 def excess_terms(ctx: Ctx, n_kv: int, global_forward) -> list[Term]:

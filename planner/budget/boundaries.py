@@ -14,9 +14,15 @@ tensor inventory of ``planner/runtime/sco.py`` and confirmed by ``tests/trace/te
                                                             becomes h_{r+1}; attention and dense FFN
                                                             regions make it after their interior)
     prefetched boundary      backward[r]: N·H if 2 ≤ r ≤ n_off+1 (h_{r−1} restoring while r recomputes)
-    boundary grad in/out     backward[r]: 2·N·H
+    boundary grad in/out     backward[r]: 2·N·H; attention and dense FFN regions N·H (the incoming
+                             one: the outgoing one is made in the input norm's backward, counted by
+                             ``attention_backward``'s end sub-step and ``ffn``'s norm backward)
 
-So backward[r] holds at most 2 restored boundaries (the region input and the prefetch). The final
+An attention or dense FFN region's backward peaks after its recompute (the kernel's, QK-norm's or
+the gated FFN's backward), when SCO's restored input of an offloaded region (``r ≤ n_off``) is
+freed: the recompute was its only user (``PAST_RECOMPUTE``). So backward[r] holds at most 2
+restored boundaries (the region input and the prefetch), those regions' past the recompute one (the
+prefetch). The final
 norm, outside the checkpoints, keeps its saved tensors through the head: ``N·H + N`` fp32 and
 ``N·H`` (b). SCO frees an
 offloaded input's device copy when its region's forward ends (after the D2H event), so in-flight
@@ -63,6 +69,29 @@ OUTPUT_SOURCE = ("; H200 allocator history of planner validate: at the interior 
                  "(pipelined_llep.py:117, gpt-oss-W8 forward[2])")
 
 
+PAST_RECOMPUTE = ("attention", "dense_mlp")
+"""Region kinds whose backward peaks past their recompute (FlashAttention's, QK-norm's or the gated
+FFN's backward), with the restored input of an offloaded region freed and the outgoing boundary
+gradient not yet made (it is counted by the sub-step that makes it: ``attention_backward``'s end,
+``ffn``'s norm backward). MoE regions keep both counted: their backward's peak sub-step is not yet
+attributed in an allocator history of the current runtime (at W = 1 the MoE backward is N·H over)."""
+
+
+def past_recompute(ctx: Ctx) -> tuple[str, ...]:
+    """``PAST_RECOMPUTE`` for ``ctx``: MLA attention regions are left out (their inventory,
+    ``attention_mla``, has no sub-step past the kernel yet, and the whole-step trace of
+    deepseek-v2-lite at W = 8 holds more than it there without the region input)."""
+    return tuple(k for k in PAST_RECOMPUTE if k != "attention" or ctx.model.attention != "mla")
+
+
+ATTENTION_SOURCE = ("; H200 allocator history, attention backward (gpt-oss-W8, qwen3-W64 backward[3]): one "
+                    "sco.py:245 restore block (the prefetch; the region's own restored input is gone once the "
+                    "recompute has run, sco.py _restore hands it to the recompute only) and one incoming "
+                    "gradient (ToCopyBackward0 of the region above) at the kernel's and QK-norm's backward; "
+                    "dense FFN backward (deepseek-v2-lite-W1 backward[2]): one sco.py:245 block 256 MiB, one "
+                    "ToCopyBackward0 256 MiB beside the gated FFN's 6·N·I_d")
+
+
 def _output_regions(ctx: Ctx) -> tuple[str, ...] | None:
     """Region kinds whose forward peak holds an ``N·H`` output: the MoE regions (the dispatcher
     accumulates into it); an attention or dense FFN region makes its output after its interior is
@@ -78,6 +107,15 @@ def _checkpointed(ctx: Ctx, NH, L_b: int, n_off, sco: bool, provisional: bool) -
     def retained(ph: Phase):
         return (L_b - np.asarray(n_off)) * NH if ph.kind == "head" else _retained(ph.region, n_off) * NH
 
+    past = past_recompute(ctx)
+
+    def region_input(ph: Phase):
+        freed = (ph.kind == "backward") & (ph.region_kind in past) & (ph.region <= np.asarray(n_off))
+        return np.where(freed, 0, NH)
+
+    def grads(ph: Phase):
+        return NH if ph.region_kind in past else 2 * NH
+
     def prefetched(ph: Phase):
         r = ph.region
         return np.where((r >= 2) & (r - 1 <= np.asarray(n_off)), NH, 0)
@@ -86,13 +124,16 @@ def _checkpointed(ctx: Ctx, NH, L_b: int, n_off, sco: bool, provisional: bool) -
         Term("retained boundaries", "boundaries", (L_b - np.asarray(n_off)) * NH, ctx.act_bytes,
              "forward[r]/backward[r]: max(0, r−1−n_off)·N·H; head: (L_b−n_off)·N·H", ALL_STEP, at=retained,
              provisional=provisional, source=SOURCE),
-        Term("region input (retained or restored)", "boundaries", NH, ctx.act_bytes, "N·H", FWD_BWD,
-             provisional=provisional, source=SOURCE),
+        Term("region input (retained or restored)", "boundaries", NH, ctx.act_bytes,
+             "N·H; backward of a GQA attention or dense FFN region r ≤ n_off: 0 (freed after the recompute)",
+             FWD_BWD, at=region_input, provisional=provisional, source=SOURCE + ATTENTION_SOURCE),
         Term("region output (MoE: the dispatcher's output accumulator, which becomes it)", "boundaries", NH,
              ctx.act_bytes, "N·H  [forward of moe regions]", ("forward",), regions=_output_regions(ctx),
              provisional=provisional, source=SOURCE + OUTPUT_SOURCE),
-        Term("boundary grad in/out", "boundaries", 2 * NH, ctx.act_bytes, "2·N·H", ("backward",),
-             provisional=provisional, source=SOURCE),
+        Term("boundary grad in/out", "boundaries", 2 * NH, ctx.act_bytes,
+             "2·N·H; GQA attention and dense FFN regions: N·H (the incoming one; the outgoing one is made in the "
+             "region's input-norm backward, counted there)", ("backward",), at=grads, provisional=provisional,
+             source=SOURCE + ATTENTION_SOURCE),
     ]
     if sco:
         out.insert(2, Term("prefetched boundary (SCO)", "boundaries", np.where(np.asarray(n_off) >= 1, NH, 0),

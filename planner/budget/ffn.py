@@ -12,9 +12,11 @@ inside a non-reentrant region checkpoint:
 
 Every MLP-side region's backward first recomputes its input RMSNorm with grad, which saves the
 fp32 input ``x.float()`` ``N·H`` (fp32) and the cast ``y.to(b)`` ``N·H`` (b) for the norm's
-backward, live through the dispatch or FFN backward: the ``ffn_norm recompute`` terms (the normed
-output and the gradient into it take the places of the region input and the outgoing boundary
-gradient, which are not live then).
+backward, live through the dispatch or FFN backward: the ``ffn_norm recompute`` terms. In a MoE
+region the normed output and the gradient into it take the places of the region input and the
+outgoing boundary gradient, which ``boundaries`` still counts there; a dense FFN region's backward
+holds the normed output (gate's and up's saved input) as its own term, its restored input freed and
+its outgoing gradient not yet made (``boundaries.PAST_RECOMPUTE``).
 
 (the region's input, output and boundary gradients are ``boundaries``; its weights and their
 unreduced gradients ``gathered``). Dense regions: ``I = I_d``; the forward is confirmed by the
@@ -55,6 +57,9 @@ SHARED_HELD = ("; the shared experts ran after the routed experts, so autograd r
                "adds its own: the H200 validate run of deepseek-v2-lite at W = 8 and 64 (the dispatch sub-step "
                "binds) measured backward[4] above a budget without it by 61, 35, 32 and 17 MiB at N = 16384, "
                "8192, 8192 and 4096 (N·H·b = 64, 32, 32, 16 MiB)")
+DENSE_NORMED = ("; deepseek-v2-lite-W1 backward[2] (dense FFN): model_layers.py:74 2 × 256 MiB (the cast and "
+                "the normed output) beside one incoming boundary gradient and one SCO prefetch: the region input "
+                "is freed and the outgoing gradient not yet made (boundaries.PAST_RECOMPUTE)")
 NORM_SOURCE = ("planner/runtime/model_layers.py RMSNorm recomputed with grad in the region's backward; "
                "H200 allocator history of planner validate (gpt-oss-W8 backward[4], [2]: model_layers.py:72 "
                "180 MiB = N·H fp32, :74 2 × 90 MiB = the cast and the normed output)")
@@ -66,7 +71,10 @@ def terms(ctx: Ctx) -> list[Term]:
         return []
     if ctx.checkpoint == "none":
         return []
+    from planner.budget import dispatch
+
     N, H, b, m = ctx.tokens_per_rank, ctx.hidden_size, ctx.act_bytes, ctx.model
+    disp = dispatch.terms(ctx)      # evaluated once: the shared experts' and the norms' sub-steps read it
     mlp = tuple(k for k in ("moe", "dense_mlp") if k in set(ctx.regions))
     out: list[Term] = [
         Term("ffn_norm recompute: saved fp32 input x.float()", "ffn", N * H, 4, "N·H (fp32)", ("backward",),
@@ -81,6 +89,8 @@ def terms(ctx: Ctx) -> list[Term]:
                  "N·(H + 3·I_d)", ("forward",), regions=("dense_mlp",), source=SOURCE),
             Term("dense FFN backward: saved gate, silu, up and the gradients of silu·up, silu, up", "ffn",
                  6 * N * I_d, b, "6·N·I_d", ("backward",), regions=("dense_mlp",), source=SOURCE + GATED_BWD),
+            Term("ffn_norm recompute: saved normed output (gate and up's input)", "ffn", N * H, b, "N·H",
+                 ("backward",), regions=("dense_mlp",), source=NORM_SOURCE + DENSE_NORMED),
         ]
     if "moe" in set(ctx.regions):
         out.append(Term("ffn_norm output x_NH (the router's and dispatcher's input)", "ffn", N * H, b, "N·H",
@@ -88,7 +98,7 @@ def terms(ctx: Ctx) -> list[Term]:
                         "90 MiB beside the dispatch buffers"))
     I_s = m.shared_expert_ffn
     if I_s and "moe" in set(ctx.regions):
-        d_fwd, d_bwd = _dispatch_bytes(ctx)
+        d_fwd, d_bwd = (_interior(ctx, disp, k, "moe") for k in ("forward", "backward"))
         # freed gradients: the routed experts' gradients of this region first exist in the dispatch's
         # backward, after the shared experts' (persistent counts them in the whole backward[r])
         eg = (m.num_experts * m.expert_params() // np.asarray(ctx.expert_parallel) * b
@@ -105,10 +115,10 @@ def terms(ctx: Ctx) -> list[Term]:
                  "ffn", bw, b, "max(0, 6·N·I_s·b − dispatch backward − N·H·b [− b·Θ_exp_layer/E_p, freed])/b", ("backward",), regions=("moe",),
                  source=SOURCE + SHARED_SRC + GATED_BWD),
         ]
-    return out + _norm_forward_substep(ctx, out) + _norm_backward_substep(ctx, out)
+    return out + _norm_forward_substep(ctx, out, disp) + _norm_backward_substep(ctx, out, disp)
 
 
-def _norm_backward_substep(ctx: Ctx, own: list[Term]) -> list[Term]:
+def _norm_backward_substep(ctx: Ctx, own: list[Term], disp: list[Term]) -> list[Term]:
     """The MLP-side region's backward ends with its input RMSNorm's backward in fp32: the saved fp32
     input and five fp32 temporaries over ``N·H`` (as QK-norm's over q: PowBackward0 3×, MulBackward0,
     MeanBackward1 in qwen3-W1 backward[3]), beside the incoming boundary gradient and the gradient
@@ -116,26 +126,33 @@ def _norm_backward_substep(ctx: Ctx, own: list[Term]) -> list[Term]:
     input and cast, the region input and the boundary gradients (``boundaries``) and the
     FFN/dispatch backward; the term is the norm backward's excess over that interior, per kind."""
     N, H, b = ctx.tokens_per_rank, ctx.hidden_size, ctx.act_bytes
-    sub = N * H * (6 * 4 + 2 * b)
-    ts = [t for t in (*own, *_dispatch_terms(ctx)) if not t.name.startswith("ffn_norm recompute")]
+    ts = [t for t in (*own, *disp) if not t.name.startswith("ffn_norm recompute")]
+    # (sub-step, what the interior phase already counts beside the interior), bytes per N·H: a MoE
+    # region counts the norm's fp32 input and cast, the region input and 2 boundary gradients; a
+    # dense one the fp32 input, cast and normed output and the incoming gradient, its sub-step the
+    # outgoing gradient too (boundaries.PAST_RECOMPUTE)
+    per = {"moe": (24 + 2 * b, 4 + 4 * b, "max(0, N·H·(24 + 2b) − N·H·(4 + 4b) − interior)/b"),
+           "dense_mlp": (24 + 3 * b, 4 + 3 * b, "max(0, N·H·(24 + 3b) − N·H·(4 + 3b) − interior)/b")}
     out = []
-    for kind in ("moe", "dense_mlp"):
-        if kind not in set(ctx.regions):
-            continue
-        ph = Phase("backward", 1 + ctx.regions.index(kind), kind)
-        interior = sum((np.asarray(t.bytes_in(ph), dtype=np.int64) for t in ts), np.int64(0))
-        v = _excess(sub, N * H * (4 + b) + 3 * N * H * b + interior, b)
+    for kind in _mlp_kinds(ctx):
+        sub, held, text = per[kind]
+        v = _excess(N * H * sub, N * H * held + _interior(ctx, ts, "backward", kind), b)
         out.append(Term(f"ffn_norm backward sub-step: fp32 input and 5 fp32 temporaries, 2 gradients (excess, {kind})",
-                        "ffn", v, b, "max(0, N·H·(24 + 2b) − N·H·(4 + 4b) − interior)/b  (interior: ffn + dispatch "
-                        "backward of the region)", ("backward",), regions=(kind,), provisional=True,
+                        "ffn", v, b, text + "  (interior: ffn + dispatch backward of the region)", ("backward",),
+                        regions=(kind,), provisional=True,
                         source=NORM_SOURCE + "; the fp32 backward of planner/runtime/model_layers.py RMSNorm"))
     return out
 
 
-def _dispatch_terms(ctx: Ctx) -> list[Term]:
-    from planner.budget import dispatch
+def _mlp_kinds(ctx: Ctx) -> list[str]:
+    """The MLP-side region kinds of ``ctx``, MoE first."""
+    return [k for k in ("moe", "dense_mlp") if k in set(ctx.regions)]
 
-    return dispatch.terms(ctx)
+
+def _interior(ctx: Ctx, ts: list[Term], phase_kind: str, kind: str):
+    """Bytes of ``ts`` in ``phase_kind`` of the first region of ``kind``."""
+    ph = Phase(phase_kind, 1 + ctx.regions.index(kind), kind)
+    return sum((np.asarray(t.bytes_in(ph), dtype=np.int64) for t in ts), np.int64(0))
 
 
 def _excess(sub, other, b):
@@ -144,37 +161,20 @@ def _excess(sub, other, b):
     return int(v) if np.ndim(v) == 0 else v
 
 
-def _dispatch_bytes(ctx: Ctx):
-    """Bytes of the ``dispatch`` live set in a MoE region's forward and backward."""
-    from planner.budget import dispatch
-
-    r = 1 + ctx.regions.index("moe")
-    ts = dispatch.terms(ctx)
-    return tuple(sum((np.asarray(t.bytes_in(Phase(k, r, "moe")), dtype=np.int64) for t in ts), np.int64(0))
-                 for k in ("forward", "backward"))
-
-
-def _norm_forward_substep(ctx: Ctx, own: list[Term]) -> list[Term]:
+def _norm_forward_substep(ctx: Ctx, own: list[Term], disp: list[Term]) -> list[Term]:
     """The MLP-side region's forward holds the larger of two sub-steps: its input RMSNorm (the fp32
     input and the fp32 normed copy, the cast and the weighted output: ``N·H`` fp32 ×2 and ``N·H`` b
     ×2, the region output not yet made) and the FFN/dispatch sub-step (the region output, which
     ``boundaries`` counts, and the interior: these ``ffn`` terms and ``dispatch``). The term is the
     norm sub-step's excess, per region kind."""
-    from planner.budget import dispatch
-
     N, H, b = ctx.tokens_per_rank, ctx.hidden_size, ctx.act_bytes
     norm = N * H * (8 + 2 * b)                          # bytes
-    ts = [*own, *dispatch.terms(ctx)]   # the shared experts' term is already their excess over dispatch
+    ts = [*own, *disp]   # the shared experts' term is already their excess over dispatch
     out = []
-    for kind in ("moe", "dense_mlp"):
-        if kind not in set(ctx.regions):
-            continue
-        ph = Phase("forward", 1 + ctx.regions.index(kind), kind)
-        interior = sum((np.asarray(t.bytes_in(ph), dtype=np.int64) for t in ts), np.int64(0))
-        v = np.maximum(np.asarray(norm, dtype=np.int64) - N * H * b - interior, 0)
-        v = -(-v // b)
+    for kind in _mlp_kinds(ctx):
+        v = _excess(norm, N * H * b + _interior(ctx, ts, "forward", kind), b)
         out.append(Term(f"ffn_norm forward sub-step: fp32 input and normed copy, cast, output (excess, {kind})",
-                        "ffn", int(v) if np.ndim(v) == 0 else v, b,
+                        "ffn", v, b,
                         "max(0, N·H·(8 + 2b) − N·H·b − interior)/b  (interior: ffn + dispatch of the region)",
                         ("forward",), regions=(kind,), source=NORM_SOURCE + "; qwen3-W1 forward[2]: the peak "
                         "is inside ffn_norm, model_layers.py:72/73/74 = 512 + 512 + 2 × 256 MiB"))

@@ -9,8 +9,10 @@ Composed stack:
                                                                 before it, which FSDP2 holds
     embedding sub-step         max(0, 2·V·H + N·H − A_f)        forward[1]: all-gather output +
                                                                 unsharded table + its output
-    embedding re-gathered      V·H                              backward[1]: FSDP2 prefetches the
+    embedding re-gathered      V·H if W > 1                     backward[1]: FSDP2 prefetches the
                                                                 table during region 1's backward
+                                                                (at W = 1 it copies it in later, at
+                                                                the embedding's own pre-backward)
     embedding grad sub-step    max(0, 2·V·H [+ V·H/W] − A_b)    backward[1]: dense grad + its
                                                                 reduce-scatter input copy (+ its
                                                                 shard, freed gradients)
@@ -72,10 +74,15 @@ def _embedding_substeps(ctx: Ctx, own: list[Term]) -> list[Term]:
         v = -(-v // b)
         return int(v) if np.ndim(v) == 0 else v
 
-    prefetch = Term("embedding table, re-gathered by FSDP2's backward prefetch", "gathered", VH, b, "V·H",
-                    ("backward",), first_region_only=True, provisional=True,
+    multi = np.where(np.asarray(ctx.world_size) > 1, 1, 0)
+    prefetch = Term("embedding table, re-gathered by FSDP2's backward prefetch", "gathered", _int(VH * multi), b,
+                    "V·H if W > 1", ("backward",), first_region_only=True, provisional=True,
                     source=SOURCE + "; H200 validate run: backward[1] − backward[3] ≈ V·H (Qwen3 614 vs "
-                    "594 MiB), gpt-oss backward[1] 0.99-1.01 with it")
+                    "594 MiB), gpt-oss backward[1] 0.99-1.01 with it; gpt-oss-W8 backward[1]: the 1104.6 MiB "
+                    "table (empty_cuda). At W = 1 FSDP2's unshard() allocates nothing (no all-gather) and "
+                    "wait_for_unshard() copies the table in at the embedding's own pre-backward, after region "
+                    "1's (torch/distributed/fsdp/_fully_shard/_fsdp_param_group.py): qwen3-W1 and "
+                    "deepseek-v2-lite-W1 backward[1] hold no table copy")
     own = [*own, prefetch]
     from planner.budget.persistent import embedding_grad_shard
 
@@ -89,6 +96,10 @@ def _embedding_substeps(ctx: Ctx, own: list[Term]) -> list[Term]:
              "gathered", bwd, b, "max(0, 2·V·H [+ ceil(V·H/W), freed] − A_b)", ("backward",), first_region_only=True,
              source=SOURCE + "; whole-step trace backward[1]"),
     ]
+
+
+def _int(v):
+    return int(v) if np.ndim(v) == 0 else v
 
 
 def _unit_params(ctx: Ctx, P) -> list:
@@ -135,9 +146,21 @@ def _region_weights(ctx: Ctx, P) -> list[Term]:
 def _unreduced_grads(ctx: Ctx, P) -> Term:
     """``backward[r]``: region ``r``'s unsharded gradients, and the reduce-scatter input of the unit
     whose backward ran before it (region ``r+1``; after the last region the ``[norm, head]`` unit),
-    which FSDP2 keeps until the next reduce-scatter (``reduce_scatter_max_input_buffers``)."""
+    which FSDP2 keeps until the next reduce-scatter (``reduce_scatter_max_input_buffers``).
+
+    A dense FFN region's backward peaks at its gated MLP's backward (6·N·I_d live: the saved gate,
+    silu and up, the gradients of silu·up, silu and up) with only w_down's gradient made: w_up's
+    and w_gate's come after three of the six are freed, a sub-step that holds at most
+    3·N·I_d + 2·H·I_d + N·H, below the peak when ``N ≥ H``; so region ``r``'s own count there is
+    ``Θ_region(r) − 2·H·I_d`` (deepseek-v2-lite-W1 backward[2]: MmBackward0's 42.75 MiB w_down
+    gradient, no w_gate/w_up gradient at the peak)."""
     units = _unit_params(ctx, P)
-    cnt = [np.asarray(units[r - 1]) + np.asarray(units[r]) for r in range(1, len(units))]
+    own = list(units[:-1])
+    if "dense_mlp" in set(ctx.regions):    # the gated FFN's backward peaks before w_gate's, w_up's grads
+        HI = ctx.hidden_size * ctx.dense_ffn
+        late = np.where(np.asarray(ctx.tokens_per_rank) >= ctx.hidden_size, 2 * HI, 0)
+        own = [np.asarray(u) - late if k == "dense_mlp" else u for u, k in zip(own, ctx.regions)]
+    cnt = [np.asarray(own[r - 1]) + np.asarray(units[r]) for r in range(1, len(units))]
     big = cnt[0]
     for c in cnt[1:]:
         big = np.maximum(big, c)
@@ -148,8 +171,8 @@ def _unreduced_grads(ctx: Ctx, P) -> Term:
 
     return Term("unreduced grads: region r's, and the held reduce-scatter input of region r+1 (bf16)",
                 "gathered", int(big) if np.ndim(big) == 0 else big, ctx.act_bytes,
-                "Θ_region(r) + Θ_unit(r+1)  (unit L_b+1: final norm [+ V·H when the head is ZeRO-3])",
-                ("backward",), at=at, provisional=PROVISIONAL,
+                "Θ_region(r) + Θ_unit(r+1)  (unit L_b+1: final norm [+ V·H when the head is ZeRO-3]; dense FFN "
+                "region r: − 2·H·I_d if N ≥ H)", ("backward",), at=at, provisional=PROVISIONAL,
                 source=SOURCE + "; H200 allocator history of planner validate: qwen3-W1 backward[4] holds "
                 "2 × V·H·b (the [norm, head] unit's reduce-scatter input and output), gpt-oss-W8 backward[2] "
                 "holds region 3's 50.6 MiB reduce-scatter input beside region 1's all-gather buffer")

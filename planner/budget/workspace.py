@@ -4,17 +4,24 @@
                                    (n_hd = 2 handles: the forward's thread and autograd's
                                    backward thread; cuBLAS keys a workspace by handle and stream,
                                    and the allocator keeps both)
-    FlashAttention backward        w_fa · N·n_h·d_qk bytes    backward of attention regions
-                                   (fp32 dq_accum + softmax_d, per element of q)
-    GQA dk/dv expansion            N·n_h·(d_qk+d_v)·b         backward, when n_kv < n_h
+    FlashAttention backward        global attention layers (composed stack), the kernel's own
+                                   buffers (planner.budget.attention_backward; S_k, d_k, h_l there):
+                                   fp32 dq_accum + softmax_d 4·B·⌈S_k⌉₁₂₈·h_l·(⌈d_k⌉₃₂ + 1),
+                                   dk/dv expanded to h_l heads B·S_k·h_l·(d_k+d_vk)·b when GQA,
+                                   contiguous copies of the output and its gradient 2·B·S_k·h_l·d_vk·b
+                                   when its inputs are head-major (sinks)
+    sliding-window layers          w_fa · N·n_h·d_qk bytes (the memory-efficient kernel's fp32
+                                   accumulator; w_fa measured on the flash backward)
     MLA (efficient kernel)         4·N·n_h·d_v forward (fp32 output accumulator, max(d_qk,d_v) > 128),
                                    4·N·n_h·(d_qk + 1) backward (fp32 grad-q accumulator + delta)
                                    in place of the FlashAttention terms (planner.budget.attention_mla)
 
-With QK-norm (composed stack) the attention backward's larger sub-step may be RMSNorm's fp32
-backward over q, which runs after the kernel (its workspace freed): the two FlashAttention terms
-lose that sub-step's lead over the layouts' (``attention.qk_norm_lead``), so the phase holds
-``max(layouts + workspace, QK-norm backward)``.
+The FlashAttention terms are freed before the later sub-steps of the attention backward (QK-norm's
+and attention_norm's fp32 RMSNorm backwards): they lose the larger later sub-step's lead over the
+kernel's (``attention_backward.kernel_workspace``), so the phase holds ``max(kernel + workspace,
+QK-norm backward, attention_norm backward)``. ``w_fa`` (the profile's
+``flash_workspace_bytes_per_elem``, 8.03 on the H200: dq_accum 4 + softmax_d 4/d + the two copies
+2·b at the calibration's head-major layout) is read by the sliding-window term and the FSDP2 layer.
 
 Each value comes from the cluster profile and is marked ``assumed`` there until measured.
 """
@@ -23,10 +30,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from planner.budget.attention import qk_norm_lead
+from planner.budget import attention_backward
+from planner.budget.attention_sliding import local_regions
 from planner.context.ctx import Ctx
 from planner.budget.terms import PHASE_KINDS, Term
-from planner.units import ceil_div
 
 SOURCE = "cluster profile memory constants (DESIGN §3.1 workspace)"
 BLAS_HANDLES = 2
@@ -41,35 +48,21 @@ step start too (the H200 run: optimizer phase 66.5 MiB above a budget that left 
 def terms(ctx: Ctx) -> list[Term]:
     """Workspace terms of one rank."""
     mem = ctx.cluster.memory
-    m, N, b = ctx.model, ctx.tokens_per_rank, ctx.act_bytes
-    n_h = m.num_heads
-    n_kv = m.num_heads if m.attention == "mla" else m.num_kv_heads
-    heads_div = ctx.tp if ctx.stack == "fsdp2" else 1
-    hq, hkv = ceil_div(n_h, heads_div), ceil_div(n_kv, heads_div)
+    m, N = ctx.model, ctx.tokens_per_rank
     regions = ("attention",) if ctx.stack == "composed" else tuple(
         k for k in ("moe", "dense_mlp") if k in set(ctx.regions))
-    w_fa = mem.flash_workspace_bytes_per_elem.value
-    fa = N * hq * m.head_dim * int(w_fa)
-    exp = N * hq * (m.head_dim + m.v_dim) * b if hkv < hq else 0
-    lead = qk_norm_lead(ctx)                    # QK-norm's backward sub-step above FlashAttention's
-    fa_net = np.maximum(fa - lead, 0)
-    exp_net = np.maximum(exp - np.maximum(lead - fa, 0), 0)
-    fa_net, exp_net = (int(v) if np.ndim(v) == 0 else v for v in (fa_net, exp_net))
-    under = "; less the lead of QK-norm's backward sub-step over the layouts'" if m.qk_norm else ""
     out = [
         Term("cuBLAS workspace", "workspace", BLAS_HANDLES * int(mem.cublas_workspace_bytes.value), 1,
              "n_hd·memory.cublas_workspace_bytes", EVERY_PHASE, source=SOURCE),
         Term("cuBLASLt workspace", "workspace", BLAS_HANDLES * int(mem.cublaslt_workspace_bytes.value), 1,
              "n_hd·memory.cublaslt_workspace_bytes", EVERY_PHASE, source=SOURCE),
-        Term("FlashAttention backward dq_accum/softmax_d", "workspace", fa_net, 1,
-             "w_fa·N·n_h·d_qk (bytes)" + under, ("backward",), regions=regions, source=SOURCE),
     ]
     if ctx.stack == "fsdp2":   # FlashAttention's backward buffers: the attention sub-step of fsdp2_layer
-        return out[:2]
+        return out
     if m.attention == "mla":   # the memory-efficient kernel's buffers (planner.budget.attention_mla)
         from planner.budget import attention_mla
 
-        return out[:2] + [
+        return out + [
             Term("efficient attention forward fp32 output accumulator (excess over head_to_seq's buffers)",
                  "workspace", attention_mla.output_accumulator_excess_bytes(ctx), 1,
                  "max(0, 4·N·n_h·d_v [max(d_qk, d_v) > 128] − 2·N·n_h·d_v·b [D > 1]) (bytes)",
@@ -79,7 +72,32 @@ def terms(ctx: Ctx) -> list[Term]:
                  ("backward",), regions=regions,
                  source=attention_mla.SOURCE + " (ScaledDotProductEfficientAttentionBackward0)"),
         ]
-    if hkv < hq:
-        out.append(Term("FlashAttention GQA dk/dv expansion", "workspace", exp_net, 1,
-                        "N·n_h·(d_qk+d_v)·b (bytes)" + under, ("backward",), regions=regions, source=SOURCE))
+    local = local_regions(ctx)
+    net = attention_backward.kernel_workspace(ctx)
+
+    def on_global(v):
+        return lambda ph: 0 if ph.region in local else v
+
+    lead = "; less the lead of the later QK-norm / attention_norm backward sub-step over the kernel's"
+    src = SOURCE + "; " + attention_backward.SOURCE
+    out += [
+        Term("FlashAttention backward fp32 dq_accum + softmax_d", "workspace", net["accum"], 1,
+             "4·B·⌈S_k⌉₁₂₈·h_l·(⌈d_k⌉₃₂ + 1) (bytes)" + lead, ("backward",), regions=regions,
+             at=on_global(net["accum"]), source=src),
+        Term("FlashAttention GQA dk/dv expansion", "workspace", net["expansion"], 1,
+             "B·S_k·h_l·(d_k+d_vk)·b if h_kv < h_l (bytes)" + lead, ("backward",), regions=regions,
+             at=on_global(net["expansion"]), source=src),
+        Term("FlashAttention contiguous copies of the output and its gradient (head-major inputs: sinks)",
+             "workspace", net["copies"], 1, "2·B·S_k·h_l·d_vk·b with sinks (bytes)" + lead, ("backward",),
+             regions=regions, at=on_global(net["copies"]), source=src),
+    ]
+    if local:
+        w_fa = mem.flash_workspace_bytes_per_elem.value
+        acc = np.ceil(np.asarray(N * m.num_heads * m.head_dim) * w_fa).astype(np.int64)
+        acc = int(acc) if np.ndim(acc) == 0 else acc
+        out.append(Term("memory-efficient kernel backward fp32 accumulator (sliding-window layers)", "workspace",
+                        acc, 1, "w_fa·N·n_h·d_qk (bytes)  [local layers]", ("backward",), regions=regions,
+                        at=lambda ph: acc if ph.region in local else 0,
+                        source=SOURCE + "; H200 gpt-oss-W8 backward[1]: ScaledDotProductEfficientAttentionBackward0 "
+                        "512.1 MiB block"))
     return out

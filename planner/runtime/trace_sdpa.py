@@ -11,8 +11,10 @@ flash / memory-efficient kernels hand to the caching allocator as tensors:
     backward   dq, dk, dv (input dtype, k/v at their own head count)
 
 Their internal workspaces (FlashAttention's fp32 ``dq_accum`` and ``softmax_d``, the GQA dk/dv
-expansion) are not tensors the caller sees; they are the ``workspace`` live set's measured
-constants, which a trace cannot see and ``planner validate`` measures on the GPU.
+expansion, and the contiguous copies of the output and its gradient it makes when its inputs are
+head-major in memory, as with sinks: ``planner.budget.attention_backward``) are not tensors the
+caller sees; they are ``workspace`` live-set terms, which a trace cannot see and ``planner
+validate`` measures on the GPU.
 """
 
 from __future__ import annotations

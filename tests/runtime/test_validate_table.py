@@ -38,7 +38,7 @@ KNOWN_UNDER = {
     ("fsdp2", "qwen3-W8-cp8-offload-alltoall", 8, 131072, "freed"): _PERSISTENT,
 }
 """Phases below the measurement by more than ``UNDER`` today, each with its reason. No composed
-case is here: every phase of the 32 composed cases is at least 0.997 of the H200."""
+case is here: every phase of the 32 composed cases is at least 0.996 of the H200."""
 
 
 @pytest.fixture(scope="module")
