@@ -238,7 +238,8 @@ def _expected_components(ctx: Ctx, op: str, reg: str) -> dict:
     uniq, inv_idx = unique_rows([arrs[n].reshape(-1) for n in KNOBS])
     col = {n: np.asarray([row[i] for row in uniq]) for i, n in enumerate(KNOBS)}
     K = col["num_chunks"] if op == "pipelined_llep" else 1
-    check_expected_work(col["expert_parallel"], K, ctx.num_experts, col["max_imports"], op)
+    check_expected_work(col["expert_parallel"], K, ctx.num_experts, col["max_imports"],
+                        op if ctx.stack == "composed" else "fsdp2_ep", profile_of(ctx))
     prof = profile_of(ctx)
     per_phase: dict = {}
     for u, row in enumerate(uniq):

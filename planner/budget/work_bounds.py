@@ -30,18 +30,23 @@ class TooCostly(InvalidPlan):
     """The expected dispatch size would take minutes to plan (the search skips such candidates)."""
 
 
-def check_expected_work(E_p, K, E: int, n_imp, op: str = "pipelined_llep") -> None:
+def check_expected_work(E_p, K, E: int, n_imp, op: str = "pipelined_llep", routing: str = "") -> None:
     """Refuse an expected dispatch size whose work exceeds ``MAX_EXPECTED_WORK``.
 
     Raises:
-        TooCostly: naming ``--dispatch-bound`` (LLEP, PipelinedLLEP) or ``--dispatch`` (standard EP,
-            which is only sized on the routing profile) and the fixes.
+        TooCostly: naming ``--dispatch-bound`` (LLEP, PipelinedLLEP), ``--dispatch`` (standard EP,
+            which is only sized on the routing profile) or ``--routing`` (the FSDP2 baseline's EP)
+            and the fixes.
     """
     work = expected_work(E_p, K, E, n_imp)
     if work > MAX_EXPECTED_WORK:
         shapes, top = int(np.asarray(E_p).size), int(np.max(np.asarray(E_p)))
         what = (f"needs the integer dispatch plan of {shapes} shape(s) at E_p up to {top} "
                 f"(work {work:.3g} > {MAX_EXPECTED_WORK:.3g}, minutes of planning)")
+        if op == "fsdp2_ep":   # the baseline's EP all-to-all: sized on the routing profile only
+            raise TooCostly("--routing", routing, f"sizes the FSDP2 baseline's expert dispatch, which {what}",
+                            "use --routing worst (an upper bound that needs no plan), fewer grid points or lengths, "
+                            "or a smaller ep")
         if op == "ep":
             raise TooCostly("--dispatch", "ep", f"is sized on the routing profile, which {what}",
                             "use --dispatch pipelined_llep (its guarantee needs no plan), a smaller "

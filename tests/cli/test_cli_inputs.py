@@ -109,3 +109,9 @@ def test_an_output_folder_that_cannot_be_created_is_refused_before_the_search(tm
 
 SEARCH_S = 5.0
 """Seconds the refusal may take: the gpt-oss-20b search it must not run takes about 8-15 s here."""
+
+
+def test_baseline_scan_too_costly_to_plan_names_the_routing_not_a_flag_never_given():
+    line = _refused(["max-context", "gpt-oss-20b", "--gpus", "8", "--baseline", "--routing", "balanced"],
+                    "--routing ('balanced')", "FSDP2 baseline", "--routing worst")
+    assert "--dispatch" not in line
