@@ -12,6 +12,7 @@ import typer
 from planner.cli.app import app, out, print_json, warn
 from planner.cli.options import (GBT, Baseline, Cluster, Gpus, GpusPerNode, HbmGib, HostRamGib, Json, Model,
                                  MtpTrained, PlanOpt, SeqLen, Seqs, count, headroom_option, knob_options, launch)
+from planner.errors import InvalidPlan
 from planner.schema.knobs import plan_overrides
 from planner.units import parse_count
 
@@ -44,6 +45,12 @@ def check(
     raise typer.Exit(0 if rep.fits else 1)
 
 
+def _not_scanned(command: str, flag: str, given, why: str) -> None:
+    """Refuse the flag of the quantity ``command`` scans: it would be silently ignored."""
+    if given is not None:
+        raise InvalidPlan(flag, given, f"does not apply to {command}", f"drop it: {why}")
+
+
 def _frontier(scan: str, build_kw: dict, overrides: dict, json_out: bool, **scan_kw) -> None:
     """Both frontier commands: forward to ``api.<scan>`` by keyword, print, exit 0 when a point fits."""
     from planner import api
@@ -70,6 +77,7 @@ def max_context(
     json_out: Json = False, **knobs,
 ) -> None:
     """Largest context length that fits (whole-grid scan; the peak is not monotone in S)."""
+    _not_scanned("max-context", "--seq-len", seq_len, "it scans S; bound the scan with --max-seq-len and --seq-step")
     _frontier("max_context", launch(model=model, plan=plan, cluster=cluster, gpus=gpus, seq_len=seq_len,
                                    global_batch_tokens=global_batch_tokens, seqs_per_microbatch=seqs_per_microbatch,
                                    hbm_gib=hbm_gib, host_ram_gib=host_ram_gib, gpus_per_node=gpus_per_node,
@@ -90,6 +98,8 @@ def max_batch(
     json_out: Json = False, **knobs,
 ) -> None:
     """Largest global batch per micro-step that fits at the given S (whole-grid scan)."""
+    _not_scanned("max-batch", "--seqs-per-microbatch", seqs_per_microbatch,
+                 "it scans the sequences per micro-batch; bound the scan with --max-tokens")
     _frontier("max_batch", launch(model=model, plan=plan, cluster=cluster, gpus=gpus, seq_len=seq_len,
                                  global_batch_tokens=global_batch_tokens, seqs_per_microbatch=seqs_per_microbatch,
                                  hbm_gib=hbm_gib, host_ram_gib=host_ram_gib, gpus_per_node=gpus_per_node,

@@ -115,3 +115,11 @@ def test_baseline_scan_too_costly_to_plan_names_the_routing_not_a_flag_never_giv
     line = _refused(["max-context", "gpt-oss-20b", "--gpus", "8", "--baseline", "--routing", "balanced"],
                     "--routing ('balanced')", "FSDP2 baseline", "--routing worst")
     assert "--dispatch" not in line
+
+
+@pytest.mark.parametrize("args,flag", [
+    (["max-context", "gpt-oss-20b", "--gpus", "8", "--seq-len", "128k"], "--seq-len"),
+    (["max-batch", "gpt-oss-20b", "--gpus", "8", "--seq-len", "32k", "--seqs-per-microbatch", "2"],
+     "--seqs-per-microbatch")])
+def test_the_scanned_quantity_cannot_also_be_given(args, flag):
+    _refused(args, flag, "does not apply to", "fix: drop it")

@@ -55,10 +55,9 @@ def commands() -> dict[str, list[str]]:
     for m in QUERY_MODELS:
         out[f"search-{m}"] = ["search", m, "--gpus", "8", "--seq-len", "32k", "--top", "3", "--json"]
         out[f"sweep-{m}"] = ["sweep", m, "--gpus", "8", "--seq-lens", "32k,64k", "--json"]
-        out[f"max-context-{m}"] = ["max-context", m, "--gpus", "8", "--seq-len", "32k",
-                                   "--max-seq-len", "256k", "--json"]
-        out[f"max-context-{m}-fsdp2"] = ["max-context", m, "--gpus", "8", "--seq-len", "32k",
-                                         "--max-seq-len", "64k", "--baseline", "--json"]
+        out[f"max-context-{m}"] = ["max-context", m, "--gpus", "8", "--max-seq-len", "256k", "--json"]
+        out[f"max-context-{m}-fsdp2"] = ["max-context", m, "--gpus", "8", "--max-seq-len", "64k", "--baseline",
+                                         "--json"]
         out[f"max-batch-{m}"] = ["max-batch", m, "--gpus", "8", "--seq-len", "32k",
                                  "--max-tokens", "256k", "--json"]
     return out
