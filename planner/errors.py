@@ -60,7 +60,9 @@ def value_text(value: Any) -> str:
         return repr(value)
     except ValueError:
         if isinstance(value, int):
-            return f"an integer of about {int(abs(value).bit_length() * 0.30103) + 1} digits"
+            import math
+
+            return f"an integer of about {int(math.log10(abs(value))) + 1} digits"
         return f"a {type(value).__name__} that cannot be printed"
 
 
@@ -90,6 +92,20 @@ class Infeasible(PlanError):
         super().__init__(message)
 
 
+def _number(x: Any) -> str:
+    """A curve coordinate as a user reads it: ``19947``, ``1.04858e+06``, ``∞`` (numpy scalars
+    included), anything else by its ``repr``."""
+    try:
+        v = float(x)
+    except (TypeError, ValueError):
+        return repr(x)
+    if v != v:
+        return "NaN"
+    if v in (float("inf"), float("-inf")):
+        return "∞" if v > 0 else "−∞"
+    return f"{v:.6g}"
+
+
 class ProfileGap(PlanError):
     """The time model was asked for a value outside a measured curve (never extrapolated)."""
 
@@ -97,7 +113,8 @@ class ProfileGap(PlanError):
 
     def __init__(self, curve: str, value: Any, lo: Any, hi: Any, fix: str = "") -> None:
         self.curve, self.value, self.lo, self.hi = curve, value, lo, hi
-        msg = f"profile curve {curve} has no measurement at {value!r} (measured range {lo!r}..{hi!r})"
+        msg = (f"profile curve {curve} has no measurement at {_number(value)} "
+               f"(measured range {_number(lo)} to {_number(hi)})")
         if fix:
             msg += f"; fix: {fix}"
         super().__init__(msg)
