@@ -62,7 +62,10 @@ def value_text(value: Any) -> str:
         if isinstance(value, int):
             import math
 
-            return f"an integer of about {int(math.log10(abs(value))) + 1} digits"
+            v = abs(value)
+            digits = int(math.log10(v)) + 1
+            digits -= 10 ** (digits - 1) > v      # log10 rounds up just below a power of ten
+            return f"an integer of {digits} digits"
         return f"a {type(value).__name__} that cannot be printed"
 
 

@@ -35,7 +35,11 @@ pasted together)."""
 def _exact(number: str, scale: int) -> Decimal:
     """``number · scale`` exactly (``Decimal``: no float round trip, so integers above 2^53 stay
     exact and ``1.5k`` is 1536)."""
-    return Decimal(number) * scale
+    import decimal
+
+    with decimal.localcontext() as dc:    # the default 28 digits would round a long number
+        dc.prec = len(number) + 2 * len(str(scale)) + 4
+        return Decimal(number) * scale
 
 
 def _whole(number: str, text, field: str, example: str) -> None:

@@ -16,4 +16,11 @@ def test_profile_gap_prints_plain_numbers_not_numpy_reprs():
 
 def test_an_integer_past_repr_limit_is_named_by_its_size():
     msg = str(InvalidPlan("workload.seq_len", 10 ** 5000 - 1, "must be <= 4294967296"))
-    assert msg.startswith("workload.seq_len (an integer of about 5000 digits) must be")
+    assert msg.startswith("workload.seq_len (an integer of 5000 digits) must be")
+
+
+def test_a_long_count_is_parsed_exactly():
+    from planner.units import parse_count
+
+    assert parse_count("12345678901234567890123456789") == 12345678901234567890123456789
+    assert parse_count("9" * 40 + "k") == (10 ** 40 - 1) * 1024
