@@ -17,6 +17,13 @@ Per layer and micro-step:
   gradients (``reduce_dtype=fp32``), each prefetched beside the neighbouring layer's compute:
   forward ``max(F, G)``, backward ``max(R + B, G + RS)``. With ``CPUOffloadPolicy`` each gather
   first copies the fp32 shard up and each reduce-scatter copies the fp32 gradient shard down.
+  ``G`` and ``RS`` include FSDP2's own copies at the HBM rate (``GATHER_*_BYTES``,
+  ``REDUCE_*_BYTES``): the fp32 → bf16 cast and the copy-in of the shard, the copy-out of the
+  gathered parameters, the bf16 → fp32 ``chunk_cat`` of the gradients, the input-to-output copy of
+  a one-rank group and, when gradients are kept, the fp32 accumulation; at W = 1 they are all of
+  ``G`` and ``RS``.
+- Host floor (``baseline_host.py``): every phase takes ``max(its GPU seconds, the host's)``, with
+  the host seconds measured on the runtime (``calibration.step_host``); a short step is host-bound.
 - Recompute ``R``: ``ac = full`` the whole forward again (collectives included); ``selective``
   (op-level SAC saving matmul, attention and collective outputs) only the elementwise passes;
   ``none`` nothing.
