@@ -21,6 +21,14 @@ estimate over-counts every live set, and numpy's int64 holds 2^63, so every term
 of an accepted configuration is exact. Anything near this is thousands of times any GPU's HBM."""
 
 
+def chunks(N, token_budget, max_chunks):
+    """``(K, c_eff)``: ``K = min(ceil(N/c), K_max)`` PipelinedLLEP chunks per layer and ``c_eff =
+    ceil(N/K)`` tokens per source per chunk (ints or candidate arrays); the one place they are
+    derived (the time model's per-operator functions call it too)."""
+    K = np.minimum(ceil_div(N, token_budget), max_chunks)
+    return K, ceil_div(N, K)
+
+
 def derive_context(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan: Plan, *,
                    resolved: bool = False, overrides: dict | None = None) -> tuple[Ctx, object]:
     """Resolve ``plan`` and derive every DESIGN §1 symbol; returns the ``Ctx`` (SCO not yet
@@ -62,9 +70,9 @@ def derive_context(model: ModelSpec, cluster: ClusterSpec, workload: Workload, p
         fields = {n: getattr(plan.composed, n) for n in COMPOSED_KEYS if n in CTX_FIELDS}
         fields.update(overrides)
         N = ceil_div(tokens_seq, fields["seq_parallel"])
-        K = np.minimum(ceil_div(N, fields["token_budget"]), fields["max_chunks"])   # K = min(ceil(N/c), K_max)
+        K, c_eff = chunks(N, fields["token_budget"], fields["max_chunks"])
         ctx = Ctx(**common, **fields, num_boundaries=2 * model.num_layers, tokens_per_rank=N,
-                  num_chunks=K, chunk_tokens=ceil_div(N, K))                     # c_eff = ceil(N/K)
+                  num_chunks=K, chunk_tokens=c_eff)
     else:
         k = plan.baseline
         fields = {n: getattr(k, n) for n in BASELINE_KEYS if n in CTX_FIELDS}

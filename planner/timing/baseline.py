@@ -42,7 +42,7 @@ from planner.context.ctx import Ctx
 from planner.timing import baseline_host as BH
 from planner.timing import flops as F
 from planner.timing.comm import collective_s, host_copy_s, ranks_per_node
-from planner.timing.composed import ELEM_BWD_FACTOR, attention_region, gemms_s, knobs, merge_passes, moe_profile
+from planner.timing.regions import ELEM_BWD_FACTOR, attention_region, gemms_s, knobs, merge_passes, moe_profile
 from planner.timing.compute import Lookups, elementwise_s
 from planner.timing.dispatch import moe_dispatch_s
 from planner.timing.offload import cpu_threads_per_gpu, gpu_adamw_s, host_adamw_s
