@@ -176,6 +176,9 @@ def _start_world(dev) -> None:
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ.setdefault("MASTER_PORT", str(29600 + os.getpid() % 300))
     if dev.type == "cuda":
+        import torch
+
+        torch.cuda.set_device(dev)
         dist.init_process_group("nccl", rank=0, world_size=1, device_id=dev)
     else:
         dist.init_process_group("gloo", rank=0, world_size=1)
