@@ -111,7 +111,10 @@ def build(ctx: Ctx, lk: Lookups, micro, opt):
               "tp_collectives": shared}
         dense = dense_attn + R.moe_region_dense_params(m)
         experts = m.num_experts // ep * m.expert_params()
-        layers.append(("moe", m.num_moe_layers, f, bw, dense, experts))
+        disp_f = op["compute_fwd"] + op["elem_fwd"] + op["comm_fwd"]
+        disp_r = {"full": disp_f, "selective": op["elem_fwd"], "none": 0.0}[ctx.ac]   # what the recompute reruns
+        disp = (disp_f, disp_r + op["compute_bwd"] + op["elem_bwd"] + op["comm_bwd"])
+        layers.append(("moe", m.num_moe_layers, f, bw, dense, experts, disp))
     if m.num_dense_layers:
         d_f, d_b = gemms_s(lk, F.dense_ffn_gemms(m, N, tp_s))
         elem = elementwise_s(lk, np.asarray(N, dtype=float) * (5 * H / tp + 5 * m.dense_ffn / tp) * b)
@@ -119,10 +122,10 @@ def build(ctx: Ctx, lk: Lookups, micro, opt):
         layers.append(("dense", m.num_dense_layers,
                        {"compute_dense": d_f, "elementwise": elem, "tp_collectives": pair},
                        {"compute_dense": d_b, "elementwise": ELEM_BWD_FACTOR * elem, "tp_collectives": pair},
-                       dense_attn + R.dense_region_params(m), 0))
+                       dense_attn + R.dense_region_params(m), 0, (0.0, 0.0)))
 
     host = BH.row(lk, m, ctx.ac)
-    for kind, n, f, bw, dense, experts in layers:
+    for kind, n, f, bw, dense, experts, disp in layers:
         fwd = {k: f.get(k, 0.0) + F_l.get(k, 0.0) for k in dict.fromkeys([*f, *F_l])}  # insertion order: no hash-seed-dependent sums
         bwd = {k: bw.get(k, 0.0) + B_l.get(k, 0.0) for k in dict.fromkeys([*bw, *B_l])}
         rec = fwd if recompute else {"elementwise": fwd["elementwise"]} if ctx.ac == "selective" else {}
@@ -130,9 +133,9 @@ def build(ctx: Ctx, lk: Lookups, micro, opt):
         t_f = micro.overlap(fwd, gath, "fsdp_gather", n)
         t_b = micro.overlap(merge_passes(rec, bwd, bool(rec)), gath + red, "fsdp_reduce", n)
         micro.note_recompute(rec, n)
-        if host is not None:
-            h_f, h_b = BH.layer_floors(lk, host, kind, ctx.ac, m.num_experts // np.maximum(ep, 1))
-            micro.add("host_exposed", BH.exposed(h_f, t_f) + BH.exposed(h_b, t_b), n)
+        if host is not None:   # the segment before the dispatch's first synchronous copy (baseline_host.py)
+            h_f, h_b = BH.outside_loops(host, kind)
+            micro.add("host_exposed", BH.exposed(h_f, t_f - disp[0]) + BH.exposed(h_b, t_b - disp[1]), n)
 
     # head and embedding (FSDP units of V·H/tp)
     V = ctx.vocab_size

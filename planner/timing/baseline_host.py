@@ -1,23 +1,24 @@
-"""The FSDP2 baseline's host floor: a phase cannot end before the host has issued it (DESIGN §4).
+"""The FSDP2 baseline's host floor: a segment cannot end before the host has issued it (DESIGN §4).
 
 A short baseline step is host-bound: Python, autograd, FSDP2's pre/post-forward and backward
 hooks, the per-expert loops of ``GroupedMLP`` and the synchronous host→device index copies of the
 dispatch (``torch.as_tensor(...).to(device)`` waits for the GPU queue to drain) leave the GPU idle.
-Per phase (a layer's forward, its backward with the recompute, the head, the optimizer, the
-embedding before the first layer):
+The copies split each layer's forward (and its recompute + backward) into two segments: the
+dispatch operator, which the dispatch time model already books as ``max(GPU, host)``
+(``dispatch_kernels``: the loops at their measured host seconds per block), and the rest of the
+layer (attention block, norms, router, FSDP2's hooks), which runs ahead of the GPU only until the
+next copy. So per layer, and for the head, the optimizer and the embedding before the first layer:
 
-    phase = max(GPU seconds booked for it, host seconds)
-    host  = h_x                                           (measured outside the expert loops)
-          + n_b · s_fwd   [forward; backward again when ac ≠ none: the recompute reruns the loop]
-          + n_b · s_bwd   [backward]
+    segment = max(GPU seconds booked for it, h_x)
+    exposed = max(0, h_x − (phase seconds − dispatch seconds))
 
-``h_x`` from the profile's ``baseline_host`` curve (``calibration.step_host``: the runtime's step
-at tiny widths, every count kept, so its wall time is the host's), ``s_fwd``/``s_bwd`` the
-measured host seconds per block of ``GroupedMLP``'s loops (``dispatch_kernels.host_loops``, what the
-dispatch time model already reads), ``n_b = E/ep`` blocks (every local expert receives rows:
-assumed, listed). The GPU seconds already hold the dispatch's own exposed host time
-(``dispatch_kernels``: a dispatch phase is ``max(GPU, host)``), so the floor adds only what the
-host spends beyond them. Without the curve no floor is applied (listed).
+``h_x``: host seconds outside the expert loops, from the profile's ``baseline_host`` curve
+(``calibration.step_host``: the runtime's step at tiny widths, every count kept, so its wall time
+is the host's). They include the dispatch operator's own calls outside the loops (``send_order``,
+the slot layout, the index copies), which the dispatch model also prices at ``host_call_s`` per
+launching call (a few dozen per pass: under a millisecond counted twice). ``RECOMPUTES_LOOP``
+records how many forward loops a layer's backward reruns (the dispatch model's recompute, and what
+``calibration.step_host`` checks against the runtime). Without the curve no floor is applied (listed).
 """
 
 from __future__ import annotations
@@ -26,7 +27,6 @@ import math
 
 import numpy as np
 
-from planner.timing import kernel_rates as KR
 from planner.timing.lookups import Lookups
 
 RECOMPUTES_LOOP = {"full": 1.0, "selective": 1.0, "none": 0.0}
@@ -45,9 +45,9 @@ def row(lk: Lookups, model, ac: str):
         return None
     for r in cv.rows:
         if r.model == model.name and r.ac == ac:
-            lk.assume("FSDP2 baseline phases take max(GPU, host) seconds: host outside the expert loops measured "
-                      f"(calibration.step_host, {model.name}, ac={ac}) + the loops' measured seconds per block, "
-                      "every local expert with rows")
+            lk.assume("FSDP2 baseline: each layer's segment before its dispatch, the head, the optimizer and the "
+                      "embedding take max(GPU, host) seconds, the host seconds measured outside the expert loops "
+                      f"(calibration.step_host, {model.name}, ac={ac}); the dispatch at the dispatch model's max(GPU, host)")
             return r
 
     def dist(r):
@@ -56,26 +56,20 @@ def row(lk: Lookups, model, ac: str):
                 abs(math.log(max(r.num_experts, 1) / E)) + abs(math.log(max(r.top_k, 1) / k)))
     best = min(cv.rows, key=dist)
     lk.assume(f"FSDP2 baseline host time of {model.name} (ac={ac}) not measured: the nearest measured structure "
-              f"({best.model}, ac={best.ac}) used; phases take max(GPU, host) seconds")
+              f"({best.model}, ac={best.ac}) used; segments take max(GPU, host) seconds")
     return best
 
 
-def _kind(r, table: dict, kind: str) -> float:
+def _kind(table: dict, kind: str) -> float:
     if kind in table:
         return float(table[kind])
     return float(np.mean(list(table.values()))) if table else 0.0
 
 
-def layer_floors(lk: Lookups, r, kind: str, ac: str, blocks) -> tuple:
-    """(forward, backward) host seconds of one layer of ``kind`` (``moe``/``dense``) with ``blocks``
-    expert blocks (module docstring)."""
-    f, b = _kind(r, r.layer_fwd_s, kind), _kind(r, r.layer_bwd_s, kind)
-    if kind != "moe":
-        return f, b
-    n = np.asarray(blocks, dtype=float)
-    lf = KR.host_s(lk, 0.0, {"grouped_fwd": n})
-    lb = KR.host_s(lk, 0.0, {"grouped_fwd": RECOMPUTES_LOOP[ac] * n, "grouped_bwd": n})
-    return f + lf, b + lb
+def outside_loops(r, kind: str) -> tuple:
+    """(forward, backward with its recompute) host seconds of one layer of ``kind`` (``moe``/``dense``)
+    outside the expert loops (the other kind's when the row has none of this kind: its mean)."""
+    return _kind(r.layer_fwd_s, kind), _kind(r.layer_bwd_s, kind)
 
 
 def exposed(host, gpu_s):

@@ -3,8 +3,8 @@
 ``baseline_host`` curve.
 
 - without the curve: no ``host_exposed`` time, and the missing curve is listed;
-- with it: each phase takes ``max(GPU, host)``: the exposed host time equals the floors computed
-  by hand from the row and the dispatch curve's loop seconds, minus the phases' GPU seconds;
+- with it: each segment takes ``max(GPU, host)``: with host seconds above every segment's GPU
+  seconds the step is exactly the rows' host seconds plus the dispatch's booked seconds;
 - a host time far below the GPU time adds nothing (a long step is GPU-bound);
 - an unmeasured model takes the nearest measured structure, listed;
 - the FSDP2 copies at W = 1: a unit's gather is exactly its cast/copy-in/copy-out bytes at the HBM rate.
@@ -19,8 +19,6 @@ from synthetic_profiles import ctx_of
 from planner.schema.curves import BaselineHostCurve
 from planner.schema.io import load_model
 from planner.timing import baseline as BL
-from planner.timing import baseline_host as BH
-from planner.timing import kernel_rates as KR
 from planner.timing.compute import Lookups, hbm_bytes_per_s
 from planner.timing.step import step_time
 
@@ -53,26 +51,47 @@ def test_no_curve_no_floor(h200):
     assert any("baseline host time not measured" in a for a in st.assumed)
 
 
-@pytest.mark.parametrize("ac", ["full", "none"])
+@pytest.mark.parametrize("ac", ["full", "selective", "none"])
 def test_floor_is_max_of_gpu_and_host(h200, ac):
+    """A synthetic row whose host seconds exceed every segment's GPU seconds: the step then takes
+    exactly the host seconds outside the expert loops plus the dispatch (booked by the dispatch model) and
+    the optimizer's GPU part where it is longer."""
+    big = 5.0   # seconds: far above any GPU segment of this 2-layer step
+    cl = _with(h200, _curve(ac=ac, layer_fwd_s={"moe": big}, layer_bwd_s={"moe": 2 * big}, head_s=big,
+                            optimizer_s=big, embedding_s=big))
+    ctx = _ctx(cl, ac=ac)
+    st = step_time(ctx, micro_steps_override=1)
     base = step_time(_ctx(h200, ac=ac), micro_steps_override=1)
-    cl = _with(h200, _curve(ac=ac))
-    st = step_time(_ctx(cl, ac=ac), micro_steps_override=1)
+    assert float(base.breakdown.get("host_exposed", 0.0)) == 0.0
+    # the dispatch seconds of one layer, as the baseline books them
+    from planner.timing.dispatch import moe_dispatch_s
+    from planner.timing.regions import knobs, moe_profile
     lk = Lookups(cl)
-    E = 128
-    loop_f = float(KR.host_s(lk, 0.0, {"grouped_fwd": E}))
-    loop_b = float(KR.host_s(lk, 0.0, {"grouped_fwd": E * BH.RECOMPUTES_LOOP[ac], "grouped_bwd": E}))
-    host_f, host_b = HOST["layer_fwd_s"]["moe"] + loop_f, HOST["layer_bwd_s"]["moe"] + loop_b
-    # the phases' GPU seconds, from the step without the floor (same booking otherwise)
-    gpu = {k: float(v) for k, v in base.breakdown.items()}
-    assert gpu.get("host_exposed", 0.0) == 0.0
-    assert float(st.total_s) > float(base.total_s)
-    assert float(st.total_s) - float(base.total_s) == pytest.approx(float(st.breakdown["host_exposed"]), rel=REL)
-    # a floor never exceeds the host seconds it stands for
-    upper = 2 * (host_f + host_b) + HOST["head_s"] + HOST["optimizer_s"] + HOST["embedding_s"]
-    assert float(st.breakdown["host_exposed"]) <= upper
-    assert float(st.total_s) >= upper   # the whole step cannot be shorter than its host time
+    m = ctx.model
+    op = moe_dispatch_s(lk, "ep", int(ctx.tokens_per_rank), m.num_experts, m.top_k, 1, 1, m.hidden_size, m.expert_ffn,
+                        ctx.act_bytes, profile=moe_profile(ctx), knobs=knobs(ctx), comm=True)
+    d_f = op["compute_fwd"] + op["elem_fwd"]
+    d_r = {"full": d_f, "selective": op["elem_fwd"], "none": 0.0}[ac]
+    d_b = d_r + op["compute_bwd"] + op["elem_bwd"]
+    layers = m.num_layers * ((big + d_f) + (2 * big + d_b))
+    # head, embedding and optimizer segments are host-bound too: each takes its host seconds (the
+    # embedding's gradient reduce, at the end of backward, is not in its segment)
+    _, r_emb = BL._fsdp_comm(lk, ctx, ctx.vocab_size * ctx.hidden_size, 0, np.asarray(1), np.asarray(1),
+                             ctx.act_bytes, 1)
+    want = layers + 3 * big + float(r_emb)
+    assert float(st.total_s) == pytest.approx(want, rel=1e-6)
     assert float(st.components["host"]) == pytest.approx(float(st.breakdown["host_exposed"]), rel=REL)
+    assert float(st.total_s) - float(base.total_s) == pytest.approx(float(st.breakdown["host_exposed"]), rel=REL)
+
+
+def test_floor_adds_only_what_the_gpu_does_not_cover(h200):
+    cl = _with(h200, _curve())
+    st = step_time(_ctx(cl), micro_steps_override=1)
+    base = step_time(_ctx(h200), micro_steps_override=1)
+    extra = float(st.total_s) - float(base.total_s)
+    upper = 2 * (HOST["layer_fwd_s"]["moe"] + HOST["layer_bwd_s"]["moe"]) + HOST["head_s"] + HOST["optimizer_s"] \
+        + HOST["embedding_s"]
+    assert 0 < extra <= upper
 
 
 def test_long_step_is_gpu_bound(h200):
