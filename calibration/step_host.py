@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shlex
 import statistics
 import sys
@@ -169,19 +168,17 @@ def measure_case(model: str, ac: str, c: dict, dev) -> dict:
 
 
 def _start_world(dev) -> None:
+    """A process group of one (``planner validate``'s W = 1 group: NCCL on a GPU, gloo on the CPU)."""
+    import torch
     import torch.distributed as dist
 
     if dist.is_initialized():
         return
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ.setdefault("MASTER_PORT", str(29600 + os.getpid() % 300))
     if dev.type == "cuda":
-        import torch
-
         torch.cuda.set_device(dev)
-        dist.init_process_group("nccl", rank=0, world_size=1, device_id=dev)
+        dist.init_process_group("nccl", store=dist.HashStore(), rank=0, world_size=1, device_id=dev)
     else:
-        dist.init_process_group("gloo", rank=0, world_size=1)
+        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
 
 
 def measure(smoke: bool, command: str) -> dict:
