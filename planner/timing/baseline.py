@@ -22,8 +22,10 @@ Per layer and micro-step:
   gathered parameters, the bf16 → fp32 ``chunk_cat`` of the gradients, the input-to-output copy of
   a one-rank group and, when gradients are kept, the fp32 accumulation; at W = 1 they are all of
   ``G`` and ``RS``.
-- Host floor (``baseline_host.py``): every phase takes ``max(its GPU seconds, the host's)``, with
-  the host seconds measured on the runtime (``calibration.step_host``); a short step is host-bound.
+- Host floor (``baseline_host.py``): each layer's segment before its dispatch (whose synchronous
+  index copies drain the GPU queue), the head, the optimizer and the embedding take ``max(GPU
+  seconds, host seconds)``, the host seconds measured on the runtime (``calibration.step_host``);
+  a short step is host-bound.
 - Recompute ``R``: ``ac = full`` the whole forward again (collectives included); ``selective``
   (op-level SAC saving matmul, attention and collective outputs) only the elementwise passes;
   ``none`` nothing.
@@ -174,7 +176,10 @@ def _fsdp_comm(lk: Lookups, ctx: Ctx, dense_params, expert_params, fsdp, ep, b: 
     reduce = collective_s(lk, "reduce_scatter", fsdp, dense * 4) + collective_s(lk, "reduce_scatter", g_exp, exp * 4)
     shards = dense / fsdp + exp / g_exp
     solo = np.where(fsdp == 1, dense, 0.0) + np.where(g_exp == 1, exp, 0.0)   # groups of one: a copy_
-    acc = GRAD_ACCUMULATE_BYTES if ctx.grad_lifetime == "accumulate" else 0
+    acc = GRAD_ACCUMULATE_BYTES if ctx.grad_lifetime == "accumulate" and not ctx.cpu_offload else 0
+    if ctx.grad_lifetime == "accumulate" and ctx.cpu_offload:
+        lk.assume("FSDP2 CPU offload with kept gradients: the fp32 accumulation into the host gradient runs on "
+                  "the host and is not booked")
     gather = gather + elementwise_s(lk, GATHER_SHARD_BYTES * shards + GATHER_FULL_BYTES * (dense + exp))
     reduce = reduce + elementwise_s(lk, REDUCE_FULL_BYTES * (dense + exp) + REDUCE_SOLO_BYTES * solo + acc * shards)
     if ctx.cpu_offload:
