@@ -50,7 +50,8 @@ def markdown(rs: list[dict]) -> str:
              "|---|---|---|---|---|---|---|"]
     for r in rs:
         if not r["fits"]:
-            lines.append(f"| {r['model']} | {r['gpus']} | {r['stack']} | no fitting plan | | | {r['why'][:90]} |")
+            lines.append(f"| {r['model']} | {r['gpus']} | {'FSDP2' if r['stack'] == 'fsdp2' else r['stack']} | "
+                         f"no fitting plan | | | {r['why'][:90]} |")
             continue
         top = sorted(r["shares"].items(), key=lambda kv: -kv[1])[:3]
         comp = ", ".join(f"{k} {v:.0%}" for k, v in top if v >= 0.005)
