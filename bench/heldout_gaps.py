@@ -13,6 +13,7 @@ from planner.schema.io import load_cluster
 import test_heldout_timing as T
 cl = load_cluster("h200")
 REASONS = [
+ (r"^(ep|llep) balanced .* E_p=1 ", "EP1", "EP/LLEP with every expert on one rank (E_p = 1) is predicted 10-12% fast: its GEMM stream is 128 blocks of 1k-4k rows (and the shim's copies), whose rate in the dispatch bench sits below the GEMM table x the sustained factor, measured on one 32768-row GEMM in another run than the table and the bench"),
  (r"^(ep|llep) .* H=4096 I=4096", "SHAPE_B_EP", "EP/LLEP at shape B (H = I = 4096, k = 4) is predicted 10-21% slow even with the kernel curve of these widths: the sustained-clock factor is measured on one shape-A GEMM, the class rates at one size, and the dispatch bench was not re-run on the calibration's instance"),
  (r"^(ep|llep) .* H=7168", "SHAPE_A_EP", "EP/LLEP under skew at shape A: the binding slot's long GEMM stream at the sustained-clock factor of the one GEMM measured for it"),
  (r"^pipelined_llep (95/16|80/16|50/4)", "PIPE_SKEW", "PipelinedLLEP under heavy skew is predicted fast: the chunk-count curve's ratio phi(K) is measured under balanced routing, and the skewed slots' per-chunk block rows are not"),

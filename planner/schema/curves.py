@@ -393,6 +393,45 @@ class SCOCurve(Curve):
     """One row per decoder interior."""
 
 
+class BaselineHostRow(Frozen):
+    """Host seconds of one FSDP2 baseline step outside the expert loops (``calibration.step_host``)."""
+
+    model: str
+    """The shipped model whose structure was run (widths shrunk, counts kept)."""
+    ac: Literal["full", "selective", "none"]
+    """The baseline's activation checkpointing in the run."""
+    tokens: int = Field(gt=0)
+    """Tokens of the step (one sequence)."""
+    attention: str
+    """The model's attention kind (``gqa``, ``mla``): the nearest-structure lookup's first key after ``ac``."""
+    num_experts: int = Field(ge=0)
+    """``E`` of the model (every expert one block of the loops)."""
+    top_k: int = Field(ge=0)
+    """``k`` of the model."""
+    layer_fwd_s: dict[str, float]
+    """One layer's forward by layer kind (``moe``, ``dense``), FSDP2's hooks included."""
+    layer_bwd_s: dict[str, float]
+    """One layer's backward by layer kind, its recompute included."""
+    head_s: float = Field(ge=0)
+    """The head phase: final norm, head GEMM, loss and their backward."""
+    optimizer_s: float = Field(ge=0)
+    """``optimizer.step()`` + ``zero_grad``."""
+    embedding_s: float = Field(ge=0)
+    """The step's start to the first layer (the embedding and its FSDP unit)."""
+    loop_fwd_s_per_block: float = Field(ge=0)
+    """``GroupedMLP.forward`` seconds per block in the same step (for comparison with
+    ``dispatch_kernels.host_loops``)."""
+    loop_bwd_s_per_block: float = Field(ge=0)
+    """``GroupedMLP.backward`` seconds per block in the same step."""
+
+
+class BaselineHostCurve(Curve):
+    """The FSDP2 baseline step's host seconds at tiny widths (``planner.timing.baseline``'s host floor)."""
+
+    rows: list[BaselineHostRow]
+    """One row per (model structure, ``ac``) measured."""
+
+
 class CollectiveCurves(Frozen):
     """NCCL collective curves by group size (the dict key). ``size_bytes`` conventions:
 
@@ -463,6 +502,8 @@ class Curves(Frozen):
     """Long-``S`` causal attention by runtime variant (``planner.timing.compute.attention_s``)."""
     sco: SCOCurve | None = None
     """SCO against plain checkpointing (``planner.timing.offload.sco_exposed_s``)."""
+    baseline_host: BaselineHostCurve | None = None
+    """Host seconds of the FSDP2 baseline step outside the expert loops (``calibration.step_host``)."""
 
     @model_validator(mode="after")
     def _axes(self):

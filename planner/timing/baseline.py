@@ -17,6 +17,15 @@ Per layer and micro-step:
   gradients (``reduce_dtype=fp32``), each prefetched beside the neighbouring layer's compute:
   forward ``max(F, G)``, backward ``max(R + B, G + RS)``. With ``CPUOffloadPolicy`` each gather
   first copies the fp32 shard up and each reduce-scatter copies the fp32 gradient shard down.
+  ``G`` and ``RS`` include FSDP2's own copies at the HBM rate (``GATHER_*_BYTES``,
+  ``REDUCE_*_BYTES``): the fp32 → bf16 cast and the copy-in of the shard, the copy-out of the
+  gathered parameters, the bf16 → fp32 ``chunk_cat`` of the gradients, the input-to-output copy of
+  a one-rank group and, when gradients are kept, the fp32 accumulation; at W = 1 they are all of
+  ``G`` and ``RS``.
+- Host floor (``baseline_host.py``): each layer's segment before its dispatch (whose synchronous
+  index copies drain the GPU queue), the head, the optimizer and the embedding take ``max(GPU
+  seconds, host seconds)``, the host seconds measured on the runtime (``calibration.step_host``);
+  a short step is host-bound.
 - Recompute ``R``: ``ac = full`` the whole forward again (collectives included); ``selective``
   (op-level SAC saving matmul, attention and collective outputs) only the elementwise passes;
   ``none`` nothing.
@@ -32,14 +41,32 @@ import numpy as np
 
 from planner.budget import regions as R
 from planner.context.ctx import Ctx
+from planner.timing import baseline_host as BH
 from planner.timing import flops as F
 from planner.timing.comm import collective_s, host_copy_s, ranks_per_node
-from planner.timing.composed import ELEM_BWD_FACTOR, attention_region, gemms_s, knobs, merge_passes, moe_profile
+from planner.timing.regions import ELEM_BWD_FACTOR, attention_region, gemms_s, knobs, merge_passes, moe_profile
 from planner.timing.compute import Lookups, elementwise_s
 from planner.timing.dispatch import moe_dispatch_s
 from planner.timing.offload import cpu_threads_per_gpu, gpu_adamw_s, host_adamw_s
 from planner.timing.ops import dense_head_s
 from planner.units import ceil_div
+
+
+GATHER_SHARD_BYTES = 10
+"""Per parameter of an FSDP2 all-gather's local shard: the fp32 → bf16 cast of
+``MixedPrecisionPolicy(param_dtype=bf16)`` (reads 4, writes 2) and ``all_gather_copy_in``'s
+``_foreach_copy_`` into the flat input (2 + 2)."""
+GATHER_FULL_BYTES = 4
+"""Per gathered parameter: ``split_with_sizes_copy`` out of the flat output (2 + 2)."""
+REDUCE_FULL_BYTES = 6
+"""Per unsharded gradient element: ``chunk_cat`` of the bf16 gradients into the fp32 reduce input
+(``reduce_dtype=fp32``: reads 2, writes 4)."""
+REDUCE_SOLO_BYTES = 8
+"""Per element when the reduce group has one rank: FSDP2 copies the input to the output instead of
+a reduce-scatter (4 + 4)."""
+GRAD_ACCUMULATE_BYTES = 12
+"""Per sharded parameter when the gradients are kept (``accumulate``): ``grad += new`` (fp32,
+reads 8, writes 4)."""
 
 
 def _tp_pair(lk: Lookups, tp, nbytes):
@@ -86,24 +113,31 @@ def build(ctx: Ctx, lk: Lookups, micro, opt):
               "tp_collectives": shared}
         dense = dense_attn + R.moe_region_dense_params(m)
         experts = m.num_experts // ep * m.expert_params()
-        layers.append((m.num_moe_layers, f, bw, dense, experts))
+        disp_f = op["compute_fwd"] + op["elem_fwd"] + op["comm_fwd"]
+        disp_r = {"full": disp_f, "selective": op["elem_fwd"], "none": 0.0}[ctx.ac]   # what the recompute reruns
+        disp = (disp_f, disp_r + op["compute_bwd"] + op["elem_bwd"] + op["comm_bwd"])
+        layers.append(("moe", m.num_moe_layers, f, bw, dense, experts, disp))
     if m.num_dense_layers:
         d_f, d_b = gemms_s(lk, F.dense_ffn_gemms(m, N, tp_s))
         elem = elementwise_s(lk, np.asarray(N, dtype=float) * (5 * H / tp + 5 * m.dense_ffn / tp) * b)
         pair = _tp_pair(lk, tp, np.asarray(N, dtype=float) * H * b)
-        layers.append((m.num_dense_layers,
+        layers.append(("dense", m.num_dense_layers,
                        {"compute_dense": d_f, "elementwise": elem, "tp_collectives": pair},
                        {"compute_dense": d_b, "elementwise": ELEM_BWD_FACTOR * elem, "tp_collectives": pair},
-                       dense_attn + R.dense_region_params(m), 0))
+                       dense_attn + R.dense_region_params(m), 0, (0.0, 0.0)))
 
-    for n, f, bw, dense, experts in layers:
+    host = BH.row(lk, m, ctx.ac)
+    for kind, n, f, bw, dense, experts, disp in layers:
         fwd = {k: f.get(k, 0.0) + F_l.get(k, 0.0) for k in dict.fromkeys([*f, *F_l])}  # insertion order: no hash-seed-dependent sums
         bwd = {k: bw.get(k, 0.0) + B_l.get(k, 0.0) for k in dict.fromkeys([*bw, *B_l])}
         rec = fwd if recompute else {"elementwise": fwd["elementwise"]} if ctx.ac == "selective" else {}
         gath, red = _fsdp_comm(lk, ctx, dense / tp, experts, fsdp, ep, b, ranks)
-        micro.overlap(fwd, gath, "fsdp_gather", n)
-        micro.overlap(merge_passes(rec, bwd, bool(rec)), gath + red, "fsdp_reduce", n)
+        t_f = micro.overlap(fwd, gath, "fsdp_gather", n)
+        t_b = micro.overlap(merge_passes(rec, bwd, bool(rec)), gath + red, "fsdp_reduce", n)
         micro.note_recompute(rec, n)
+        if host is not None:   # the segment before the dispatch's first synchronous copy (baseline_host.py)
+            h_f, h_b = BH.outside_loops(host, kind)
+            micro.add("host_exposed", BH.exposed(h_f, t_f - disp[0]) + BH.exposed(h_b, t_b - disp[1]), n)
 
     # head and embedding (FSDP units of V·H/tp)
     V = ctx.vocab_size
@@ -111,11 +145,13 @@ def build(ctx: Ctx, lk: Lookups, micro, opt):
     h = dense_head_s(lk, N, H, V, b, cols=cols)
     tp_head = _tp_pair(lk, tp, np.asarray(N, dtype=float) * H * b)
     g_head, r_head = _fsdp_comm(lk, ctx, cols * H, 0, fsdp, ep, b, ranks)
-    micro.overlap({"compute_head": h["gemm_fwd"] + h["gemm_bwd"],
-                   "elementwise": h["fwd"] + h["bwd"] - h["gemm_fwd"] - h["gemm_bwd"], "tp_collectives": tp_head},
-                  g_head + r_head, "fsdp_head")
+    t_h = micro.overlap({"compute_head": h["gemm_fwd"] + h["gemm_bwd"],
+                         "elementwise": h["fwd"] + h["bwd"] - h["gemm_fwd"] - h["gemm_bwd"], "tp_collectives": tp_head},
+                        g_head + r_head, "fsdp_head")
     g_emb, r_emb = _fsdp_comm(lk, ctx, cols * H, 0, fsdp, ep, b, ranks)
     micro.add("fsdp_embedding", g_emb + r_emb)
+    if host is not None:
+        micro.add("host_exposed", BH.exposed(host.head_s, t_h) + BH.exposed(host.embedding_s, g_emb))
 
     theta = ceil_div(ctx.num_params, W)
     if ctx.cpu_offload:
@@ -124,6 +160,8 @@ def build(ctx: Ctx, lk: Lookups, micro, opt):
     else:
         opt.add("optimizer_gpu", gpu_adamw_s(lk, theta))
         opt.add("optimizer_cpu_host", 0.0)
+    if host is not None:
+        opt.add("host_exposed", BH.exposed(host.optimizer_s, opt.total()))
     return n_sp, F.model_flops(m, n_sp, ctx.seq_len)
 
 
@@ -136,6 +174,14 @@ def _fsdp_comm(lk: Lookups, ctx: Ctx, dense_params, expert_params, fsdp, ep, b: 
     g_exp = np.maximum(fsdp // np.maximum(ep, 1), 1)
     gather = collective_s(lk, "all_gather", fsdp, dense * b) + collective_s(lk, "all_gather", g_exp, exp * b)
     reduce = collective_s(lk, "reduce_scatter", fsdp, dense * 4) + collective_s(lk, "reduce_scatter", g_exp, exp * 4)
+    shards = dense / fsdp + exp / g_exp
+    solo = np.where(fsdp == 1, dense, 0.0) + np.where(g_exp == 1, exp, 0.0)   # groups of one: a copy_
+    acc = GRAD_ACCUMULATE_BYTES if ctx.grad_lifetime == "accumulate" and not ctx.cpu_offload else 0
+    if ctx.grad_lifetime == "accumulate" and ctx.cpu_offload:
+        lk.assume("FSDP2 CPU offload with kept gradients: the fp32 accumulation into the host gradient runs on "
+                  "the host and is not booked")
+    gather = gather + elementwise_s(lk, GATHER_SHARD_BYTES * shards + GATHER_FULL_BYTES * (dense + exp))
+    reduce = reduce + elementwise_s(lk, REDUCE_FULL_BYTES * (dense + exp) + REDUCE_SOLO_BYTES * solo + acc * shards)
     if ctx.cpu_offload:
         shard = 4.0 * (dense / fsdp + exp / g_exp)
         up, down = host_copy_s(lk, "h2d", shard, ranks=ranks), host_copy_s(lk, "d2h", shard, ranks=ranks)

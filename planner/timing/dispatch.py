@@ -54,7 +54,6 @@ import functools
 
 import numpy as np
 
-from planner.plans import chunking
 from planner.plans import dispatch as plans_dispatch
 from planner.plans.routing import profile_counts
 from planner.timing import chunk_curve
@@ -63,7 +62,6 @@ from planner.timing import kernel_rates as KR
 from planner.timing.comm import collective_s
 from planner.timing.lookups import Lookups, shared_memo
 from planner.plans.llep import LlepKnobs
-from planner.schema.knobs import default as knob_default
 
 OPERATORS = ("ep", "llep", "pipelined_llep")
 PARTS = ("gemm_f", "mem_f", "host_f", "gemm_b", "mem_b", "host_b")
@@ -262,8 +260,3 @@ def _moe_dispatch_s(lk: Lookups, op: str, N, E: int, k: int, E_p, K, H: int, I: 
                    comm_bwd=np.where(local, 0.0, bwd - c_b), imports=imp)
     res = {key: np.asarray(v, dtype=float).reshape(shape) for key, v in out.items()}
     return {key: (float(v) if v.ndim == 0 else v) for key, v in res.items()}
-
-
-def default_chunks(N, token_budget: int = knob_default("token_budget"), max_chunks: int = knob_default("max_chunks")):
-    """``K = min(ceil(N/c), K_max)`` (``planner.plans.chunking``)."""
-    return chunking.num_chunks(N, token_budget, max_chunks)

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from planner.plans.chunking import num_chunks as _num_chunks
+from planner.context import derive
 from planner.plans.routing import parse_profile
 from planner.timing.comm import collective_s, ranks_per_node
 from planner.timing.compute import Lookups, elementwise_s, gemm_s
@@ -171,7 +171,7 @@ def dispatch_time(op: str, N: int, H: int, I: int, E: int, k: int, E_p: int, c: 
     ``balanced``, ``R/H``, ``one_expert`` or ``one_rank``. ``dense_grad``: a dense upstream gradient
     instead of ``out.sum()``'s (the chunk-count calibration hook's ``out.backward(randn_like(out))``)."""
     parse_profile(routing)
-    K = _num_chunks(N, c, max_chunks) if op == "pipelined_llep" else 1
+    K = int(derive.chunk_symbols(N, c, max_chunks)[0]) if op == "pipelined_llep" else 1
     lk = _lk(cluster)
     b = DTYPE_BYTES[dtype]
     r = moe_dispatch_s(lk, op, N, E, k, E_p, K, H, I, b, profile=routing, knobs=knobs, comm=comm,

@@ -88,6 +88,7 @@ COMPONENTS = {
     "attention": ("compute_attention",),
     "optimizer": ("optimizer_gpu", "optimizer_stream", "optimizer_cpu_host"),
     "copies": ("sco_exposed", "optimizer_cpu_copies", "cpu_offload_copies"),
+    "host": ("host_exposed",),
 }
 """``StepTime.components``: breakdown entries by component (the rest is ``communication``)."""
 

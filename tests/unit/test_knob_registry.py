@@ -37,8 +37,8 @@ DELIBERATE = {
     ("planner/schema/curves.py", "dtype"): "a measured curve's dtype (bf16 | fp16 | fp32), not the activation dtype",
     ("planner/timing/compute.py", "dtype"): "a GEMM table's dtype, not the activation dtype",
     ("planner/timing/flops.py", "tp"): "no tensor parallelism: the composed stack's FLOPs (baseline passes tp)",
-    ("planner/timing/composed.py", "tp"): "no tensor parallelism in the composed stack",
-    ("planner/timing/composed.py", "cp"): "no context parallelism in the composed stack",
+    ("planner/timing/regions.py", "tp"): "attention_region: no tensor parallelism unless the baseline passes tp",
+    ("planner/timing/regions.py", "cp"): "attention_region: no context parallelism unless the baseline passes cp",
 }
 """``(file, knob)`` whose literal default is another quantity that shares the knob's name (a
 neutral degree, another command's choice), with the reason. Each entry must still be found, so the

@@ -139,7 +139,7 @@ def test_components_sum_to_the_step(model, ckpt):
                        Plan(world_size=8, composed=ComposedKnobs(checkpoint=ckpt, seq_parallel=4, expert_parallel=8)))
     st = step_time(ctx)
     comp = {k: float(np.asarray(v).reshape(-1)[0]) for k, v in st.components.items()}
-    assert set(comp) == {"compute", "attention", "optimizer", "copies", "recompute", "communication"}
+    assert set(comp) == {"compute", "attention", "optimizer", "copies", "host", "recompute", "communication"}
     assert math.isclose(sum(comp.values()), float(np.asarray(st.total_s).reshape(-1)[0]), rel_tol=COMPONENT_SUM_REL)
     assert all(v >= 0 for v in comp.values())
     assert comp["recompute"] > 0 and comp["attention"] > 0 and comp["compute"] > 0

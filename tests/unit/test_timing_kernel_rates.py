@@ -15,7 +15,7 @@ from calibration import dispatch_kernels as bench
 from calibration.merge import merge_data, read_measured
 from planner.schema.curves import DispatchKernelsCurve
 from planner.timing import kernel_rates as KR
-from planner.timing.compute import hbm_bytes_per_s
+from planner.timing.compute import gemm_s, hbm_bytes_per_s
 from planner.timing.curves import parse_cluster
 from planner.timing.lookups import Lookups
 
@@ -89,7 +89,11 @@ def test_rules(run_doc):
     assert KR.layout_factor(lk, "up", 1000, 7168, 2048) == 1.0
     s = cv.sustained
     f = KR.sustained_factor(lk, np.array([s.short_window_len_s / 10, s.short_window_len_s, s.continuous_len_s, 100.0]))
-    assert np.allclose(f, [1.0, 1.0, s.continuous_s / s.short_window_s, s.continuous_s / s.short_window_s])
+    t_table = float(gemm_s(lk, s.m, s.n, s.k))   # both read against the table's own time of that GEMM
+    f0, f1 = s.short_window_s / t_table, s.continuous_s / t_table
+    assert np.allclose(f, [f0, f0, f1, f1])
+    mid = KR.sustained_factor(lk, np.sqrt(s.short_window_len_s * s.continuous_len_s))   # log-linear between
+    assert float(mid) == pytest.approx((f0 + f1) / 2)
     t = KR.host_s(lk, 3, {"chunk_bwd": 2.0})
     assert t == pytest.approx(3 * cv.host_call_s + 2 * cv.host_loops["chunk_bwd"].s_per_block)
 
