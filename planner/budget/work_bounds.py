@@ -30,7 +30,7 @@ class TooCostly(InvalidPlan):
     """The expected dispatch size would take minutes to plan (the search skips such candidates)."""
 
 
-def check_expected_work(E_p, K, E: int, n_imp, op: str = "pipelined_llep", routing: str = "") -> None:
+def check_expected_work(E_p, K, E: int, n_imp, op: str = "pipelined_llep", profile: str = "") -> None:
     """Refuse an expected dispatch size whose work exceeds ``MAX_EXPECTED_WORK``.
 
     Raises:
@@ -44,7 +44,7 @@ def check_expected_work(E_p, K, E: int, n_imp, op: str = "pipelined_llep", routi
         what = (f"needs the integer dispatch plan of {shapes} shape(s) at E_p up to {top} "
                 f"(work {work:.3g} > {MAX_EXPECTED_WORK:.3g}, minutes of planning)")
         if op == "fsdp2_ep":   # the baseline's EP all-to-all: sized on the routing profile only
-            raise TooCostly("--routing", routing, f"sizes the FSDP2 baseline's expert dispatch, which {what}",
+            raise TooCostly("--routing", profile, f"sizes the FSDP2 baseline's expert dispatch, which {what}",
                             "use --routing worst (an upper bound that needs no plan), fewer grid points or lengths, "
                             "or a smaller ep")
         if op == "ep":
