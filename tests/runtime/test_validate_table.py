@@ -69,9 +69,9 @@ def test_no_new_false_fit_against_the_h200(records):
     assert sorted(k for k in KNOWN_UNDER if k not in under) == []
 
 
-_FSDP2_SHORT = ("FSDP2 W = 1 steps of 0.1-0.4 s: the baseline time model is 19-43% short at S ≤ 8192 and for Qwen3 at 16384 (issue 15); "
-                "the per-block all-gather/reduce-scatter copies and small-kernel overheads at W = 1 are "
-                "not yet modelled")
+_FSDP2_SHORT = ("FSDP2 W = 1 steps of 0.1-0.4 s predicted 19-37% short (issue 15): they are launch-bound "
+                "(bench/results/step_profile: the Qwen3 8k step keeps the GPU idle 0.133 of 0.282 s over 5,682 "
+                "kernels) and host and GPU time add up more than the per-segment host floor lets them")
 _QWEN3_LONG = ("Qwen3-30B-A3B W = 1 at S = 65536: three runs measured 4.85, 5.32 and 5.66 s (median of "
                "steps 2-4) against 4.66 s predicted; the spread between runs is itself 15%")
 KNOWN_SLOW = {
