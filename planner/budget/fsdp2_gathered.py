@@ -17,7 +17,7 @@ validate``'s own step (``bench/memory_snapshot.py``, H200, torch 2.11):
                                                     backward[2]: 50.8 MiB = its dense part); on a
                                                     one-rank mesh nothing until the copy at its
                                                     pre-backward (``planner.budget.fsdp2_reduce``)
-                                 V·H/tp             backward[1]: the embedding's (1104.6 MiB)
+                                 V·H/tp·[F>1]       backward[1]: the embedding's (1104.6 MiB)
     held reduce-scatter input    V·H/tp + H (fp32)  backward[L]: the head's, until the layer's first
                                  Θ^d_{r+1} (fp32)   reduction; backward[r < L]: layer r+1's layer
                                                     unit's (reduce_scatter_max_input_buffers = 1:
@@ -113,7 +113,7 @@ def terms(ctx: Ctx) -> list[Term]:
 
     def prefetch(ph: Phase):
         if ph.region == 1:
-            return VH_tp
+            return VH_tp * (F > 1)
         return dense[kinds[ph.region - 2]] * (F > 1)   # one-rank mesh: planner.budget.fsdp2_reduce
 
     def held_rs(ph: Phase):
@@ -125,7 +125,7 @@ def terms(ctx: Ctx) -> list[Term]:
              source=SOURCE),
         Term("backward prefetch: previous unit's all-gather output", "gathered",
              np.maximum(VH_tp, big), b,
-             "backward[r ≥ 2]: Θ_{r−1}^d·[F>1]; backward[1]: V·H/tp (the embedding)",
+             "backward[r ≥ 2]: Θ_{r−1}^d·[F>1]; backward[1]: V·H/tp·[F>1] (the embedding)",
              ("backward",),
              at=prefetch, source=SOURCE),
         Term("held fp32 reduce-scatter input of the previous unit", "gathered",

@@ -105,20 +105,23 @@ def layer_reduce(ctx: Ctx, r: int, kind: str, item) -> list:
 
 def embedding_steps(ctx: Ctx, kind1: str, item) -> dict:
     """Sub-steps of backward[1] after layer 1's reduction: the embedding's backward and its
-    reduction (the table, ``V·H/tp·b``, is the phase's prefetch term)."""
+    reduction (the table, ``V·H/tp·b``, is the phase's prefetch term on a mesh of several ranks)."""
     b, N_sp = ctx.act_bytes, ceil_div(ctx.tokens_per_rank, ctx.tp)
     VH = ceil_div(ctx.vocab_size * ctx.hidden_size, ctx.tp)
     shards = item("persistent", "layer 1's fp32 gradient shards (freed gradients)", _grad_shards(ctx, kind1), 1,
                   "4⌈Θ_1/F⌉ (bytes; freed)")
     rel = _released(ctx, 1, kind1, item)
     held1 = item("gathered", "layer 1's held reduce-scatter input", fg.layer_dense_params(ctx, kind1), 4, "Θ^d_1")
+    one = np.asarray(fg.fsdp_degree(ctx)) == 1   # no prefetch buffer: the table is filled at its pre-backward
     return {
         "embedding backward (r = 1)": [
+            item("gathered", "embedding table, unsharded (one-rank mesh: not prefetched)", VH * one, b,
+                 "V·H/tp·[F=1]"),
             item("gathered", "embedding dense gradient", VH, b, "V·H/tp"),
             item("boundaries", "embedding-output gradient", N_sp * ctx.hidden_size, b, "N_sp·H"),
             held1, shards, *rel],
         "embedding gradient reduction (r = 1)": [
-            item("gathered", "embedding table, resharded (not live)", -VH, b, "−V·H/tp"),
+            item("gathered", "embedding table's prefetch, resharded (not live)", -VH * ~one, b, "−V·H/tp·[F>1]"),
             item("gathered", "embedding gradient reduction R(V·H/tp, F)", reduce_bytes(VH, fg.fsdp_degree(ctx), b), 1,
                  _R_TEXT),
             shards, *rel],
