@@ -87,6 +87,26 @@ def head_rs_input(ctx: Ctx):
     return ceil_div(ctx.vocab_size * ctx.hidden_size, ctx.tp) + ctx.hidden_size
 
 
+def prefetch_params(ctx: Ctx, r: int):
+    """Elements of the previous unit's all-gather output that backward[r] prefetches: layer
+    ``r−1``'s dense part, the embedding's table at ``r = 1``; none on a one-rank mesh (nothing to
+    prefetch into: ``planner.budget.fsdp2_reduce``)."""
+    F = fsdp_degree(ctx)
+    if r == 1:
+        return ceil_div(ctx.vocab_size * ctx.hidden_size, ctx.tp) * (F > 1)
+    return layer_dense_params(ctx, ctx.regions[r - 2]) * (F > 1)
+
+
+def prefetch_in_attention(ctx: Ctx):
+    """Whether the prefetch is issued inside the layer's attention backward rather than when its
+    FFN backward starts: FSDP2 prefetches the unit before the current one in post-forward order,
+    and under ``tp > 1`` the QK-norms are FSDP units of their own (``fsdp2_layout.tp_replicated_params``)
+    that run before the experts, so the previous layer (or the embedding) waits for their
+    pre-backward (Qwen3 W8 tp2 backward[1]: no embedding all-gather output beside the experts'
+    backward, ``bench/results/memory_snapshot/fsdp2-qwen3-W8-tp2.json``)."""
+    return (np.asarray(ctx.tp) > 1) & bool(ctx.model.qk_norm)
+
+
 def held_rs_input(ctx: Ctx, r: int):
     """``held(r)``: fp32 elements of the reduce-scatter input FSDP2 still holds when backward[r]
     starts, the last one allocated (``reduce_scatter_max_input_buffers = 1``): the ``[norm, head]``
@@ -112,9 +132,7 @@ def terms(ctx: Ctx) -> list[Term]:
         return theta[ph.region_kind]
 
     def prefetch(ph: Phase):
-        if ph.region == 1:
-            return VH_tp * (F > 1)
-        return dense[kinds[ph.region - 2]] * (F > 1)   # one-rank mesh: planner.budget.fsdp2_reduce
+        return prefetch_params(ctx, ph.region) * ~prefetch_in_attention(ctx)
 
     def held_rs(ph: Phase):
         return held_rs_input(ctx, ph.region)

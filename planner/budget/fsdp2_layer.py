@@ -260,12 +260,17 @@ def terms(ctx: Ctx) -> list[Term]:
 
             def ends(r: int) -> dict:
                 if kind == "backward":
-                    live = (sub_l if r in local else sub)[ref]
-                    out = {"layer gradient reduction": fsdp2_reduce.layer_reduce(ctx, r, rkind, Item)}
+                    s_r = sub_l if r in local else sub
+                    live = s_r[ref]
+                    late = [Item("gathered", "previous unit's prefetch, issued in the attention's backward",
+                                 fg.prefetch_params(ctx, r) * fg.prefetch_in_attention(ctx), ctx.act_bytes,
+                                 "Θ^d_{r−1} (V·H/tp at r = 1)·[F>1]·[tp>1, QK-norm units]")]
+                    out = {"attention": s_r["attention"] + late,
+                           "layer gradient reduction": fsdp2_reduce.layer_reduce(ctx, r, rkind, Item) + late}
                     if rkind == "moe":
                         out["experts' gradient reduction"] = fsdp2_reduce.experts_reduce(ctx, r, rkind, live, Item)
                     if r == 1:
-                        out.update(fsdp2_reduce.embedding_steps(ctx, rkind, Item))
+                        out.update({k: v + late for k, v in fsdp2_reduce.embedding_steps(ctx, rkind, Item).items()})
                     else:
                         out["previous layer's unshard (one-rank mesh)"] = fsdp2_reduce.previous_unshard(
                             ctx, r, rkind, Item)
