@@ -48,6 +48,7 @@ CASES = {
     "fsdp2-qwen3-W8-tp2": ("qwen3-30b-a3b", 8, 16384, {"stack": "fsdp2", "tp": 2}, "freed"),
     "fsdp2-gptoss-W8-tp8": ("gpt-oss-20b", 8, 16384, {"stack": "fsdp2", "tp": 8}, "freed"),
     "fsdp2-dsv2-W1-selective": ("deepseek-v2-lite", 1, 8192, {"stack": "fsdp2", "ac": "selective"}, "freed"),
+    "fsdp2-dsv2-W1-S4096": ("deepseek-v2-lite", 1, 4096, {"stack": "fsdp2"}, "freed"),
     "fsdp2-qwen3-W8-cp8": ("qwen3-30b-a3b", 8, 131072,
                            {"stack": "fsdp2", "cp": 8, "cpu_offload": True, "cp_rotate": "allgather"}, "freed"),
 }

@@ -36,6 +36,8 @@ from planner.units import ceil_div
 
 SOURCE = ("tensor inventory of planner/runtime/fsdp2.py + model.py; GPU allocator history of planner "
           "validate's step (bench/memory_snapshot.py, H200)")
+INPUT_BATCH = "input batch: tokens and targets (int64)"
+"""The term of the batch the caller allocates before the step starts (so in its step-start bytes)."""
 
 
 def saved_layer(ctx: Ctx, kind: str, selective: bool, local: bool) -> tuple:
@@ -77,7 +79,7 @@ def terms(ctx: Ctx) -> list[Term]:
     BS = np.asarray(ctx.tokens_per_rank) * np.asarray(ctx.cp)   # the rank's whole sequences, B·S tokens
     cp_on = np.asarray(ctx.cp) > 1
     out += [
-        Term("input batch: tokens and targets (int64)", "boundaries", 2 * BS, 8, "2·B·S", ALWAYS,
+        Term(INPUT_BATCH, "boundaries", 2 * BS, 8, "2·B·S", ALWAYS,
              source=SOURCE + " (validate.py synthetic_batch: 2 × 1 MiB at cp8 S = 131072)"),
         Term("positions; under cp the buffers' clones and shards (int64)", "boundaries",
              BS // np.asarray(ctx.seqs_per_microbatch) + cp_on * (2 * BS + 3 * np.asarray(ctx.tokens_per_rank)), 8,

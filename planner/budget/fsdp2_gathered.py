@@ -14,17 +14,18 @@ validate``'s own step (``bench/memory_snapshot.py``, H200, torch 2.11):
     backward prefetch            Θ_{r−1}^d·[F>1]    backward[r ≥ 2]: the previous layer's all-gather
                                                     output, issued before its copy-out
                                                     (``_fsdp_collectives allocate``, gpt-oss W32
-                                                    backward[2]: 50.8 MiB = its dense part); with
-                                 Θ_{r−1} if F = 1   every mesh of one rank the whole previous layer
-                                                    (CPU trace at W = 1: backward[2] held Θ_1·b more)
-                                 V·H/tp             backward[1]: the embedding's (1104.6 MiB)
-    held reduce-scatter input    V·H/tp + H (fp32)  backward[L]: the head's, kept until this
-                                 Θ_{r+1} (fp32)     layer reduces; backward[r < L]: layer r+1's
-                                                    (reduce_scatter_max_input_buffers = 1; the
-                                                    experts' part, on a one-rank expert mesh beside
-                                                    a larger dense one with freed gradients, is
-                                                    their gradient shard itself: Qwen3 W8 one 288
-                                                    MiB block; at W = 1 the CPU trace holds it whole)
+                                                    backward[2]: 50.8 MiB = its dense part); on a
+                                                    one-rank mesh nothing until the copy at its
+                                                    pre-backward (``planner.budget.fsdp2_reduce``)
+                                 V·H/tp·[F>1]       backward[1]: the embedding's (1104.6 MiB)
+    held reduce-scatter input    V·H/tp + H (fp32)  backward[L]: the head's, until the layer's first
+                                 Θ^d_{r+1} (fp32)   reduction; backward[r < L]: layer r+1's layer
+                                                    unit's (reduce_scatter_max_input_buffers = 1:
+                                                    each reduction releases the previous input, and
+                                                    the layer unit reduces after its experts;
+                                                    DeepSeek-V2-Lite W = 1 backward[1] holds no
+                                                    2112 MiB experts' input). The reductions
+                                                    themselves: ``planner.budget.fsdp2_reduce``
     head unit (param dtype)      V·H/tp             head (``reshard_after_forward=False``). Its
                                                     forward all-gather output is freed at the root's
                                                     post-forward, before the loss's backward
@@ -86,6 +87,38 @@ def head_rs_input(ctx: Ctx):
     return ceil_div(ctx.vocab_size * ctx.hidden_size, ctx.tp) + ctx.hidden_size
 
 
+def prefetch_params(ctx: Ctx, r: int):
+    """Elements of the previous unit's all-gather output that backward[r] prefetches: layer
+    ``r−1``'s dense part, the embedding's table at ``r = 1``; none on a one-rank mesh (nothing to
+    prefetch into: ``planner.budget.fsdp2_reduce``)."""
+    F = fsdp_degree(ctx)
+    if r == 1:
+        return ceil_div(ctx.vocab_size * ctx.hidden_size, ctx.tp) * (F > 1)
+    return layer_dense_params(ctx, ctx.regions[r - 2]) * (F > 1)
+
+
+def prefetch_in_attention(ctx: Ctx):
+    """Whether the prefetch is issued inside the layer's attention backward rather than when its
+    FFN backward starts: FSDP2 prefetches the unit before the current one in post-forward order,
+    and under ``tp > 1`` the QK-norms are FSDP units of their own (``fsdp2_layout.tp_replicated_params``)
+    that run before the experts, so the previous layer (or the embedding) waits for their
+    pre-backward (Qwen3 W8 tp2 backward[1]: no embedding all-gather output beside the experts'
+    backward, ``bench/results/memory_snapshot/fsdp2-qwen3-W8-tp2.json``)."""
+    return (np.asarray(ctx.tp) > 1) & bool(ctx.model.qk_norm)
+
+
+def held_rs_input(ctx: Ctx, r: int):
+    """``held(r)``: fp32 elements of the reduce-scatter input FSDP2 still holds when backward[r]
+    starts, the last one allocated (``reduce_scatter_max_input_buffers = 1``): the ``[norm, head]``
+    unit's at ``r = L``; else layer ``r+1``'s layer unit's, ``Θ^d_{r+1}``, which reduces after that
+    layer's experts and so released theirs (DeepSeek-V2-Lite W = 1 backward[1]: no 2112 MiB experts'
+    input left, ``bench/results/memory_snapshot/fsdp2-dsv2-W1-selective.json``)."""
+    kinds = ctx.regions
+    if r == len(kinds):
+        return head_rs_input(ctx)
+    return layer_dense_params(ctx, kinds[r])
+
+
 def terms(ctx: Ctx) -> list[Term]:
     kinds = ctx.regions
     L = len(kinds)
@@ -98,24 +131,11 @@ def terms(ctx: Ctx) -> list[Term]:
     def params(ph: Phase):
         return theta[ph.region_kind]
 
-    one = F == 1   # every mesh of one rank (W = 1, or tp·ep only): no all-gather buffers at all
-
     def prefetch(ph: Phase):
-        if ph.region == 1:
-            return VH_tp
-        k = kinds[ph.region - 2]
-        return np.where(one, theta[k], dense[k] * (F > 1))
-
-    Fe = expert_degree(ctx)
-    own = ctx.grad_lifetime == "freed"
+        return prefetch_params(ctx, ph.region) * ~prefetch_in_attention(ctx)
 
     def held_rs(ph: Phase):
-        if ph.region == L:
-            return head_rs_input(ctx)
-        k = kinds[ph.region]
-        # freed gradients on a one-rank expert mesh: the experts' fp32 input is their gradient shard
-        # (persistent), not a second buffer (Qwen3 W8 backward[1]: 361 MiB = Θ_2·4 B in all)
-        return theta[k] - (layer_expert_params(ctx, k) * ((Fe == 1) & (F > 1)) if own else 0)
+        return held_rs_input(ctx, ph.region)
 
     big = max(theta.values(), key=lambda v: int(np.max(v)))
     return [
@@ -123,13 +143,13 @@ def terms(ctx: Ctx) -> list[Term]:
              source=SOURCE),
         Term("backward prefetch: previous unit's all-gather output", "gathered",
              np.maximum(VH_tp, big), b,
-             "backward[r ≥ 2]: Θ_{r−1}^d·[F>1], Θ_{r−1} when F = 1; backward[1]: V·H/tp (the embedding)",
+             "backward[r ≥ 2]: Θ_{r−1}^d·[F>1]; backward[1]: V·H/tp·[F>1] (the embedding)",
              ("backward",),
              at=prefetch, source=SOURCE),
         Term("held fp32 reduce-scatter input of the previous unit", "gathered",
              np.maximum(head_rs_input(ctx), big), 4,
-             "backward[L]: V·H/tp + H (the head's); backward[r < L]: Θ_{r+1} (less Θ^e_{r+1} when freed "
-             "gradients have a one-rank expert mesh: that input is their persistent shard)", ("backward",), at=held_rs,
+             "backward[L]: V·H/tp + H (the head's); backward[r < L]: Θ^d_{r+1} (layer r+1's layer unit, "
+             "reduced after its experts)", ("backward",), at=held_rs,
              source=SOURCE),
         Term("head unit (param dtype)", "gathered", VH_tp, b, "V·H/tp", ("head",), source=SOURCE),
         Term("head all-gather output held (chunked head)", "gathered",

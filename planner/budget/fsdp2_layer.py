@@ -48,10 +48,11 @@ again; ac = none keeps them from the forward)
                    attention-region gradient N_sp·H, the
                    attention's weight gradients Θ_attn/tp, FlashAttention's dq_accum/softmax_d
                    ``w_fa·N·h_q·d_qk`` bytes and (GQA) its dk/dv expansion ``N·h_q·(d_qk+d_v)·b``
-    grad RS        the layer's unsharded gradients Θ_r (param dtype) and their fp32 reduce-scatter
-                   input Θ_r, the layer-input gradient N_sp·H
-    embedding (r=1) the embedding's unsharded table and its dense gradient V·H/tp (param dtype),
-                   its fp32 reduce-scatter input V·H/tp, the gradient of its output N_sp·H
+    reductions     (``planner.budget.fsdp2_reduce``) the routed experts' (MoE: while the rest of
+                   the layer's backward is still to run), the layer unit's, on a one-rank mesh the
+                   previous layer's unshard (r ≥ 2), and at r = 1 the embedding's backward and
+                   reduction; each lists the phase-wide terms released by then with negative counts
+forward[r], one-rank expert mesh: the experts' unshard, the gate|up stack's cast copy beside them
 
 The reference sub-step (ffn) is counted term by term (D stays in ``dispatch``); every other
 sub-step adds its excess over the reference, ``max(0, T_s − T_ffn)``, so a phase holds
@@ -67,7 +68,7 @@ from typing import Any
 
 import numpy as np
 
-from planner.budget import dispatch, fsdp2_gathered as fg, regions
+from planner.budget import dispatch, fsdp2_gathered as fg, fsdp2_reduce, regions
 from planner.context.ctx import Ctx
 from planner.budget.fsdp2_saved import dims, attention_saved_counts, local_layers, sac_saved_counts
 from planner.budget.terms import Phase, Term
@@ -142,6 +143,11 @@ def _substeps(ctx: Ctx, kind: str, rkind: str, local: bool) -> tuple[dict[str, l
             ffn = mid + keep + [Item("gathered", "experts' all-gather output held", th_e * (Fe > 1), b,
                                      "Θ^e·[F·tp/ep>1]")]
             out = {"ffn": ffn, "attention": att}
+            extra = fsdp2_reduce.experts_unshard_extra(ctx, rkind)
+            if np.any(extra):
+                out["experts' unshard (one-rank mesh)"] = mid + keep + [
+                    Item("gathered", "gate|up stack's b-byte copy (fp32 shard cast)", extra, 1,
+                         "n·H·2I·b [F_e = 1] (bytes)")]
             if I_s:
                 out["shared experts"] = mid + keep + [
                     Item("ffn", "routed output", N * H, b, "N·H"),
@@ -162,10 +168,6 @@ def _substeps(ctx: Ctx, kind: str, rkind: str, local: bool) -> tuple[dict[str, l
                Item("attention", "attention weight gradients", att_params, b, "Θ_attn/tp"),
                Item("workspace", "FlashAttention backward dq_accum/softmax_d", fa, 1, "w_fa·N·h_q·d_qk (bytes)"),
                Item("workspace", "FlashAttention GQA dk/dv expansion", exp, 1, "N·h_q·(d_qk+d_v)·b if h_kv < h_q")]
-    th = fg.layer_params(ctx, rkind)
-    rs = [Item("gathered", "layer unsharded gradients (param dtype)", th, b, "Θ_r"),
-          Item("gathered", "layer fp32 reduce-scatter input", th, 4, "Θ_r"),
-          Item("boundaries", "layer-input gradient", N_sp * H, b, "N_sp·H")]
     out = {}
     if moe:
         ffn = A + norm
@@ -184,17 +186,8 @@ def _substeps(ctx: Ctx, kind: str, rkind: str, local: bool) -> tuple[dict[str, l
                                "3·N·I_d/tp"),
                           Item("ffn", "dense FFN: down-projection weight gradient", ctx.hidden_size * I_d, b,
                                "H·I_d/tp")]
-    out.update({"ffn": ffn, "attention": att, "grad reduce-scatter": rs})
+    out.update({"ffn": ffn, "attention": att})
     return out, "ffn"
-
-
-def _embedding_grad(ctx: Ctx) -> list[Item]:
-    b, N_sp = ctx.act_bytes, ceil_div(ctx.tokens_per_rank, ctx.tp)
-    VH_tp = ceil_div(ctx.vocab_size * ctx.hidden_size, ctx.tp)
-    return [Item("gathered", "embedding table, unsharded", VH_tp, b, "V·H/tp"),
-            Item("gathered", "embedding dense gradient", VH_tp, b, "V·H/tp"),
-            Item("gathered", "embedding fp32 reduce-scatter input", VH_tp, 4, "V·H/tp"),
-            Item("boundaries", "embedding-output gradient", N_sp * ctx.hidden_size, b, "N_sp·H")]
 
 
 def _dispatch_bytes(ctx: Ctx, kind: str):
@@ -266,8 +259,22 @@ def terms(ctx: Ctx) -> list[Term]:
                                 (kind,), regions=reg, at=at, source=SOURCE))
 
             def ends(r: int) -> dict:
-                if kind == "backward" and r == 1:
-                    return {"embedding gradient (r = 1)": _embedding_grad(ctx)}
+                if kind == "backward":
+                    s_r = sub_l if r in local else sub
+                    live = s_r[ref]
+                    late = [Item("gathered", "previous unit's prefetch, issued in the attention's backward",
+                                 fg.prefetch_params(ctx, r) * fg.prefetch_in_attention(ctx), ctx.act_bytes,
+                                 "Θ^d_{r−1} (V·H/tp at r = 1)·[F>1]·[tp>1, QK-norm units]")]
+                    out = {"attention": s_r["attention"] + late,
+                           "layer gradient reduction": fsdp2_reduce.layer_reduce(ctx, r, rkind, Item) + late}
+                    if rkind == "moe":
+                        out["experts' gradient reduction"] = fsdp2_reduce.experts_reduce(ctx, r, rkind, live, Item)
+                    if r == 1:
+                        out.update({k: v + late for k, v in fsdp2_reduce.embedding_steps(ctx, rkind, Item).items()})
+                    else:
+                        out["previous layer's unshard (one-rank mesh)"] = fsdp2_reduce.previous_unshard(
+                            ctx, r, rkind, Item)
+                    return out
                 if kind == "forward" and r == L:
                     return {"head all-gather (r = L)": _head_gather(ctx, rkind, r in local)}
                 return {}
@@ -276,7 +283,8 @@ def terms(ctx: Ctx) -> list[Term]:
             for r in [r for r in range(1, L + 1) if kinds[r - 1] == rkind]:
                 loc = r in local
                 ex[r] = _scalar(_excess(sub_l if loc else sub, ref, t_ref_l if loc else t_ref, ends(r)))
-            named = {**{n: v for n, v in sub.items() if n != ref}, **ends(1), **ends(L)}
+            rs = [r for r in range(1, L + 1) if kinds[r - 1] == rkind]
+            named = {**{n: v for n, v in sub.items() if n != ref}, **ends(rs[0]), **ends(rs[-1])}
             what = "; ".join(f"T_{{{n}}} = " + " + ".join(f"{i.name} {i.formula}" for i in v)
                              for n, v in named.items())
             out.append(Term(f"{kind} sub-steps after the {ref}: excess over it", "attention",

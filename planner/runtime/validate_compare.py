@@ -4,8 +4,9 @@ Rows:
 
 - one per phase: the phase's peak allocated bytes against the budget's phase total (judged);
 - ``persistent``: the bytes allocated when the step begins (weights, kept gradients, device
-  optimizer state, and the kernel workspaces the allocator keeps from the step before) against the
-  ``persistent`` live set in ``forward[1]`` plus the workspace every phase holds (judged);
+  optimizer state, the kernel workspaces the allocator keeps from the step before, and the input
+  batch where the budget counts it) against the ``persistent`` live set in ``forward[1]`` plus the
+  workspace every phase holds and the input-batch term (judged);
 - ``optimizer_step``: the optimizer phase's peak above its start against the ``optimizer_step``
   live set (judged);
 - the step time against the time model, judged only where communication is real (``W = 1``).
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
+from planner.budget.fsdp2_boundaries import INPUT_BATCH
 from planner.runtime.validate_plan import Prediction
 
 MEMORY_UNDER = 0.01
@@ -75,7 +77,7 @@ def compare(pred: Prediction, samples: dict, step_start_bytes: int, *, step_s: f
             continue
         rows.append(Row(label, "phase total", p, s.peak_bytes, True, memory_ok(p, s.peak_bytes, under, over)))
     first = pred.labels[0]
-    p = pred.live_set_bytes(first, "persistent") + (
+    p = pred.live_set_bytes(first, "persistent") + pred.term_bytes(first, (INPUT_BATCH,)) + (
         0 if "workspace" in exclude else pred.step_start_workspace_bytes())
     rows.append(Row("step start", "persistent", p, step_start_bytes, True,
                     memory_ok(p, step_start_bytes, under, over)))

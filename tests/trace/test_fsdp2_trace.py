@@ -75,14 +75,15 @@ AGREES: dict[str, tuple[str, ...]] = {
     "bf16_dense_layer_and_shared_expert": ("forward[2]", "head", "backward[2]", "optimizer"),
     "bf16_dp8_ep2_none_accumulate": ("head", "backward[2]", "optimizer"),
     "bf16_dp8_ep8_none_freed": _FWD_HEAD_OPT + ("backward[2]", "backward[1]"),
-    "bf16_w1_full_freed": _FWD_HEAD_OPT,  # backward[2]: formula 1.0105 of the trace (over, not within 1%)
+    "bf16_w1_full_freed": _FWD_HEAD_OPT + ("backward[2]", "backward[1]"),
     "bf16_tp4_ep1_w4": ("head", "optimizer"),
 }
 """Phases whose total the formula matches within ``FORMULA_VS_TRACE`` from above as well: under full
 AC every forward phase (the larger of the attention and FFN sub-steps), the head, the optimizer; in
 bf16 the backward of full-AC MoE layers and the chunked head; without checkpointing at the default
 skew over eight expert ranks every phase (the earlier layers' saved rows at the busiest rank's
-received rows ``Q``: 0.71 at the head while they were counted at ``N·k``)."""
+received rows ``Q``: 0.71 at the head while they were counted at ``N·k``); at W = 1 every phase
+(the one-rank reductions' quotient copy and the unshard's cast copy, ``planner.budget.fsdp2_reduce``)."""
 
 _CPU_FWD_L = ("forward[L] without checkpointing: the CPU trace holds more than the H200 allocator "
               "history at the head unit's all-gather (Qwen3 W8 ac = none forward[2]: 1.000 there); not "
