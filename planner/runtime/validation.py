@@ -114,9 +114,13 @@ def check_dispatch_shard(shard, num_experts: int, group_size: int, rank: int) ->
 
 def check_max_imports(max_imports: int, num_experts: int, group_size: int, default: int) -> int:
     """``max_imports`` at most ``E − E/W``, the experts a rank does not own (``import_bound``, the
-    planner's rule): the knob's default is lowered to the bound, a larger given value is refused."""
+    planner's rule, ``planner.plans.llep.resolve_max_imports``): the knob's default is lowered to
+    the bound, a larger given value is refused; with ``W = 1`` nothing can be imported and the
+    value is inert, left as it is (as the planner leaves it, so a plan file runs unchanged)."""
     from planner.plans.llep import import_bound
 
+    if group_size <= 1:
+        return max_imports
     bound = import_bound(num_experts, group_size)
     if max_imports <= bound:
         return max_imports

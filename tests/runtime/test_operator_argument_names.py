@@ -64,8 +64,6 @@ BAD = {
     "source_residue_other_variant": (lambda: PipelinedLLEPSource(_shard(), E, K, residue="destination"),
                                      "residue"),
     "factory_residue": (lambda: pipelined_llep(_shard(), E, K, residue="bogus"), "residue"),
-    "llep_max_imports": (lambda: LLEP(_shard(), E, K, max_imports=100), "max_imports"),
-    "pllep_max_imports": (lambda: PipelinedLLEP(_shard(), E, K, max_imports=100), "max_imports"),
     "ep_first_expert": (lambda: ExpertParallel(_shard(first_expert=4), E, K), "first_expert"),
     "shard_overflow": (lambda: ExpertShard(HUGE, HUGE, 2), "num_local"),
     # SCO
@@ -130,10 +128,41 @@ def test_first_expert_is_set_by_the_operator_and_a_matching_value_is_accepted():
     ExpertParallel(_shard(first_expert=0), E, K)
 
 
-def test_the_default_max_imports_is_lowered_to_the_bound_a_given_one_at_it_kept():
-    assert knob_default("max_imports") > 0                     # E − E/1 = 0 for one rank
-    assert LLEP(_shard(), E, K).knobs["max_imports"] == 0
-    assert LLEP(_shard(), E, K, max_imports=0).knobs["max_imports"] == 0
+@pytest.fixture
+def two_ranks():
+    """A fake process group of two ranks (constructors only: no collective runs)."""
+    import torch.distributed as dist
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    if dist.is_initialized():
+        pytest.skip("a process group is already initialised in this process")
+    dist.init_process_group("fake", store=FakeStore(), rank=1, world_size=2)
+    yield
+    dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("cls", [LLEP, PipelinedLLEP, PipelinedLLEPSource])
+def test_max_imports_above_e_minus_e_over_w_is_refused(two_ranks, cls):
+    bound = E - E // 2
+    with pytest.raises(ValueError, match=rf"max_imports \(100\).*= {bound}"):
+        cls(ExpertShard(E // 2, H, I, dtype=torch.float32), E, K, max_imports=100)
+    assert cls(ExpertShard(E // 2, H, I, dtype=torch.float32), E, K, max_imports=bound).knobs["max_imports"] == bound
+    default = knob_default("max_imports")
+    assert default > bound                                     # the default is lowered, as the planner does
+    assert cls(ExpertShard(E // 2, H, I, dtype=torch.float32), E, K).knobs["max_imports"] == bound
+
+
+def test_first_expert_must_be_where_the_operator_puts_the_shard(two_ranks):
+    n = E // 2
+    with pytest.raises(ValueError, match=rf"first_expert \(0\).*= {n}"):
+        ExpertParallel(ExpertShard(n, H, I, dtype=torch.float32, first_expert=0), E, K)
+    shard = ExpertShard(n, H, I, dtype=torch.float32)
+    ExpertParallel(shard, E, K)
+    assert shard.first_expert == n                            # rank 1 holds experts n … 2n − 1
+
+
+def test_max_imports_is_inert_on_one_rank_as_in_the_planner():
+    assert LLEP(_shard(), E, K, max_imports=100).knobs["max_imports"] == 100
 
 
 def test_valid_arguments_still_construct():
