@@ -58,7 +58,7 @@ class DispatchOp(torch.nn.Module):
         max_imports = check_max_imports(max_imports, num_experts, shim.group_size(group),
                                         knob_default("max_imports"))
         if shard is not None:
-            check_dispatch_shard(shard, num_experts, shim.group_size(group), shim.group_rank(group))
+            check_dispatch_shard(shard, num_experts, shim.group_size(group), shim.group_rank(group), ExpertShard)
         self.shard, self.num_experts, self.top_k, self.group = shard, num_experts, top_k, group
         self.knobs = dict(token_budget=token_budget, max_chunks=max_chunks, alpha=alpha,
                           min_tokens=min_tokens, lam=lam, max_imports=max_imports,

@@ -92,13 +92,11 @@ def check_dispatch_knobs(num_experts, top_k, *, token_budget, max_chunks, alpha,
             raise ValueError(f"{name} ({v!r}) must be a number >= 1" + (" and finite" if finite else ""))
 
 
-def check_dispatch_shard(shard, num_experts: int, group_size: int, rank: int) -> None:
-    """``shard`` is an ``ExpertShard`` of ``E / W`` experts, ``num_experts`` splits evenly over the
-    group, and a ``first_expert`` given to the shard is where the operator puts it (expert ``e`` on
-    rank ``e // (E/W)``, so ``rank · E/W``); one not given is set to that."""
-    from planner.runtime.expert_mlp import ExpertShard
-
-    if not isinstance(shard, ExpertShard):
+def check_dispatch_shard(shard, num_experts: int, group_size: int, rank: int, shard_type: type) -> None:
+    """``shard`` is a ``shard_type`` (``ExpertShard``) of ``E / W`` experts, ``num_experts`` splits
+    evenly over the group, and a ``first_expert`` given to the shard is where the operator puts it
+    (expert ``e`` on rank ``e // (E/W)``, so ``rank · E/W``); one not given is set to that."""
+    if not isinstance(shard, shard_type):
         raise ValueError(f"shard ({type(shard).__name__}) must be a planner.runtime.expert_mlp.ExpertShard "
                          "(the stacked weights of this rank's experts)")
     if num_experts % group_size or shard.num_local != num_experts // group_size:
