@@ -62,12 +62,11 @@ import torch
 from torch import nn
 
 from planner.errors import InvalidPlan
-from planner.plans.ring import ring_plan, shard_bounds
+from planner.plans.ring import MOVES, ring_plan, shard_bounds
 from planner.runtime import shim
 from planner.runtime import ring_dtp_passes as R
-from planner.plans.ring import MOVES
-from planner.runtime.validation import (_int_at_least, check_alloc, check_choice, check_not_meta, check_positive_ints,
-                                        check_targets, checked_device, floating_dtype)
+from planner.runtime.validation import (_int_at_least, check_alloc, check_choice, check_int_range, check_not_meta,
+                                        check_positive_ints, check_targets, checked_device, floating_dtype)
 from planner.schema.knobs import default as knob_default
 
 FP32 = torch.float32
@@ -211,8 +210,7 @@ class RingDTPHead(nn.Module):
                  ignore_index: int = -100, reduction: str = "mean", mode: str | None = None,
                  device=None, dtype=None) -> None:
         check_positive_ints(hidden_size=hidden_size, vocab_size=vocab_size, vocab_blocks=vocab_blocks)
-        if isinstance(ignore_index, bool) or not isinstance(ignore_index, int):
-            raise ValueError(f"ignore_index ({ignore_index!r}) must be an integer (torch's default is -100)")
+        check_int_range("ignore_index", ignore_index, -(1 << 63), (1 << 63) - 1, fix="torch's default is -100")
         check_choice("reduction", reduction, REDUCTIONS)
         check_choice("mode", mode, MOVES, allow_none=True)
         device = checked_device("device", device, allow_none=True)

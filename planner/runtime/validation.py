@@ -31,9 +31,9 @@ def _int_at_least(name: str, v, lo: int, allow_none: bool = False) -> None:
 
 def check_int_range(name: str, v, lo: int, hi: int | None = None, *, fix: str = "") -> None:
     """``v`` is an integer (not a bool, not a float such as ``1.5`` or NaN) in ``[lo, hi]``."""
-    _int_at_least(name, v, lo)
-    if hi is not None and v > hi:
-        raise ValueError(f"{name} ({v!r}) must be an integer in [{lo}, {hi}]" + (f"; fix: {fix}" if fix else ""))
+    if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < lo or (hi is not None and v > hi):
+        want = f"an integer >= {lo}" if hi is None else f"an integer in [{lo}, {hi}]"
+        raise ValueError(f"{name} ({v!r}) must be {want}" + (f"; fix: {fix}" if fix else ""))
 
 
 def check_choice(name: str, v, choices, allow_none: bool = False) -> None:

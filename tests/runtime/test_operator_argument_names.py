@@ -15,7 +15,9 @@ from planner.runtime.cpu_offload_adamw import CPUOffloadAdamW
 from planner.runtime.expert_mlp import ExpertShard
 from planner.runtime.expert_parallel import ExpertParallel
 from planner.runtime.llep import LLEP
+from planner.runtime.master_adamw import MasterAdamW
 from planner.runtime.offload_adamw import OffloadStreamAdamW
+from planner.runtime.pinned import PinnedBuffer
 from planner.runtime.pipelined_llep import PipelinedLLEP
 from planner.runtime.pipelined_llep_source import PipelinedLLEPSource, pipelined_llep
 from planner.runtime.ring_dtp import RingDTPHead
@@ -90,6 +92,12 @@ BAD = {
     "cpu_adamw_lr_inf": (lambda: _adamw(CPUOffloadAdamW, lr=math.inf), "lr"),
     "cpu_adamw_meta": (lambda: _adamw(CPUOffloadAdamW, params=[torch.nn.Parameter(torch.zeros(32, device="meta"))]),
                        "params"),
+    "master_adamw_betas_one": (lambda: MasterAdamW([torch.nn.Parameter(torch.zeros(3))], betas=(0.9,)), "betas"),
+    "master_adamw_lr_inf": (lambda: MasterAdamW([torch.nn.Parameter(torch.zeros(3))], lr=math.inf), "lr"),
+    # pinned host memory
+    "pinned_nan": (lambda: PinnedBuffer(math.nan, register=False), "nbytes"),
+    "pinned_float": (lambda: PinnedBuffer(1.5, register=False), "nbytes"),
+    "pinned_beyond_ram": (lambda: PinnedBuffer(1 << 62, register=False), "nbytes"),
 }
 
 
