@@ -23,7 +23,7 @@ import contextlib
 import torch
 
 from planner.runtime.pinned import PinnedBuffer
-from planner.runtime.validation import check_adamw_hyper, check_param_groups
+from planner.runtime.validation import check_adamw_hyper, check_not_meta, check_param_groups
 
 
 @contextlib.contextmanager
@@ -61,6 +61,7 @@ class CPUOffloadAdamW(torch.optim.Optimizer):
         self._params = [p for g in self.param_groups for p in g["params"]]
         if not all(p.is_contiguous() for p in self._params):
             raise ValueError("CPUOffloadAdamW needs contiguous parameters")
+        check_not_meta(**{f"params[{i}]": p for i, p in enumerate(self._params)})
         self.threads = threads
         n = sum(p.numel() for p in self._params)
         dt = self._params[0].dtype if self._params else torch.bfloat16

@@ -26,15 +26,23 @@ class ExpertShard(torch.nn.Module):
     """The ``n`` routed experts one rank owns, stacked (gate|up ``[n,H,2I]``, down ``[n,I,H]``)."""
 
     def __init__(self, num_local: int, hidden_size: int, expert_ffn: int, *, dtype=torch.bfloat16,
-                 device=None, first_expert: int = 0) -> None:
-        from planner.runtime.validation import _int_at_least, check_positive_ints, checked_device, floating_dtype
+                 device=None, first_expert: int | None = None) -> None:
+        from planner.runtime.validation import (_int_at_least, check_alloc, check_positive_ints, checked_device,
+                                                floating_dtype)
 
         check_positive_ints(num_local=num_local, hidden_size=hidden_size, expert_ffn=expert_ffn)
-        _int_at_least("first_expert", first_expert, 0)
+        _int_at_least("first_expert", first_expert, 0, allow_none=True)
         dtype = floating_dtype("dtype", dtype)
         device = checked_device("device", device, allow_none=True)
+        check_alloc(f"num_local ({num_local}), hidden_size ({hidden_size}) and expert_ffn ({expert_ffn})",
+                    3 * num_local * hidden_size * expert_ffn, dtype, device)
         super().__init__()
-        self.first_expert = first_expert
+        self.first_expert = 0 if first_expert is None else first_expert
+        """Global id of the first expert held: the shard holds ``first_expert … first_expert + n − 1``.
+        A dispatch operator places expert ``e`` on rank ``e // n`` of its group, so it checks a given
+        value against ``rank · n`` and sets it when none was given; ``load_full_state`` copies these
+        rows out of a full state dict."""
+        self.first_expert_given = first_expert is not None
         self.w_up_nHJ = torch.nn.Parameter(
             torch.empty(num_local, hidden_size, 2 * expert_ffn, dtype=dtype, device=device))
         self.w_down_nIH = torch.nn.Parameter(

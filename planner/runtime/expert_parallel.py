@@ -29,12 +29,13 @@ import numpy as np
 import torch
 
 from planner.plans import dispatch as plans_dispatch
-from planner.plans.chunking import STRIDED
+from planner.plans.chunking import MEMBERSHIPS, STRIDED
 from planner.runtime import shim
 from planner.runtime.exchange import AllToAll, Depend, send_order
 from planner.runtime.expert_mlp import ExpertShard, GroupedMLP, SlotWeights
 from planner.runtime.routing import gather_counts
-from planner.runtime.validation import check_dispatch_inputs, check_dispatch_knobs, check_dispatch_shard, check_not_meta
+from planner.runtime.validation import (check_choice, check_dispatch_inputs, check_dispatch_knobs,
+                                        check_dispatch_shard, check_max_imports, check_not_meta)
 from planner.schema.knobs import default as knob_default
 
 
@@ -52,8 +53,12 @@ class DispatchOp(torch.nn.Module):
         super().__init__()
         check_dispatch_knobs(num_experts, top_k, token_budget=token_budget, max_chunks=max_chunks, alpha=alpha,
                              min_tokens=min_tokens, lam=lam, max_imports=max_imports, block_rows=block_rows)
+        check_choice("membership", membership, MEMBERSHIPS)
+        check_choice("residue", residue, plans_dispatch.RESIDUES)
+        max_imports = check_max_imports(max_imports, num_experts, shim.group_size(group),
+                                        knob_default("max_imports"))
         if shard is not None:
-            check_dispatch_shard(shard, num_experts, shim.group_size(group))
+            check_dispatch_shard(shard, num_experts, shim.group_size(group), shim.group_rank(group), ExpertShard)
         self.shard, self.num_experts, self.top_k, self.group = shard, num_experts, top_k, group
         self.knobs = dict(token_budget=token_budget, max_chunks=max_chunks, alpha=alpha,
                           min_tokens=min_tokens, lam=lam, max_imports=max_imports,

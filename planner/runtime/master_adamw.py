@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import torch
 
+from planner.runtime.validation import check_adamw_hyper, check_param_groups
+
 
 class MasterAdamW(torch.optim.Optimizer):
     """AdamW over fp32 device masters of ``params`` (``lr``, ``betas``, ``eps``, ``weight_decay``
@@ -20,7 +22,11 @@ class MasterAdamW(torch.optim.Optimizer):
 
     def __init__(self, params, lr: float = 1e-3, betas=(0.9, 0.999), eps: float = 1e-8,
                  weight_decay: float = 1e-2) -> None:
+        check_adamw_hyper(lr, betas, eps, weight_decay)
         super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay))
+        check_param_groups(self.param_groups)
+        for g in self.param_groups:
+            check_adamw_hyper(g["lr"], g["betas"], g["eps"], g["weight_decay"])
         self._params = [p for g in self.param_groups for p in g["params"]]
         with torch.no_grad():
             self._masters = [p.detach().to(torch.float32, copy=True) for p in self._params]

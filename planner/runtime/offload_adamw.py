@@ -59,7 +59,7 @@ from planner.plans.buckets import partition
 from planner.runtime import shim
 from planner.runtime.offload_adamw_state import OffloadStateMixin
 from planner.runtime.pinned import PinnedBuffer
-from planner.runtime.validation import check_adamw_hyper, check_param_groups
+from planner.runtime.validation import check_adamw_hyper, check_not_meta, check_offload_knobs, check_param_groups
 from planner.schema.knobs import default as knob_default
 
 RACE_SLEEP_CYCLES = {"h2d": 0, "update": 0, "d2h": 0}
@@ -101,8 +101,7 @@ class OffloadStreamAdamW(OffloadStateMixin, torch.optim.Optimizer):
     def __init__(self, params, lr: float = 1e-3, betas=(0.9, 0.999), eps: float = 1e-8,
                  weight_decay: float = 1e-2, *, maximize: bool = False, bucket_params: int = knob_default("bucket_params"),
                  staging_slots: int = knob_default("staging_slots"), register: bool | None = None, host: PinnedBuffer | None = None) -> None:
-        if staging_slots < 1:
-            raise ValueError(f"staging_slots ({staging_slots}) must be >= 1")
+        check_offload_knobs(bucket_params, staging_slots)
         check_adamw_hyper(lr, betas, eps, weight_decay)
         self._ready = self._closed = False
         super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
@@ -124,6 +123,7 @@ class OffloadStreamAdamW(OffloadStateMixin, torch.optim.Optimizer):
             raise ValueError(f"OffloadStreamAdamW needs parameters on one device, got {sorted(map(str, devices))}")
         if not all(p.is_contiguous() for p in params):
             raise ValueError("OffloadStreamAdamW needs contiguous parameters")
+        check_not_meta(**{f"params[{i}]": p for i, p in enumerate(params)})
 
     @torch.no_grad()
     def _lay_out(self, host: PinnedBuffer | None) -> None:

@@ -22,6 +22,7 @@ import threading
 import torch
 
 from planner.runtime import shim
+from planner.runtime.validation import check_host_bytes, check_int_range
 from planner.units import PAGE_BYTES, round_up
 
 _LOCK = threading.Lock()
@@ -63,8 +64,7 @@ class PinnedBuffer:
     """
 
     def __init__(self, nbytes: int, *, register: bool | None = None) -> None:
-        if nbytes < 0:
-            raise ValueError(f"PinnedBuffer nbytes ({nbytes}) must be >= 0")
+        check_int_range("nbytes", nbytes, 0, fix="pass a byte count")
         if PAGE_BYTES % mmap.PAGESIZE:
             raise RuntimeError(f"host page size {mmap.PAGESIZE} does not divide PAGE_BYTES ({PAGE_BYTES}): "
                                "the pinned-byte formula would under-count")
@@ -77,6 +77,7 @@ class PinnedBuffer:
 
             self.tensor = torch.empty(self.nbytes, dtype=torch.uint8, device=HOST)
             return
+        check_host_bytes("nbytes", self.nbytes)
         if self.nbytes == 0:
             self.tensor = torch.empty(0, dtype=torch.uint8)
         else:

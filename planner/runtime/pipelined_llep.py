@@ -62,6 +62,7 @@ from __future__ import annotations
 import torch
 from torch.utils.checkpoint import checkpoint
 
+from planner.plans import dispatch as plans_dispatch
 from planner.plans.chunking import STRIDED
 from planner.runtime import shim
 from planner.runtime.exchange import CombineAdd, Dispatch, Prefetch, send_order
@@ -69,6 +70,7 @@ from planner.runtime.expert_chunk import ExpertChunk
 from planner.runtime.expert_mlp import SlotWeights
 from planner.runtime.expert_parallel import DispatchOp
 from planner.runtime.llep import import_weights
+from planner.runtime.validation import check_choice
 from planner.units import ceil_div
 
 
@@ -134,9 +136,21 @@ def run_pipelined(x_NH, ids_Nk, weights_Nk, plan, rank, sw: SlotWeights, group) 
 
 
 class PipelinedLLEP(DispatchOp):
-    """LLEP in ``K`` strided chunks, each expert matmul under a reentrant checkpoint."""
+    """LLEP in ``K`` strided chunks, each expert matmul under a reentrant checkpoint (the
+    destination-residue variant; ``planner.runtime.pipelined_llep_source.pipelined_llep`` builds
+    the variant a ``residue`` names, by default the plan's, which ``planner check`` sizes)."""
 
     operator = "pipelined_llep"
+    residue = plans_dispatch.DESTINATION
+    """The ``dispatch_residue`` this class runs; a ``residue`` argument must name it."""
+
+    def __init__(self, *args, residue: str | None = None, **kwargs) -> None:
+        check_choice("residue", residue, plans_dispatch.RESIDUES, allow_none=True)
+        if residue is not None and residue != self.residue:
+            raise ValueError(f"residue ({residue!r}) is not the variant {type(self).__name__} runs ({self.residue!r}); "
+                             "fix: build it with planner.runtime.pipelined_llep_source.pipelined_llep(..., "
+                             f"residue={residue!r})")
+        super().__init__(*args, residue=self.residue, **kwargs)
 
     def _num_chunks(self, n_tokens: int) -> int:
         want = ceil_div(n_tokens, self.knobs["token_budget"])

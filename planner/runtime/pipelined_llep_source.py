@@ -55,7 +55,10 @@ from planner.runtime.exchange import Prefetch, a2a, send_order
 from planner.runtime.expert_chunk import _backward_block, _forward_block, slot_index
 from planner.runtime.expert_mlp import SlotWeights
 from planner.runtime.llep import import_weights
+from planner.plans.dispatch import RESIDUES, SOURCE
 from planner.runtime.pipelined_llep import PipelinedLLEP, chunk_layout, chunk_routes
+from planner.runtime.validation import check_choice
+from planner.schema.knobs import default as knob_default
 
 
 @dataclass
@@ -192,10 +195,18 @@ def run_source(x_NH, ids_Nk, weights_Nk, plan, rank, sw: SlotWeights, group) -> 
 class PipelinedLLEPSource(PipelinedLLEP):
     """PipelinedLLEP whose checkpoint keeps only source-side state (``dispatch_residue = source``)."""
 
-    def __init__(self, *args, **kwargs) -> None:
-        kwargs["residue"] = "source"
-        super().__init__(*args, **kwargs)
+    residue = SOURCE
 
     def _run(self, x_NH, ids_Nk, weights_Nk, plan) -> torch.Tensor:
         return run_source(x_NH, ids_Nk, weights_Nk, plan, self.rank, SlotWeights(self.shard),
                           self.group)
+
+
+def pipelined_llep(shard, num_experts: int, top_k: int, group=None, *,
+                   residue: str = knob_default("dispatch_residue"), **knobs) -> PipelinedLLEP:
+    """The PipelinedLLEP of the variant ``residue`` names (``"source"``: ``PipelinedLLEPSource``,
+    ``"destination"``: ``PipelinedLLEP``). Its default is the plan knob ``dispatch_residue``'s, the
+    variant ``planner check`` sizes. ``knobs``: ``PipelinedLLEP``'s keyword arguments."""
+    check_choice("residue", residue, RESIDUES)
+    cls = PipelinedLLEPSource if residue == SOURCE else PipelinedLLEP
+    return cls(shard, num_experts, top_k, group, **knobs)

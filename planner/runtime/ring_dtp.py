@@ -62,14 +62,16 @@ import torch
 from torch import nn
 
 from planner.errors import InvalidPlan
-from planner.plans.ring import ring_plan, shard_bounds
+from planner.plans.ring import MOVES, ring_plan, shard_bounds
 from planner.runtime import shim
 from planner.runtime import ring_dtp_passes as R
-from planner.runtime.validation import (_int_at_least, check_not_meta, check_positive_ints, check_targets,
-                                        checked_device, floating_dtype)
+from planner.runtime.validation import (_int_at_least, check_alloc, check_choice, check_int_range, check_not_meta,
+                                        check_positive_ints, check_targets, checked_device, floating_dtype)
 from planner.schema.knobs import default as knob_default
 
 FP32 = torch.float32
+REDUCTIONS = ("mean", "sum")
+"""``reduction`` values (``"none"`` would need a per-token loss the ring does not keep)."""
 
 
 class _RingDTPCrossEntropy(torch.autograd.Function):
@@ -180,7 +182,7 @@ def ring_dtp_cross_entropy(x_NH: torch.Tensor, targets_N: torch.Tensor, w_VpH: t
     if x_NH.dtype != w_VpH.dtype or x_NH.dtype not in (torch.float32, torch.bfloat16):
         raise InvalidPlan("dtype", (x_NH.dtype, w_VpH.dtype), "must be the same, fp32 or bf16",
                           "cast x_NH and w_VpH to one dtype")
-    if reduction not in ("mean", "sum"):
+    if reduction not in REDUCTIONS:
         raise InvalidPlan("reduction", reduction, "must be 'mean' or 'sum'", "pick one")
     P, r = shim.group_size(group), shim.group_rank(group)
     rows = w_VpH.shape[0]
@@ -208,12 +210,17 @@ class RingDTPHead(nn.Module):
                  ignore_index: int = -100, reduction: str = "mean", mode: str | None = None,
                  device=None, dtype=None) -> None:
         check_positive_ints(hidden_size=hidden_size, vocab_size=vocab_size, vocab_blocks=vocab_blocks)
+        check_int_range("ignore_index", ignore_index, -(1 << 63), (1 << 63) - 1, fix="torch's default is -100")
+        check_choice("reduction", reduction, REDUCTIONS)
+        check_choice("mode", mode, MOVES, allow_none=True)
         device = checked_device("device", device, allow_none=True)
         dtype = floating_dtype("dtype", dtype, allow_none=True)
         super().__init__()
         self.group, self.vocab_size, self.vocab_blocks = group, vocab_size, vocab_blocks
         self.ignore_index, self.reduction, self.mode = ignore_index, reduction, mode
         self.vocab_start, stop = shard_bounds(vocab_size, shim.group_size(group))[shim.group_rank(group)]
+        check_alloc(f"hidden_size ({hidden_size}) and vocab_size ({vocab_size}) (this rank's weight shard of "
+                    f"{stop - self.vocab_start} rows)", (stop - self.vocab_start) * hidden_size, dtype, device)
         self.weight = nn.Parameter(torch.empty(stop - self.vocab_start, hidden_size, device=device,
                                                dtype=dtype))
         nn.init.normal_(self.weight, std=hidden_size ** -0.5)

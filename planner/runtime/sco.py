@@ -129,12 +129,13 @@ class SCO:
     def __init__(self, *, num_boundaries: int, boundary_shape: tuple[int, ...], dtype: torch.dtype,
                  device: torch.device | str, host_budget_bytes: int, register: bool | None = None,
                  keep_log: bool = False) -> None:
-        check_sco(num_boundaries, boundary_shape, host_budget_bytes)
         dtype = floating_dtype("dtype", dtype)
+        device = checked_device("device", device)
+        check_sco(num_boundaries, boundary_shape, host_budget_bytes, dtype, device)
         self.num_boundaries = int(num_boundaries)
         self.shape = tuple(int(s) for s in boundary_shape)
         self.dtype = dtype
-        self.device = checked_device("device", device)
+        self.device = device
         numel = math.prod(self.shape)
         nbytes = numel * dtype.itemsize
         self.numel = numel

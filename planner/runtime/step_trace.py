@@ -32,7 +32,7 @@ from planner.runtime.phase_recorder import PhaseRecorder, TrackerSource
 from planner.runtime.trace import DEVICE
 from planner.runtime.validate import plan_dispatch, run_steps, synthetic_batch
 from planner.runtime.validate_compare import Row, compare, verdict
-from planner.runtime.validate_plan import Prediction, predict, truncate
+from planner.runtime.validate_plan import GRAD_LIFETIMES, Prediction, predict, truncate
 
 FORMULA_VS_TRACE = 0.01
 """DESIGN §8: formula vs trace, both ways."""
@@ -84,13 +84,43 @@ TRACE_EXCLUDES = ("workspace",)
 """Live sets a fake-tensor trace cannot see: library and kernel workspaces (measured constants)."""
 
 
-def trace_step(planfile, *, rank: int = 0, grad_lifetime: str = "freed", steps: int = 2,
-               tolerance: float = FORMULA_VS_TRACE) -> StepTrace:
+def _planfile_arg(planfile, num_layers: int | None):
+    """``planfile`` (a path or a ``PlanFile``) as a ``PlanFile``, cut to ``num_layers`` layers."""
+    import os
+
+    from planner.runtime.validation import check_int_range
+    from planner.schema import PlanFile
+    from planner.schema.io import load_planfile
+
+    if isinstance(planfile, (str, os.PathLike)):
+        planfile = load_planfile(planfile)
+    elif not isinstance(planfile, PlanFile):
+        raise ValueError(f"planfile ({type(planfile).__name__}) must be a plan file's path or a "
+                         "planner.schema.PlanFile (planner search --out writes one)")
+    if num_layers is not None:
+        check_int_range("num_layers", num_layers, 1, planfile.model.num_layers,
+                        fix="trace a few layers, e.g. num_layers=2")
+    return truncate(planfile, num_layers).planfile
+
+
+def trace_step(planfile, *, num_layers: int | None = None, rank: int = 0, grad_lifetime: str = "freed",
+               steps: int = 2, tolerance: float = FORMULA_VS_TRACE) -> StepTrace:
     """Trace ``steps`` steps of rank ``rank`` of ``planfile``'s composed step; compare the last.
 
+    ``planfile``: a plan file's path (``planner search --out``) or a ``PlanFile``; ``num_layers``:
+    trace the model cut to that many decoder layers (``validate_plan.truncate``; widths, ``N``,
+    degrees and knobs kept), ``None`` for all of them.
+
     Raises:
+        ValueError: a bad argument (named) or plan file (``InvalidPlan``).
         RuntimeError: a non-fake process group is already initialised.
     """
+    from planner.runtime.validation import check_choice, check_int_range, check_positive_ints
+
+    planfile = _planfile_arg(planfile, num_layers)
+    check_choice("grad_lifetime", grad_lifetime, GRAD_LIFETIMES)
+    check_positive_ints(steps=steps)
+    check_int_range("rank", rank, 0, planfile.plan.world_size - 1)
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.distributed._tools.mem_tracker import MemTracker
     from torch.testing._internal.distributed.fake_pg import FakeStore

@@ -7,7 +7,11 @@ wrong result.
 - ``check_targets``: Ring-DTP's targets dtype;
 - ``check_sco``: SCO's construction;
 - ``check_adamw_hyper`` / ``check_param_groups``: the offloaded AdamWs' hyper-parameters and
-  parameter lists (``torch.optim.AdamW``'s messages).
+  parameter lists (``torch.optim.AdamW``'s messages);
+- ``check_int_range`` / ``check_choice`` / ``check_alloc``: the shared building blocks (an integer
+  in bounds, one of a few strings, a tensor that fits the device it is allocated on).
+
+Every message names the argument, repeats its value and says what it must be.
 """
 
 from __future__ import annotations
@@ -23,6 +27,50 @@ def _int_at_least(name: str, v, lo: int, allow_none: bool = False) -> None:
         return
     if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < lo:
         raise ValueError(f"{name} ({v!r}) must be an integer >= {lo}")
+
+
+def check_int_range(name: str, v, lo: int, hi: int | None = None, *, fix: str = "") -> None:
+    """``v`` is an integer (not a bool, not a float such as ``1.5`` or NaN) in ``[lo, hi]``."""
+    if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < lo or (hi is not None and v > hi):
+        want = f"an integer >= {lo}" if hi is None else f"an integer in [{lo}, {hi}]"
+        raise ValueError(f"{name} ({v!r}) must be {want}" + (f"; fix: {fix}" if fix else ""))
+
+
+def check_choice(name: str, v, choices, allow_none: bool = False) -> None:
+    """``v`` is one of ``choices`` (strings)."""
+    if v is None and allow_none:
+        return
+    if not isinstance(v, str) or v not in choices:
+        shown = ", ".join(repr(c) for c in choices) + (" or None" if allow_none else "")
+        raise ValueError(f"{name} ({v!r}) must be one of {shown}")
+
+
+def device_bytes(device) -> int | None:
+    """Memory of ``device``: host RAM for the CPU, the GPU's total memory for CUDA, ``None`` for
+    ``meta`` (nothing is allocated) or where the platform does not say."""
+    dev = torch.device("cpu" if device is None else device)
+    if dev.type == "cpu":
+        return host_ram_bytes()
+    if dev.type == "cuda" and torch.cuda.is_available():
+        return torch.cuda.get_device_properties(dev.index or 0).total_memory
+    return None
+
+
+MAX_TENSOR_BYTES = 1 << 62
+"""Largest tensor the operators build anywhere (torch's storage size is an int64 byte count)."""
+
+
+def check_alloc(names: str, numel: int, dtype, device) -> None:
+    """A tensor of ``numel`` elements of ``dtype`` fits ``device`` (``device_bytes``) and torch's
+    storage size, checked before allocating (no overflow, ``MemoryError`` or allocator error).
+    ``names``: the arguments that give its size, with their values."""
+    itemsize = (dtype if dtype is not None else torch.get_default_dtype()).itemsize
+    nbytes = int(numel) * itemsize
+    cap = device_bytes(device)
+    if nbytes > MAX_TENSOR_BYTES or (cap is not None and nbytes > cap):
+        where = f"{cap} bytes on {torch.device('cpu' if device is None else device)}" if cap is not None \
+            and nbytes <= MAX_TENSOR_BYTES else f"torch's limit of {MAX_TENSOR_BYTES} bytes"
+        raise ValueError(f"{names}: a tensor of {nbytes} bytes, more than {where}; fix: lower them")
 
 
 def check_dispatch_knobs(num_experts, top_k, *, token_budget, max_chunks, alpha, min_tokens, lam,
@@ -44,11 +92,40 @@ def check_dispatch_knobs(num_experts, top_k, *, token_budget, max_chunks, alpha,
             raise ValueError(f"{name} ({v!r}) must be a number >= 1" + (" and finite" if finite else ""))
 
 
-def check_dispatch_shard(shard, num_experts: int, group_size: int) -> None:
-    """The shard holds ``E / W`` experts: ``num_experts`` must split evenly over the group."""
+def check_dispatch_shard(shard, num_experts: int, group_size: int, rank: int, shard_type: type) -> None:
+    """``shard`` is a ``shard_type`` (``ExpertShard``) of ``E / W`` experts, ``num_experts`` splits
+    evenly over the group, and a ``first_expert`` given to the shard is where the operator puts it
+    (expert ``e`` on rank ``e // (E/W)``, so ``rank · E/W``); one not given is set to that."""
+    if not isinstance(shard, shard_type):
+        raise ValueError(f"shard ({type(shard).__name__}) must be a planner.runtime.expert_mlp.ExpertShard "
+                         "(the stacked weights of this rank's experts)")
     if num_experts % group_size or shard.num_local != num_experts // group_size:
         raise ValueError(f"num_experts ({num_experts}) must equal the group size ({group_size}) times the "
                          f"shard's experts ({shard.num_local})")
+    first = rank * shard.num_local
+    if shard.first_expert_given and shard.first_expert != first:
+        raise ValueError(f"first_expert ({shard.first_expert}) of the shard must be rank · num_local = {rank} · "
+                         f"{shard.num_local} = {first}: the operator places expert e on rank e // num_local; fix: "
+                         f"pass first_expert={first} or leave it out")
+    shard.first_expert = first
+
+
+def check_max_imports(max_imports: int, num_experts: int, group_size: int, default: int) -> int:
+    """``max_imports`` at most ``E − E/W``, the experts a rank does not own (``import_bound``, the
+    planner's rule, ``planner.plans.llep.resolve_max_imports``): the knob's default is lowered to
+    the bound, a larger given value is refused; with ``W = 1`` nothing can be imported and the
+    value is inert, left as it is (as the planner leaves it, so a plan file runs unchanged)."""
+    from planner.plans.llep import import_bound
+
+    if group_size <= 1:
+        return max_imports
+    bound = import_bound(num_experts, group_size)
+    if max_imports <= bound:
+        return max_imports
+    if max_imports == default:
+        return bound
+    raise ValueError(f"max_imports ({max_imports}) must be <= E − E/W = {bound} (the experts a rank does not "
+                     f"own: {num_experts} − {num_experts}/{group_size}); fix: pass max_imports={bound} or less")
 
 
 def check_dispatch_inputs(x_NH: torch.Tensor, ids_Nk: torch.Tensor, weights_Nk: torch.Tensor, *,
@@ -79,21 +156,53 @@ def check_targets(targets_N: torch.Tensor) -> None:
                          f"got {dt}")
 
 
-def check_sco(num_boundaries, boundary_shape, host_budget_bytes) -> None:
-    """SCO's construction: ``L_b >= 1`` boundaries of a non-empty shape, a budget ``>= 0``."""
-    _int_at_least("num_boundaries", num_boundaries, 1)
+def max_boundaries() -> int:
+    """``L_b = 2L`` for the largest model the schema accepts (``ModelSpec.num_layers``'s bound)."""
+    from planner.schema.model import ModelSpec
+
+    return 2 * next(m.le for m in ModelSpec.model_fields["num_layers"].metadata if getattr(m, "le", None))
+
+
+def check_sco(num_boundaries, boundary_shape, host_budget_bytes, dtype=None, device=None) -> None:
+    """SCO's construction: ``1 <= L_b <= max_boundaries()`` boundaries of a non-empty shape (a
+    tuple of positive integers) that fits ``device``, a budget ``>= 0``."""
+    check_int_range("num_boundaries", num_boundaries, 1, max_boundaries(),
+                    fix="one boundary per checkpointed region, L_b = 2L")
+    if isinstance(boundary_shape, (str, bytes)) or not isinstance(boundary_shape, (tuple, list, torch.Size)):
+        raise ValueError(f"boundary_shape ({boundary_shape!r}) must be a tuple of positive integers, e.g. (N, H)")
     shape = tuple(boundary_shape)
     if not shape or any(isinstance(s, bool) or not isinstance(s, numbers.Integral) or s < 1 for s in shape):
         raise ValueError(f"boundary_shape ({shape!r}) must be positive integers")
+    check_alloc(f"boundary_shape ({shape!r})", math.prod(shape), dtype, device)
     if isinstance(host_budget_bytes, bool) or not isinstance(host_budget_bytes, numbers.Real) \
             or not host_budget_bytes >= 0:
         raise ValueError(f"host_budget_bytes ({host_budget_bytes!r}) must be a number >= 0")
 
 
+def _is_real(v) -> bool:
+    return (isinstance(v, numbers.Real) and not isinstance(v, bool)) or \
+        (isinstance(v, torch.Tensor) and v.numel() == 1 and v.dtype.is_floating_point)
+
+
 def check_adamw_hyper(lr, betas, eps, weight_decay) -> None:
-    """``torch.optim.AdamW``'s checks, with its messages (NaN fails them too)."""
+    """``torch.optim.AdamW``'s checks, with its messages (NaN fails them too); before them, what
+    torch leaves to a ``TypeError`` or an ``IndexError`` (``betas`` a pair of numbers, the others
+    numbers), after them what it accepts and turns into non-finite weights (``inf``)."""
     if isinstance(lr, torch.Tensor) and lr.numel() != 1:
         raise ValueError("Tensor lr must be 1-element")
+    for name, v in (("lr", lr), ("eps", eps), ("weight_decay", weight_decay)):
+        if not _is_real(v):
+            raise ValueError(f"{name} ({v!r}) must be a number")
+    if isinstance(betas, (str, bytes)) or not isinstance(betas, (tuple, list)) or len(betas) != 2 \
+            or not all(_is_real(b) for b in betas):
+        raise ValueError(f"betas ({betas!r}) must be a pair of numbers (beta1, beta2), e.g. (0.9, 0.999)")
+    _torch_adamw_checks(lr, betas, eps, weight_decay)
+    for name, v in (("lr", lr), ("eps", eps), ("weight_decay", weight_decay)):
+        if not math.isfinite(float(v)):
+            raise ValueError(f"{name} ({float(v)!r}) must be finite (it would make the weights non-finite)")
+
+
+def _torch_adamw_checks(lr, betas, eps, weight_decay) -> None:
     if not 0.0 <= lr:
         raise ValueError(f"Invalid learning rate: {lr}")
     if not 0.0 <= eps:
@@ -104,6 +213,17 @@ def check_adamw_hyper(lr, betas, eps, weight_decay) -> None:
         raise ValueError(f"Invalid beta parameter at index 1: {betas[1]}")
     if not 0.0 <= weight_decay:
         raise ValueError(f"Invalid weight_decay value: {weight_decay}")
+
+
+def check_offload_knobs(bucket_params, staging_slots) -> None:
+    """``β`` and ``s`` of ``OffloadStreamAdamW``: integers in the plan schema's bounds (``β`` at least
+    the cut alignment of ``planner.plans.buckets``)."""
+    from planner.plans.buckets import BUCKET_ALIGN
+    from planner.schema.base import MAX_BUCKET_PARAMS, MAX_STAGING_SLOTS
+
+    check_int_range("bucket_params", bucket_params, BUCKET_ALIGN, MAX_BUCKET_PARAMS,
+                    fix="use a bucket of at least a few million parameters, e.g. 100_000_000")
+    check_int_range("staging_slots", staging_slots, 1, MAX_STAGING_SLOTS, fix="use 2")
 
 
 def check_param_groups(groups, new: dict | None = None) -> None:
