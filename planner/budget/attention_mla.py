@@ -29,7 +29,19 @@ rank, ``r_q`` q latent rank (0 without), ``[D>1]`` Ulysses' head layout exists, 
       cos/sin (fp32, saved)           N·d_rope·4
 
 The sequence-layout q, k and the k_nope|v block are saved by nothing when ``D > 1`` (the
-all-to-all Function saves no input), so the recompute frees them. The kernels' own buffers (the
+all-to-all Function saves no input), so they are freed once the recompute returns. Before that, at
+``head_to_seq``'s copy (attention.py:66), the recompute holds the whole forward, the restored region
+input and none of the region's gradients: the **recompute** sub-step (``D > 1``), which replaces the
+kernel's (the output's and q, k, v's gradients) where it holds more (``recompute_binds``); the
+kernel's buffers count only their excess over its lead (``backward_workspace_bytes``), so the phase
+holds ``max(kernel + workspace, recompute)``.
+
+    backward[r], recompute sub-step (D > 1), beside the rows above but the gradients
+      kv latent, roped k_pe, k_nope|v   N·(r_kv + 2·d_rope) + N·n_h·(d_nope + d_v)   attention.py:194,
+      block, sequence-layout q, k         + 2·N·n_h·d_qk                             :200, :196, :199, :201
+      head_to_seq receive + copy        2·N·n_h·d_v                                  attention.py:64, :66
+      restored region input             N·H (boundaries)                             sco.py restore
+      region r's weight gradients       0 (gathered: − Θ_region(r)) The kernels' own buffers (the
 forward's fp32 output accumulator, the backward's fp32 grad-q accumulator and ``delta``) are
 ``workspace`` terms. Source: the H200 allocator history of ``planner validate`` on
 DeepSeek-V2-Lite, W = 1, S = 65536 (every row above by its allocating line or autograd node).
