@@ -73,15 +73,9 @@ PAST_RECOMPUTE = ("attention", "dense_mlp")
 """Region kinds whose backward peaks past their recompute (FlashAttention's, QK-norm's or the gated
 FFN's backward), with the restored input of an offloaded region freed and the outgoing boundary
 gradient not yet made (it is counted by the sub-step that makes it: ``attention_backward``'s end,
-``ffn``'s norm backward). MoE regions keep both counted: their backward's peak sub-step is not yet
+``ffn``'s norm backward). An MLA attention region whose recompute sub-step binds keeps its input
+(``recompute_holds_input``). MoE regions keep both counted: their backward's peak sub-step is not yet
 attributed in an allocator history of the current runtime (at W = 1 the MoE backward is N·H over)."""
-
-
-def past_recompute(ctx: Ctx) -> tuple[str, ...]:
-    """``PAST_RECOMPUTE`` for ``ctx`` (MLA attention regions included: their backward's binding
-    sub-step is the kernel's, or at ``D > 1`` possibly the recompute's, which still holds the
-    restored input: ``recompute_holds_input``)."""
-    return PAST_RECOMPUTE
 
 
 def recompute_holds_input(ctx: Ctx, ph: Phase):
@@ -119,7 +113,7 @@ def _checkpointed(ctx: Ctx, NH, L_b: int, n_off, sco: bool, provisional: bool) -
     def retained(ph: Phase):
         return (L_b - np.asarray(n_off)) * NH if ph.kind == "head" else _retained(ph.region, n_off) * NH
 
-    past = past_recompute(ctx)
+    past = PAST_RECOMPUTE
 
     def region_input(ph: Phase):
         freed = ((ph.kind == "backward") & (ph.region_kind in past) & (ph.region <= np.asarray(n_off))
