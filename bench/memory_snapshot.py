@@ -40,6 +40,7 @@ CASES = {
     "qwen3-W1-S65536": ("qwen3-30b-a3b", 1, 65536, {}, "freed"),
     "dsv2-W1-S65536": ("deepseek-v2-lite", 1, 65536, {}, "freed"),
     "qwen3-W64-S131072": ("qwen3-30b-a3b", 64, 131072, {}, "freed"),
+    "qwen3-W8-S131072": ("qwen3-30b-a3b", 8, 131072, {}, "freed"),
     "fsdp2-qwen3-W8-selective": ("qwen3-30b-a3b", 8, 16384, {"stack": "fsdp2", "ac": "selective"}, "accumulate"),
     "fsdp2-qwen3-W8-none": ("qwen3-30b-a3b", 8, 8192, {"stack": "fsdp2", "ac": "none"}, "freed"),
     "fsdp2-qwen3-W8-chunked": ("qwen3-30b-a3b", 8, 32768, {"stack": "fsdp2", "head": "chunked"}, "freed"),

@@ -73,15 +73,21 @@ PAST_RECOMPUTE = ("attention", "dense_mlp")
 """Region kinds whose backward peaks past their recompute (FlashAttention's, QK-norm's or the gated
 FFN's backward), with the restored input of an offloaded region freed and the outgoing boundary
 gradient not yet made (it is counted by the sub-step that makes it: ``attention_backward``'s end,
-``ffn``'s norm backward). MoE regions keep both counted: their backward's peak sub-step is not yet
+``ffn``'s norm backward). An MLA attention region whose recompute sub-step binds keeps its input
+(``recompute_holds_input``). MoE regions keep both counted: their backward's peak sub-step is not yet
 attributed in an allocator history of the current runtime (at W = 1 the MoE backward is N·H over)."""
 
 
-def past_recompute(ctx: Ctx) -> tuple[str, ...]:
-    """``PAST_RECOMPUTE`` for ``ctx``: MLA attention regions are left out (their inventory,
-    ``attention_mla``, has no sub-step past the kernel yet, and the whole-step trace of
-    deepseek-v2-lite at W = 8 holds more than it there without the region input)."""
-    return tuple(k for k in PAST_RECOMPUTE if k != "attention" or ctx.model.attention != "mla")
+def recompute_holds_input(ctx: Ctx, ph: Phase):
+    """An MLA attention region's backward whose recompute sub-step binds
+    (``attention_mla.recompute_binds``): the recompute reads the restored region input, so it is
+    still live at the phase's peak (whole-step trace of deepseek-v2-lite W = 8, backward[3]: two
+    sco.py restore blocks, the region's input and the prefetch, at head_to_seq's copy)."""
+    if ph.region_kind != "attention" or ctx.model.attention != "mla" or ctx.model.mla is None:
+        return False
+    from planner.budget import attention_mla
+
+    return attention_mla.recompute_binds(ctx)
 
 
 ATTENTION_SOURCE = ("; H200 allocator history, attention backward (gpt-oss-W8, qwen3-W64 backward[3]): one "
@@ -107,10 +113,11 @@ def _checkpointed(ctx: Ctx, NH, L_b: int, n_off, sco: bool, provisional: bool) -
     def retained(ph: Phase):
         return (L_b - np.asarray(n_off)) * NH if ph.kind == "head" else _retained(ph.region, n_off) * NH
 
-    past = past_recompute(ctx)
+    past = PAST_RECOMPUTE
 
     def region_input(ph: Phase):
-        freed = (ph.kind == "backward") & (ph.region_kind in past) & (ph.region <= np.asarray(n_off))
+        freed = ((ph.kind == "backward") & (ph.region_kind in past) & (ph.region <= np.asarray(n_off))
+                 & ~np.asarray(recompute_holds_input(ctx, ph)))
         return np.where(freed, 0, NH)
 
     def grads(ph: Phase):
@@ -125,13 +132,14 @@ def _checkpointed(ctx: Ctx, NH, L_b: int, n_off, sco: bool, provisional: bool) -
              "forward[r]/backward[r]: max(0, r−1−n_off)·N·H; head: (L_b−n_off)·N·H", ALL_STEP, at=retained,
              provisional=provisional, source=SOURCE),
         Term("region input (retained or restored)", "boundaries", NH, ctx.act_bytes,
-             "N·H; backward of a GQA attention or dense FFN region r ≤ n_off: 0 (freed after the recompute)",
+             "N·H; backward of an attention or dense FFN region r ≤ n_off: 0 (freed after the recompute; an MLA "
+             "region whose recompute sub-step binds holds it)",
              FWD_BWD, at=region_input, provisional=provisional, source=SOURCE + ATTENTION_SOURCE),
         Term("region output (MoE: the dispatcher's output accumulator, which becomes it)", "boundaries", NH,
              ctx.act_bytes, "N·H  [forward of moe regions]", ("forward",), regions=_output_regions(ctx),
              provisional=provisional, source=SOURCE + OUTPUT_SOURCE),
         Term("boundary grad in/out", "boundaries", 2 * NH, ctx.act_bytes,
-             "2·N·H; GQA attention and dense FFN regions: N·H (the incoming one; the outgoing one is made in the "
+             "2·N·H; attention and dense FFN regions: N·H (the incoming one; the outgoing one is made in the "
              "region's input-norm backward, counted there)", ("backward",), at=grads, provisional=provisional,
              source=SOURCE + ATTENTION_SOURCE),
     ]

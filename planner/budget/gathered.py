@@ -160,6 +160,11 @@ def _unreduced_grads(ctx: Ctx, P) -> Term:
         HI = ctx.hidden_size * ctx.dense_ffn
         late = np.where(np.asarray(ctx.tokens_per_rank) >= ctx.hidden_size, 2 * HI, 0)
         own = [np.asarray(u) - late if k == "dense_mlp" else u for u, k in zip(own, ctx.regions)]
+    if ctx.model.attention == "mla" and ctx.model.mla is not None:   # not made yet at the recompute
+        from planner.budget import attention_mla
+
+        rec = attention_mla.recompute_binds(ctx)
+        own = [np.where(rec, 0, u) if k == "attention" else u for u, k in zip(own, ctx.regions)]
     cnt = [np.asarray(own[r - 1]) + np.asarray(units[r]) for r in range(1, len(units))]
     big = cnt[0]
     for c in cnt[1:]:
@@ -172,10 +177,11 @@ def _unreduced_grads(ctx: Ctx, P) -> Term:
     return Term("unreduced grads: region r's, and the held reduce-scatter input of region r+1 (bf16)",
                 "gathered", int(big) if np.ndim(big) == 0 else big, ctx.act_bytes,
                 "Θ_region(r) + Θ_unit(r+1)  (unit L_b+1: final norm [+ V·H when the head is ZeRO-3]; dense FFN "
-                "region r: − 2·H·I_d if N ≥ H)", ("backward",), at=at, provisional=PROVISIONAL,
+                "region r: − 2·H·I_d if N ≥ H; MLA attention region r whose recompute sub-step binds: − Θ_region(r))", ("backward",), at=at, provisional=PROVISIONAL,
                 source=SOURCE + "; H200 allocator history of planner validate: qwen3-W1 backward[4] holds "
                 "2 × V·H·b (the [norm, head] unit's reduce-scatter input and output), gpt-oss-W8 backward[2] "
-                "holds region 3's 50.6 MiB reduce-scatter input beside region 1's all-gather buffer")
+                "holds region 3's 50.6 MiB reduce-scatter input beside region 1's all-gather buffer; whole-step trace "
+                "of deepseek-v2-lite W = 8 backward[3]: no gradient of the region at its recompute's peak")
 
 
 def terms(ctx: Ctx) -> list[Term]:

@@ -68,7 +68,8 @@ def terms(ctx: Ctx) -> list[Term]:
                  "max(0, 4·N·n_h·d_v [max(d_qk, d_v) > 128] − 2·N·n_h·d_v·b [D > 1]) (bytes)",
                  ("forward",), regions=regions, source=attention_mla.SOURCE + " (sdpa.py:56)"),
             Term("efficient attention backward fp32 grad-q accumulator + delta", "workspace",
-                 attention_mla.backward_workspace_elems(ctx), 4, "N·n_h·d_qk + N·n_h",
+                 attention_mla.backward_workspace_bytes(ctx), 1,
+                 "max(0, 4·(N·n_h·d_qk + N·n_h) − the recompute sub-step's lead over the kernel's) (bytes)",
                  ("backward",), regions=regions,
                  source=attention_mla.SOURCE + " (ScaledDotProductEfficientAttentionBackward0)"),
         ]
