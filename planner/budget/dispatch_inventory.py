@@ -294,9 +294,8 @@ def unchunked(s: Shape, Q, r, X, X_e, n_local, *, standalone: bool) -> dict[str,
         _m(base, saved, {(COMBINED_ROWS, b): R * H, (WEIGHTS_CAST, b): wb,
                          (GRAD_COMBINED_ROWS, b): 3 * R * H, (ROUTE_WEIGHT_GRAD, b): R}),
         _m(base, saved, {(GRAD_COMBINED_ROWS, b): R * H, (GRAD_EXPERT_OUTPUTS, b): Q * H}),
-        # index_select backward (zeros, index_add_ in place: FunctionsManual index_select_backward;
-        # FSDP2 Qwen3 W8 tp2 backward[1] holds no third Q·H), then GroupedMLP's backward
-        _m(base, saved, {(GRAD_EXPERT_OUTPUTS, b): 2 * Q * H}),
+        # index_select backward (zeros + out-of-place index_add), then GroupedMLP's backward
+        _m(base, saved, {(GRAD_EXPERT_OUTPUTS, b): 3 * Q * H}),
         _m(base, saved, wg, {(GRAD_EXPERT_OUTPUTS, b): 2 * Q * H,
                              (EXPERT_BLOCK, 1): grouped_backward(s, r)}),
         _m(base, held, {(GRAD_RECEIVED_ROWS, b): 3 * Q * H, (PERMUTATION_INDICES, I64): Q}),
