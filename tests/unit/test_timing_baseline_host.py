@@ -45,8 +45,13 @@ def _ctx(cluster, name="qwen3-30b-a3b", S=4096, ac="full"):
     return ctx_of(m, cluster, W=1, S=S, stack="fsdp2", ac=ac)
 
 
+def _without(cluster):
+    """``cluster`` without its measured host curve (a profile calibrated before it existed)."""
+    return _with(cluster, None)
+
+
 def test_no_curve_no_floor(h200):
-    st = step_time(_ctx(h200), micro_steps_override=1)
+    st = step_time(_ctx(_without(h200)), micro_steps_override=1)
     assert float(st.breakdown.get("host_exposed", 0.0)) == 0.0
     assert any("baseline host time not measured" in a for a in st.assumed)
 
@@ -61,7 +66,7 @@ def test_floor_is_max_of_gpu_and_host(h200, ac):
                             optimizer_s=big, embedding_s=big))
     ctx = _ctx(cl, ac=ac)
     st = step_time(ctx, micro_steps_override=1)
-    base = step_time(_ctx(h200, ac=ac), micro_steps_override=1)
+    base = step_time(_ctx(_without(h200), ac=ac), micro_steps_override=1)
     assert float(base.breakdown.get("host_exposed", 0.0)) == 0.0
     # the dispatch seconds of one layer, as the baseline books them
     from planner.timing.dispatch import moe_dispatch_s
@@ -121,3 +126,12 @@ def test_fsdp_copies_at_one_rank(h200, lifetime):
     want_r = (BL.REDUCE_FULL_BYTES + BL.REDUCE_SOLO_BYTES + acc) * (p_dense + p_exp) / hbm
     assert float(g) == pytest.approx(want_g, rel=REL)
     assert float(r) == pytest.approx(want_r, rel=REL)
+
+
+def test_the_shipped_profile_carries_the_measured_floor(h200):
+    """The H200 profile holds the host seconds measured by ``calibration.step_host``; a short FSDP2
+    step then books some of them and no longer lists the floor as not measured."""
+    assert h200.curves.baseline_host is not None and h200.curves.baseline_host.status == "measured"
+    st = step_time(_ctx(h200, S=4096), micro_steps_override=1)
+    assert float(st.breakdown.get("host_exposed", 0.0)) > 0.0
+    assert not any("baseline host time not measured" in a for a in st.assumed)
