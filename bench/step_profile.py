@@ -143,14 +143,9 @@ def main(argv=None) -> int:
             continue
         pf = truncate(build_planfile(model=model, gpus=1, seq_len=S, overrides=ov), layers).planfile
         pred = predict(pf, "freed", timing=True, dispatch_bound=COMPARED_BOUND)   # as validate compares
-        from planner.timing.step import step_time
-        import numpy as np
-
-        st = step_time(pred.ctx, micro_steps_override=1)
-        comps = {k: float(np.asarray(v).reshape(-1)[0]) for k, v in st.components.items()}
+        comps = pred.step_components
         rec = {"case": name, "model": model, "S": S, "layers": layers, "overrides": ov or {},
-               "predicted_step_s": pred.step_s, "predicted_components_s": comps,
-               "predicted_breakdown_s": {k: float(np.asarray(v).reshape(-1)[0]) for k, v in st.breakdown.items()}}
+               "predicted_step_s": pred.step_s, "predicted_components_s": comps}
         if not args.dry_run:
             t0 = time.perf_counter()
             try:

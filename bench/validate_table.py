@@ -84,17 +84,7 @@ def row(stem: str, c: dict, pf) -> dict:
             "min_ratio": min(ratios), "min_row": f"{lo.phase} {lo.what}", "max_ratio": max(ratios),
             "max_row": f"{hi.phase} {hi.what}", "rows_ok": sum(memory_ok(int(r.predicted), int(r.measured)) for r in rows),
             "rows": len(rows), "step_s_measured": res.get("step_s"), "step_s_predicted": pred.step_s,
-            "step_components_predicted": _components(pred) if c["W"] == 1 else None}
-
-
-def _components(pred) -> dict:
-    """The predicted step's components (seconds), as ``check --json``'s ``step_components``."""
-    import numpy as np
-
-    from planner.timing.step import step_time
-
-    st = step_time(pred.ctx, micro_steps_override=1)
-    return {k: float(np.asarray(v).reshape(-1)[0]) for k, v in st.components.items()}
+            "step_components_predicted": pred.step_components}
 
 
 def markdown(records: list[dict]) -> str:

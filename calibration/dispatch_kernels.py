@@ -294,7 +294,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--smoke", action="store_true", help="tiny shapes (CPU), same code paths")
     ap.add_argument("--convert", metavar="JSON", help="write the fragment of an earlier run's JSON (no measuring)")
     args = ap.parse_args(argv)
-    from calibration.io import write_yaml_atomic
+    from calibration.io import write_measurement, write_yaml_atomic
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -306,11 +306,7 @@ def main(argv: list[str] | None = None) -> int:
     cmd = " ".join(shlex.quote(a) for a in ["python3", "-m", "calibration.dispatch_kernels",
                                             *(sys.argv[1:] if argv is None else argv)])
     doc = measure(args.smoke, cmd)
-    (out / "dispatch_kernels.json").write_text(json.dumps(doc, indent=1))
-    (out / "dispatch_kernels.md").write_text(markdown(doc))
-    write_yaml_atomic(out / "dispatch_kernels.yaml", fragment(doc))
-    print(markdown(doc))
-    print(f"wrote {out / 'dispatch_kernels.json'} (and .md, .yaml) in {doc['wall_s']:.1f} s")
+    write_measurement(out, "dispatch_kernels", doc, markdown(doc), fragment(doc))
     return 0
 
 

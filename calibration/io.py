@@ -13,7 +13,19 @@ from pathlib import Path
 
 from planner.schema.io import dump_yaml, read_structured, write_text_atomic, write_yaml_atomic
 
-__all__ = ["dump_yaml", "read_yaml", "write_text_atomic", "write_yaml_atomic"]
+__all__ = ["dump_yaml", "read_yaml", "write_measurement", "write_text_atomic", "write_yaml_atomic"]
+
+
+def write_measurement(out: Path, stem: str, doc: dict, markdown: str, fragment: dict) -> None:
+    """A calibration section's outputs, each atomically: ``stem.json`` (the measurement), ``stem.md``
+    (its summary, also printed) and ``stem.yaml`` (the profile fragment ``calibration.merge`` reads)."""
+    import json
+
+    write_text_atomic(out / f"{stem}.json", json.dumps(doc, indent=1))
+    write_text_atomic(out / f"{stem}.md", markdown)
+    write_yaml_atomic(out / f"{stem}.yaml", fragment)
+    print(markdown)
+    print(f"wrote {out / (stem + '.json')} (and .md, .yaml) in {doc['wall_s']:.1f} s")
 
 
 def read_yaml(path: str | os.PathLike) -> dict:

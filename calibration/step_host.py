@@ -27,7 +27,6 @@ one forward and one backward (its recompute included), the head, the optimizer s
 from __future__ import annotations
 
 import argparse
-import json
 import shlex
 import statistics
 import sys
@@ -272,18 +271,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", required=True, help="folder for step_host.json / .md / .yaml")
     ap.add_argument("--smoke", action="store_true", help="CPU (gloo), fewer cases and steps, same code paths")
     args = ap.parse_args(argv)
-    from calibration.io import write_text_atomic, write_yaml_atomic
+    from calibration.io import write_measurement
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     cmd = " ".join(shlex.quote(a) for a in ["python3", "-m", "calibration.step_host",
                                             *(sys.argv[1:] if argv is None else argv)])
     doc = measure(args.smoke, cmd)
-    write_text_atomic(out / "step_host.json", json.dumps(doc, indent=1))
-    write_text_atomic(out / "step_host.md", markdown(doc))
-    write_yaml_atomic(out / "step_host.yaml", fragment(doc))
-    print(markdown(doc))
-    print(f"wrote {out / 'step_host.json'} (and .md, .yaml) in {doc['wall_s']:.1f} s")
+    write_measurement(out, "step_host", doc, markdown(doc), fragment(doc))
     return 0
 
 

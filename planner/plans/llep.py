@@ -136,11 +136,12 @@ def import_bound(num_experts: int, num_ranks: int) -> int:
     return num_experts - num_experts // num_ranks
 
 
-def resolve_max_imports(max_imports: int, num_experts: int, num_ranks: int, default: int) -> int:
+def resolve_max_imports(max_imports: int, num_experts: int, num_ranks: int, default: int, *,
+                        field: str = "plan.composed.max_imports", flag: str = "--max-imports") -> int:
     """``n_import_max`` for a plan: at most ``E − E/E_p`` (``import_bound``). The schema's default is
     lowered to the bound on a model with few experts per group; a larger value given by the user is
     refused (it would only inflate the dispatch guarantee). ``E_p = 1`` imports nothing and is left
-    as it is.
+    as it is. ``field`` and ``flag`` name the value in the error (the operators pass their argument).
 
     Raises:
         InvalidPlan: ``max_imports`` above ``E − E/E_p``, and not the default.
@@ -152,9 +153,9 @@ def resolve_max_imports(max_imports: int, num_experts: int, num_ranks: int, defa
         return max_imports
     if max_imports == default:
         return bound
-    raise InvalidPlan("plan.composed.max_imports", max_imports,
+    raise InvalidPlan(field, max_imports,
                       f"must be <= E − E/E_p = {bound} (the experts a rank does not own: "
-                      f"{num_experts} − {num_experts}/{num_ranks})", f"give --max-imports {bound} or less")
+                      f"{num_experts} − {num_experts}/{num_ranks})", f"give {flag} {bound} or less")
 
 
 def standard_assignment(load_E, num_ranks: int) -> Assignment:

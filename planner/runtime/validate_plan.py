@@ -77,6 +77,8 @@ class Prediction:
     capacity_bytes: int
     step_s: float | None
     """Predicted seconds of one step at one micro-step (``None`` where the profile has a gap)."""
+    step_components: dict | None = None
+    """That step's components in seconds (``StepTime.components``; ``None`` without timing)."""
 
     @property
     def labels(self) -> list[str]:
@@ -124,14 +126,15 @@ def predict(pf: PlanFile, grad_lifetime: str = knob_default("grad_lifetime"), *,
     plan = pf.plan if dispatch_bound is None else pf.plan.model_copy(update={"dispatch_bound": dispatch_bound})
     ctx = make_context(pf.model, pf.cluster, pf.workload, plan)
     ctx = dataclasses.replace(ctx, grad_lifetime=grad_lifetime)
-    step_s = None
+    step_s = components = None
     if timing:
         from planner.timing.step import step_time
 
         st = step_time(ctx, micro_steps_override=1)
         v = float(np.asarray(st.total_s).reshape(-1)[0])
         step_s = None if not np.isfinite(v) else v
-    return Prediction(ctx, evaluate(ctx), capacity_bytes(ctx), step_s)
+        components = {k: float(np.asarray(c).reshape(-1)[0]) for k, c in st.components.items()}
+    return Prediction(ctx, evaluate(ctx), capacity_bytes(ctx), step_s, components)
 
 
 def binding_rank(ctx: Ctx) -> tuple[int, str]:

@@ -115,17 +115,10 @@ def check_max_imports(max_imports: int, num_experts: int, group_size: int, defau
     planner's rule, ``planner.plans.llep.resolve_max_imports``): the knob's default is lowered to
     the bound, a larger given value is refused; with ``W = 1`` nothing can be imported and the
     value is inert, left as it is (as the planner leaves it, so a plan file runs unchanged)."""
-    from planner.plans.llep import import_bound
+    from planner.plans.llep import resolve_max_imports
 
-    if group_size <= 1:
-        return max_imports
-    bound = import_bound(num_experts, group_size)
-    if max_imports <= bound:
-        return max_imports
-    if max_imports == default:
-        return bound
-    raise ValueError(f"max_imports ({max_imports}) must be <= E − E/W = {bound} (the experts a rank does not "
-                     f"own: {num_experts} − {num_experts}/{group_size}); fix: pass max_imports={bound} or less")
+    return resolve_max_imports(max_imports, num_experts, group_size, default, field="max_imports",
+                               flag="max_imports =")
 
 
 def check_dispatch_inputs(x_NH: torch.Tensor, ids_Nk: torch.Tensor, weights_Nk: torch.Tensor, *,
