@@ -65,6 +65,13 @@ NORM_SOURCE = ("planner/runtime/model_layers.py RMSNorm recomputed with grad in 
                "180 MiB = N·H fp32, :74 2 × 90 MiB = the cast and the normed output)")
 
 
+MOE_NORM_BWD = ("; H200 allocator histories of planner validate (qwen3-W1-S65536 backward[4], "
+                "deepseek-v2-lite-W1-S65536 backward[4], qwen3-W8-S131072 backward[4] and [2]) at the MoE "
+                "region's norm backward: PowBackward0 3 × N·H fp32, MulBackward0 and MeanBackward1 N·H fp32 each, "
+                "model_layers.py:72 N·H fp32, one ToCopyBackward0 N·H (b) and one sco.py restore block (the "
+                "prefetch); no second gradient and no restored region input")
+
+
 def terms(ctx: Ctx) -> list[Term]:
     """FFN working-set terms of one rank (composed stack, checkpointed regions)."""
     if ctx.stack == "fsdp2":   # the baseline's FFN sub-steps: planner.budget.fsdp2_layer
@@ -121,17 +128,19 @@ def terms(ctx: Ctx) -> list[Term]:
 def _norm_backward_substep(ctx: Ctx, own: list[Term], disp: list[Term]) -> list[Term]:
     """The MLP-side region's backward ends with its input RMSNorm's backward in fp32: the saved fp32
     input and five fp32 temporaries over ``N·H`` (as QK-norm's over q: PowBackward0 3×, MulBackward0,
-    MeanBackward1 in qwen3-W1 backward[3]), beside the incoming boundary gradient and the gradient
-    into the normed output (``N·H`` b each). The interior it follows holds the norm's saved fp32
-    input and cast, the region input and the boundary gradients (``boundaries``) and the
-    FFN/dispatch backward; the term is the norm backward's excess over that interior, per kind."""
+    MeanBackward1 in qwen3-W1 backward[3]), beside the gradients it holds: in a MoE region one
+    (``N·H`` b, the input gradient's cast, ToCopyBackward0; the incoming boundary gradient, the
+    normed output's gradient and the restored region input are freed by then: ``MOE_NORM_BWD``), in
+    a dense FFN region two. The interior it follows holds the norm's saved fp32 input and cast, the
+    region input and the boundary gradients (``boundaries``) and the FFN/dispatch backward; the term
+    is the norm backward's excess over that interior, per kind."""
     N, H, b = ctx.tokens_per_rank, ctx.hidden_size, ctx.act_bytes
     ts = [t for t in (*own, *disp) if not t.name.startswith("ffn_norm recompute")]
     # (sub-step, what the interior phase already counts beside the interior), bytes per N·H: a MoE
     # region counts the norm's fp32 input and cast, the region input and 2 boundary gradients; a
     # dense one the fp32 input, cast and normed output and the incoming gradient, its sub-step the
     # outgoing gradient too (boundaries.PAST_RECOMPUTE)
-    per = {"moe": (24 + 2 * b, 4 + 4 * b, "max(0, N·H·(24 + 2b) − N·H·(4 + 4b) − interior)/b"),
+    per = {"moe": (24 + b, 4 + 4 * b, "max(0, N·H·(24 + b) − N·H·(4 + 4b) − interior)/b"),
            "dense_mlp": (24 + 3 * b, 4 + 3 * b, "max(0, N·H·(24 + 3b) − N·H·(4 + 3b) − interior)/b")}
     out = []
     for kind in _mlp_kinds(ctx):
@@ -139,8 +148,9 @@ def _norm_backward_substep(ctx: Ctx, own: list[Term], disp: list[Term]) -> list[
         v = _excess(N * H * sub, N * H * held + _interior(ctx, ts, "backward", kind), b)
         out.append(Term(f"ffn_norm backward sub-step: fp32 input and 5 fp32 temporaries, 2 gradients (excess, {kind})",
                         "ffn", v, b, text + "  (interior: ffn + dispatch backward of the region)", ("backward",),
-                        regions=(kind,), provisional=True,
-                        source=NORM_SOURCE + "; the fp32 backward of planner/runtime/model_layers.py RMSNorm"))
+                        regions=(kind,), provisional=kind != "moe",
+                        source=NORM_SOURCE + "; the fp32 backward of planner/runtime/model_layers.py RMSNorm"
+                        + (MOE_NORM_BWD if kind == "moe" else "")))
     return out
 
 
