@@ -38,6 +38,9 @@ MAX_ENTRIES = 3_000_000
 CASES = {
     "gptoss-W8-S131072": ("gpt-oss-20b", 8, 131072, {}, "freed"),
     "qwen3-W1-S65536": ("qwen3-30b-a3b", 1, 65536, {}, "freed"),
+    "gptoss-W1-S16384": ("gpt-oss-20b", 1, 16384, {}, "freed"),
+    "qwen3-W1-S16384": ("qwen3-30b-a3b", 1, 16384, {}, "freed"),
+    "dsv2-W1-S16384": ("deepseek-v2-lite", 1, 16384, {}, "freed"),
     "dsv2-W1-S65536": ("deepseek-v2-lite", 1, 65536, {}, "freed"),
     "qwen3-W64-S131072": ("qwen3-30b-a3b", 64, 131072, {}, "freed"),
     "qwen3-W8-S131072": ("qwen3-30b-a3b", 8, 131072, {}, "freed"),

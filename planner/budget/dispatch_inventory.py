@@ -263,7 +263,7 @@ def unchunked(s: Shape, Q, r, X, X_e, n_local, *, standalone: bool) -> dict[str,
     fwd = list(_router_moments(s)) + [
         _m(base, {(SENT_ROWS, b): R * H, (RECEIVED_ROWS, b): Q * H}),
         _m(base, {(RECEIVED_ROWS, b): Q * H, (SLOT_MAJOR_ROWS, b): Q * H,
-                  (PERMUTATION_INDICES, I64): Q}),
+                  (PERMUTATION_INDICES, I64): 2 * Q}),
         _m(base, saved, {(EXPERT_OUTPUTS, b): 2 * Q * H}),
         # run_unchunked frees o_QH once permuted: the all-to-all holds y_QH and y_RH (GPU allocator
         # history, FSDP2 Qwen3 W8 ac = none forward[1]: exchange.py 256 MiB beside 256 of y_QH)
@@ -275,10 +275,10 @@ def unchunked(s: Shape, Q, r, X, X_e, n_local, *, standalone: bool) -> dict[str,
           (SENT_ROUTE_WEIGHTS, F32): R, (IMPORTED_WEIGHTS, b): X * s.w3}
     nos = [_m(nb, {(SENT_ROWS, b): R * H, (RECEIVED_ROWS, b): Q * H}),
            _m(nb, {(RECEIVED_ROWS, b): Q * H, (SLOT_MAJOR_ROWS, b): Q * H,
-                   (PERMUTATION_INDICES, I64): Q}),
+                   (PERMUTATION_INDICES, I64): 2 * Q}),
            _m(nb, {(SLOT_MAJOR_ROWS, b): Q * H, (SAVED_GATE_UP_SILU_H, b): Q * 4 * I,
-                   (EXPERT_OUTPUTS, b): Q * H, (PERMUTATION_INDICES, I64): Q}),
-           _m(nb, {(EXPERT_OUTPUTS, b): 2 * Q * H, (PERMUTATION_INDICES, I64): Q}),
+                   (EXPERT_OUTPUTS, b): Q * H, (PERMUTATION_INDICES, I64): 2 * Q}),
+           _m(nb, {(EXPERT_OUTPUTS, b): 2 * Q * H, (PERMUTATION_INDICES, I64): 2 * Q}),
            _m(nb, {(COMBINE_ROWS, b): Q * H + R * H}),
            _m(nb, {(COMBINED_ROWS, b): 2 * R * H, (WEIGHTS_CAST, b): wb}),
            _m(nb, {(COMBINED_ROWS, b): R * H, (OUTPUT, b): N * H})]
@@ -294,11 +294,13 @@ def unchunked(s: Shape, Q, r, X, X_e, n_local, *, standalone: bool) -> dict[str,
         _m(base, saved, {(COMBINED_ROWS, b): R * H, (WEIGHTS_CAST, b): wb,
                          (GRAD_COMBINED_ROWS, b): 3 * R * H, (ROUTE_WEIGHT_GRAD, b): R}),
         _m(base, saved, {(GRAD_COMBINED_ROWS, b): R * H, (GRAD_EXPERT_OUTPUTS, b): Q * H}),
-        # index_select backward (zeros + out-of-place index_add), then GroupedMLP's backward
-        _m(base, saved, {(GRAD_EXPERT_OUTPUTS, b): 3 * Q * H}),
+        # the un-permute's backward (exchange.Permute: the incoming gradient and its rows in slot
+        # order; GPU allocator history, FSDP2 Qwen3 W8 ac = none backward[1]: IndexSelectBackward0 and
+        # expert_mlp.py:159 Q·H each beside the saved slot-major rows), then GroupedMLP's backward
+        _m(base, saved, {(GRAD_EXPERT_OUTPUTS, b): 2 * Q * H}),
         _m(base, saved, wg, {(GRAD_EXPERT_OUTPUTS, b): 2 * Q * H,
                              (EXPERT_BLOCK, 1): grouped_backward(s, r)}),
-        _m(base, held, {(GRAD_RECEIVED_ROWS, b): 3 * Q * H, (PERMUTATION_INDICES, I64): Q}),
+        _m(base, held, {(GRAD_RECEIVED_ROWS, b): 2 * Q * H, (PERMUTATION_INDICES, I64): Q}),
         _m(base, held, {(GRAD_RECEIVED_ROWS, b): Q * H, (GRAD_SENT_ROWS, b): R * H}),
         _m(base, held, {(GRAD_SENT_ROWS, b): R * H, (INPUT_GRADIENT, b): 2 * N * H}),
         _m(router_saved(s), gx, held, {(IMPORTED_WEIGHT_GRADS, b): X * s.w3,

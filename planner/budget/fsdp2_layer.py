@@ -275,9 +275,12 @@ def terms(ctx: Ctx) -> list[Term]:
                         out["previous layer's unshard (one-rank mesh)"] = fsdp2_reduce.previous_unshard(
                             ctx, r, rkind, Item)
                     return out
-                if kind == "forward" and r == L:
-                    return {"head all-gather (r = L)": _head_gather(ctx, rkind, r in local)}
-                return {}
+                out = {}
+                if r == 1:
+                    out["embedding unshard (r = 1)"] = fsdp2_reduce.embedding_unshard(ctx, rkind, Item)
+                if r == L:
+                    out["head all-gather (r = L)"] = _head_gather(ctx, rkind, r in local)
+                return out
 
             ex = {}
             for r in [r for r in range(1, L + 1) if kinds[r - 1] == rkind]:

@@ -128,6 +128,22 @@ def embedding_steps(ctx: Ctx, kind1: str, item) -> dict:
     }
 
 
+def embedding_unshard(ctx: Ctx, kind1: str, item) -> list:
+    """Sub-step of forward[1]: the embedding unit's unshard before layer 1's, its unsharded table
+    ``V·H/tp`` beside its source, the ``b``-byte cast of the fp32 shard on a one-rank mesh or the
+    all-gather output on a larger one (DeepSeek-V2-Lite W = 1 S = 4096: the step's peak sits in
+    ``h = embed(tokens)``, two 400 MiB blocks above the step start, forward[1] 0.974 without it).
+    Layer 1 is not yet unsharded and its input not yet made."""
+    b, N_sp = ctx.act_bytes, ceil_div(ctx.tokens_per_rank, ctx.tp)
+    VH = ceil_div(ctx.vocab_size * ctx.hidden_size, ctx.tp)
+    return [item("gathered", "embedding table, unsharded", VH, b, "V·H/tp"),
+            item("gathered", "embedding table's source: the fp32 shard's cast [F=1] or the all-gather output",
+                 VH, b, "V·H/tp"),
+            item("gathered", "layer 1's params, not yet unsharded (not live)", -fg.layer_params(ctx, kind1), b,
+                 "−Θ_1"),
+            item("boundaries", "layer 1's input, not yet made (not live)", -N_sp * ctx.hidden_size, b, "−N_sp·H")]
+
+
 def previous_unshard(ctx: Ctx, r: int, kind: str, item) -> list:
     """Sub-step of backward[r ≥ 2] on a one-rank mesh: layer ``r−1``'s pre-backward fills its
     unsharded dense part (no all-gather buffer to prefetch into), after layer ``r``'s reductions:

@@ -62,6 +62,24 @@ def send_order(ids_Nk: torch.Tensor, pieces_P3: np.ndarray) -> torch.Tensor:
     return torch.empty_like(sorted_R).index_copy_(0, dest_R, sorted_R)
 
 
+class Permute(torch.autograd.Function):
+    """Rows ``x[perm]`` of a permutation ``perm`` (``inv`` its inverse), with the backward
+    ``grad[inv]``: one new buffer, exactly autograd's ``index_select`` gradient for a bijection.
+    Autograd's own (``index_select_backward``: zeros, then ``index_add_``) takes its out-of-place
+    branch when the index is a tensor subclass, so a fake-tensor trace of it holds one buffer more
+    than the GPU does; this one allocates the same in both."""
+
+    @staticmethod
+    def forward(ctx, x, perm, inv):
+        ctx.save_for_backward(inv)
+        return x.index_select(0, perm)
+
+    @staticmethod
+    def backward(ctx, grad):
+        (inv,) = ctx.saved_tensors
+        return grad.index_select(0, inv), None, None
+
+
 class AllToAll(torch.autograd.Function):
     """Uneven all-to-all along dim 0; backward is the reverse all-to-all."""
 

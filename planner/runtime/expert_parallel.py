@@ -31,7 +31,7 @@ import torch
 from planner.plans import dispatch as plans_dispatch
 from planner.plans.chunking import MEMBERSHIPS, STRIDED
 from planner.runtime import shim
-from planner.runtime.exchange import AllToAll, Depend, send_order
+from planner.runtime.exchange import AllToAll, Depend, Permute, send_order
 from planner.runtime.expert_mlp import ExpertShard, GroupedMLP, SlotWeights
 from planner.runtime.routing import gather_counts
 from planner.runtime.validation import (check_choice, check_dispatch_inputs, check_dispatch_knobs,
@@ -162,13 +162,14 @@ def run_unchunked(x_NH, ids_Nk, weights_Nk, plan, rank, sw: SlotWeights, group,
     recv_splits = plan.send_KWW[0, :, rank].tolist()
     recv_x_QH = AllToAll.apply(x_NH.index_select(0, tok_R), recv_splits, send_splits, group)
     rows_S, perm_Q, inv_Q = slot_major(plan, rank)
-    xs_QH = recv_x_QH.index_select(0, torch.as_tensor(perm_Q).to(dev))
+    perm_Q, inv_Q = (torch.as_tensor(p).to(dev) for p in (perm_Q, inv_Q))
+    xs_QH = Permute.apply(recv_x_QH, perm_Q, inv_Q)
     del recv_x_QH
     w_up_imp, w_down_imp, token = imports if imports is not None else (None, None, None)
     o_QH = GroupedMLP.apply(xs_QH, sw.shard.w_up_nHJ, sw.shard.w_down_nIH, w_up_imp, w_down_imp,
                             rows_S.tolist(), sw)
     del xs_QH
-    y_QH = o_QH.index_select(0, torch.as_tensor(inv_Q).to(dev))
+    y_QH = Permute.apply(o_QH, inv_Q, perm_Q)
     del o_QH
     y_RH = AllToAll.apply(y_QH, send_splits, recv_splits, group)
     del y_QH
