@@ -111,7 +111,9 @@ def terms(ctx: Ctx) -> list[Term]:
         eg = (m.num_experts * m.expert_params() // np.asarray(ctx.expert_parallel) * b
               if ctx.grad_lifetime == "freed" else 0)
         fw = _excess(3 * N * I_s * b, d_fwd, b)
-        bw = _excess(6 * N * I_s * b, d_bwd + eg + N * H * b, b)
+        # the region's outgoing boundary gradient (counted by ``boundaries``) is made only at the
+        # norm's backward, after the experts: not live at the shared experts' backward
+        bw = _excess(6 * N * I_s * b - N * H * b, d_bwd + eg + N * H * b, b)
         out += [
             Term("shared experts' input gradient, held through the dispatch backward", "ffn", N * H, b, "N·H",
                  ("backward",), regions=("moe",), source=SOURCE + SHARED_HELD),
@@ -119,7 +121,7 @@ def terms(ctx: Ctx) -> list[Term]:
                  "max(0, 3·N·I_s·b − dispatch forward)/b", ("forward",), regions=("moe",), source=SOURCE
                  + SHARED_SRC),
             Term("shared experts backward: saved gate, silu, up and 3 gradients (excess over the dispatch)",
-                 "ffn", bw, b, "max(0, 6·N·I_s·b − dispatch backward − N·H·b [− b·Θ_exp_layer/E_p, freed])/b", ("backward",), regions=("moe",),
+                 "ffn", bw, b, "max(0, 6·N·I_s·b − N·H·b (outgoing gradient not yet made) − dispatch backward − N·H·b [− b·Θ_exp_layer/E_p, freed])/b", ("backward",), regions=("moe",),
                  source=SOURCE + SHARED_SRC + GATED_BWD),
         ]
     return out + _norm_forward_substep(ctx, out, disp) + _norm_backward_substep(ctx, out, disp)

@@ -88,19 +88,20 @@ def _embedding_substeps(ctx: Ctx, own: list[Term]) -> list[Term]:
 
     # no all-gather output at W = 1: the unshard copies the one-rank shard into the unsharded table
     fwd = excess(((1 + multi) * VH + N * H) * b, "forward")
-    # the embedding unit's post-backward (bf16 reduce): the copy-in holds its dense gradient and the
-    # reduce-scatter input; the gradient is freed before the shard is allocated beside the input
-    bwd = excess(np.maximum(2 * VH, VH + np.asarray(embedding_grad_shard(ctx))) * b, "backward")
+    # the embedding unit's post-backward (bf16 reduce): its dense gradient and the reduce-scatter
+    # input, and at W > 1 the new shard beside them (the whole-step trace); at W = 1 the phase holds
+    # no third table (the H200: the shard is the input's copy once the gradient is freed)
+    bwd = excess((2 * VH + np.asarray(embedding_grad_shard(ctx)) * multi) * b, "backward")
     return [prefetch,
         Term("embedding sub-step: all-gather output + unsharded table + output (excess over region 1)",
              "gathered", fwd, b, "max(0, V·H·(1 + [W > 1]) + N·H − A_f)", ("forward",), first_region_only=True,
              source=SOURCE + "; whole-step trace forward[1]; H200 validate at W = 1 (no all-gather output): "
              "qwen3-30b-a3b and deepseek-v2-lite S16384 forward[1] measured one V·H below 2·V·H + N·H"),
         Term("embedding grad sub-step: dense grad + reduce-scatter input (excess over region 1)",
-             "gathered", bwd, b, "max(0, max(2·V·H, V·H [+ ceil(V·H/W), freed]) − A_b)", ("backward",),
+             "gathered", bwd, b, "max(0, 2·V·H [+ ceil(V·H/W), freed, W > 1] − A_b)", ("backward",),
              first_region_only=True, source=SOURCE + "; whole-step trace backward[1]; H200 allocator history of "
              "planner validate, gpt-oss-20b W1 S16384 backward[1]: the phase peaks in region 1's attention backward "
-             "(12.31 GiB), below 2·V·H + V·H beside the persistent terms (no quotient at one rank)"),
+             "(12.31 GiB), below 3·V·H beside the persistent terms"),
     ]
 
 

@@ -53,13 +53,17 @@ def _region_grads(ctx: Ctx) -> tuple[list[int], list[int]]:
     return dense, experts
 
 
-def _grad_at(full, per_region: list[int], before_regions, div, after_regions=0):
+def _grad_at(full, per_region: list[int], before_regions, div, after_regions=0, own: bool = True):
     """``phase -> count`` of a gradient that grows through the backward (``freed`` lifetime):
     ``before_regions`` (head, final norm) from ``backward[L_b]`` on, plus regions ``j ≥ r`` in
-    ``backward[r]``, everything in ``optimizer``; ``div`` shards it. ``after_regions`` (the
-    embedding's shard) first exists in the embedding's backward, after region 1's: counted there by
-    ``gathered``'s embedding sub-step, not in ``backward[1]``."""
+    ``backward[r]`` (``j > r`` when not ``own``: a dense unit's reduced shard exists only after its
+    region's backward, whose unreduced gradients ``gathered`` counts), everything in ``optimizer``;
+    ``div`` shards it. ``after_regions`` (the embedding's shard) first exists in the embedding's
+    backward, after region 1's: counted there by ``gathered``'s embedding sub-step, not in
+    ``backward[1]``."""
     tail = np.cumsum(per_region[::-1])[::-1].tolist() + [0]  # tail[r-1] = Σ_{j≥r}
+    if not own:
+        tail = tail[1:] + [0]                                  # tail[r-1] = Σ_{j>r}
 
     def at(ph: Phase):
         if ph.kind == "optimizer":
@@ -103,10 +107,10 @@ def terms(ctx: Ctx) -> list[Term]:
     if freed:
         d_reg, e_reg = _region_grads(ctx)
         grad_at["dense"] = _grad_at(dense, d_reg, head_in_dense + ctx.hidden_size + p["mtp"], W,
-                                    embedding_grad_shard(ctx))
+                                    embedding_grad_shard(ctx), own=False)
         grad_at["experts"] = _grad_at(experts, e_reg, 0, ctx.expert_parallel)
-        grad_txt = ("; freed: head + final norm from backward[L_b], regions j ≥ r in backward[r], all but "
-                    "the embedding's at backward[1]")
+        grad_txt = ("; freed: head + final norm from backward[L_b], regions j > r (dense) / j ≥ r (experts) in "
+                    "backward[r], all but the embedding's at backward[1]")
     out = [
         Term("dense weights (ZeRO-3 shard)", "persistent", dense, b, "(Θ_dense [+ Θ_head if P=1])/W",
              ALWAYS, source=SOURCE),

@@ -17,20 +17,17 @@ import validate_table  # noqa: E402
 from planner.runtime.validate_compare import MEMORY_UNDER, time_ok  # noqa: E402
 
 UNDER = MEMORY_UNDER
-_W1_DENSE_FIRST = ("FSDP2 at W = 1, S = 4096, DeepSeek-V2-Lite's dense layer 1: forward[1] 343 MiB (about "
-                   "4·N·I_d·b) above the formula, not yet attributed (no allocator history at this length; at "
-                   "S = 8192 and 16384 the same phase is 1.000-1.002); the head phase binds the peak (1.000)")
-_PERSISTENT = ("DeepSeek W = 64 step start and optimizer 4.8 MiB (1.5%) under on a 330 MiB rank: bytes allocated "
-               "before the recorder's first event and still live (the allocator history sees every block of "
-               "the step: bench/results/memory_snapshot/fsdp2-dsv2-W64-full.json; NOTE.md: kernel workspaces "
-               "of the earlier cases in the same process); the step's peak is 1.000")
+_PERSISTENT = ("DeepSeek W = 64 step start and optimizer 4.8 MiB (1.5%) under on a 330 MiB rank. Every FSDP2 step "
+               "start measures a few MiB more than its persistent terms (gpt-oss 3.5-8.8, DeepSeek 2.5-5.7, Qwen3 "
+               "0-4 MiB, bench/results/validate/validate_fsdp2.json), allocated before the allocator history's "
+               "first event (bench/results/memory_snapshot/fsdp2-dsv2-W64-full.json) and not attributed; only "
+               "on this 330 MiB rank is it more than 1%. The step's peak is 1.000")
 KNOWN_UNDER = {
     # (stack, case, W, S, lifetime): reason
-    ("fsdp2", "dsv2-W1-S4096", 1, 4096, "freed"): _W1_DENSE_FIRST,
     ("fsdp2", "dsv2-W64-full", 64, 32768, "accumulate"): _PERSISTENT,
 }
 """Phases below the measurement by more than ``UNDER`` today, each with its reason. No composed
-case is here: every phase of the 32 composed cases is at least 0.996 of the H200."""
+case is here: every phase of the 41 composed cases is at least 0.996 of the H200."""
 
 
 @pytest.fixture(scope="module")
@@ -70,8 +67,7 @@ KNOWN_SLOW = {
     ("composed", "qwen3-30b-a3b", 1, 65536, "freed"): _QWEN3_LONG,
     **{k: _FSDP2_SHORT for k in [
         ("fsdp2", "qwen3-W1-full", 1, 8192, "freed"), ("fsdp2", "gptoss-W1-full", 1, 8192, "accumulate"),
-        ("fsdp2", "dsv2-W1-selective", 1, 8192, "freed"), ("fsdp2", "qwen3-W1-S4096", 1, 4096, "freed"),
-        ("fsdp2", "qwen3-W1-S16384", 1, 16384, "freed"), ("fsdp2", "gptoss-W1-S4096", 1, 4096, "freed"),
+        ("fsdp2", "dsv2-W1-selective", 1, 8192, "freed"), ("fsdp2", "gptoss-W1-S4096", 1, 4096, "freed"),
         ("fsdp2", "dsv2-W1-S4096", 1, 4096, "freed")]},
 }
 """W = 1 step times outside ``TIME_TOLERANCE`` today, each with its reason."""

@@ -17,9 +17,10 @@ RESULTS = Path(__file__).resolve().parents[2] / "bench" / "results"
 ROW_ID = ("kind", "shape", "op", "profile", "rank", "N", "H", "V", "P", "vocab_blocks", "move")
 """Fields naming a row (those it has, in this order)."""
 
-EP_OOM_REUSE = ("standard EP's most-loaded rank under skewed routing: the formula (= the fake-tensor "
-                "trace) is above the measured peak, because the allocator reuses blocks the trace counts "
-                "apart; conservative, but outside the 2% band (README, expert dispatch)")
+EP_OOM_REUSE = ("standard EP's most-loaded rank under skewed routing, measured before the runtime's "
+                "permutations went through exchange.Permute: the fake-tensor trace (and the formula then) "
+                "counted autograd's out-of-place index_select backward, which only a fake index takes; the "
+                "current runtime and formula agree within 0.01% (bench/results/dispatch_ep/)")
 DEST_TARGET = ("destination-residue PipelinedLLEP under the dense N×H upstream gradient exceeds the paper's "
                "peak target at shape A; the source-residue variant (the default) meets it (README, "
                "source-side PipelinedLLEP)")
