@@ -423,6 +423,10 @@ class BaselineHostRow(Frozen):
     ``dispatch_kernels.host_loops``)."""
     loop_bwd_s_per_block: float = Field(ge=0)
     """``GroupedMLP.backward`` seconds per block in the same step."""
+    launches: dict[str, int] = Field(default_factory=dict)
+    """Kernel-launching calls counted outside the expert loops per phase (``layer_fwd:<kind>``,
+    ``layer_bwd:<kind>``, ``head``, ``optimizer``, ``embedding``; ``planner.timing.baseline_host``):
+    empty in a profile calibrated before they were counted."""
 
 
 class BaselineHostCurve(Curve):
