@@ -61,6 +61,8 @@ def test_no_new_false_fit_against_the_h200(records):
     assert sorted(k for k in KNOWN_UNDER if k not in under) == []
 
 
+_QWEN3_LONG = ("Qwen3-30B-A3B W = 1 at S = 65536: three runs measured 4.85, 5.32 and 5.66 s (median of "
+               "steps 2-4) against 4.66 s predicted; the spread between runs is itself 15%")
 KNOWN_SLOW = {
     ("composed", "qwen3-30b-a3b", 1, 65536, "freed"): _QWEN3_LONG,
 }
