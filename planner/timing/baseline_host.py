@@ -45,6 +45,9 @@ from planner.timing.lookups import Lookups
 RECOMPUTES_LOOP = {"full": 1.0, "selective": 1.0, "none": 0.0}
 """Forward loops the backward reruns per layer: full and selective AC rerun the layer's forward
 (selective caches op outputs, but the Python loop runs again); ``none`` reruns nothing."""
+GROUPED_BWD_CALL = 2
+"""Launches per ``GroupedMLP.backward`` call beyond its blocks: the two stacked weight gradients'
+``zeros_like`` (own experts; the baseline imports none)."""
 PHASES = ("layer_fwd", "layer_bwd", "head", "optimizer", "embedding")
 """Keys of a row's counted launches outside the loops (``layer_*`` per layer kind)."""
 
@@ -122,10 +125,11 @@ def loop_blocks(kind: str, ac: str, local_experts) -> dict:
 
 
 def loop_launches(kind: str, ac: str, local_experts) -> dict:
-    """Kernel launches of one layer's expert loops, ``{"fwd", "bwd"}`` (bwd: recompute included)."""
+    """Kernel launches inside one layer's ``GroupedMLP`` calls, ``{"fwd", "bwd"}`` (bwd: the
+    recompute's loop, the backward's blocks and its ``GROUPED_BWD_CALL``)."""
     b = loop_blocks(kind, ac, local_experts)
     f, bw = KR.LOOP_LAUNCH["grouped_fwd"], KR.LOOP_LAUNCH["grouped_bwd"]
-    return {"fwd": b["fwd"] * f, "bwd": b["recompute"] * f + b["bwd"] * bw}
+    return {"fwd": b["fwd"] * f, "bwd": b["recompute"] * f + b["bwd"] * bw + np.where(b["bwd"] > 0, GROUPED_BWD_CALL, 0)}
 
 
 def _per_block(lk: Lookups, r, which: str, widths: tuple) -> float:
