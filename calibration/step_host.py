@@ -1,5 +1,5 @@
-"""Host seconds of the FSDP2 baseline step outside the expert loops: what a short step waits for
-when the GPU is starved (``planner/timing/baseline.py``'s host floor), measured on the runtime.
+"""Host seconds and kernel launches of the FSDP2 baseline step outside the expert loops: what a
+short step adds to its GPU seconds (``planner/timing/baseline_host.py``), measured on the runtime.
 
     python3 -m calibration.step_host --out DIR            # one H200: ~1 min, < 2 GB
     python3 -m calibration.step_host --smoke --out DIR    # CPU (gloo), the same code paths
@@ -340,7 +340,8 @@ def markdown(doc: dict) -> str:
              f"`{p['host_instance'] or 'unknown'}`, {doc['wall_s']:.1f} s", "",
              "Milliseconds outside the expert loops (loops: µs per block, forward / backward); launches outside "
              "the loops per step and µs per launch there.", "",
-             "| model | ac | layer fwd | layer bwd | head | optimizer | embedding | loop µs/block | launches | µs/launch |",
+             "| model | ac | layer fwd | layer bwd | head | optimizer | embedding | loop µs/block | launches "
+             "| µs/launch |",
              "|---|---|---|---|---|---|---|---|---|---|"]
     for c in doc["cases"]:
         r = row(c)

@@ -430,7 +430,8 @@ class BaselineHostRow(Frozen):
 
 
 class BaselineHostCurve(Curve):
-    """The FSDP2 baseline step's host seconds at tiny widths (``planner.timing.baseline``'s host floor)."""
+    """The FSDP2 baseline step's host seconds at tiny widths (``planner.timing.baseline_host``: added
+    to each segment's GPU seconds)."""
 
     rows: list[BaselineHostRow]
     """One row per (model structure, ``ac``) measured."""

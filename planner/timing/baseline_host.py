@@ -129,7 +129,8 @@ def loop_launches(kind: str, ac: str, local_experts) -> dict:
     recompute's loop, the backward's blocks and its ``GROUPED_BWD_CALL``)."""
     b = loop_blocks(kind, ac, local_experts)
     f, bw = KR.LOOP_LAUNCH["grouped_fwd"], KR.LOOP_LAUNCH["grouped_bwd"]
-    return {"fwd": b["fwd"] * f, "bwd": b["recompute"] * f + b["bwd"] * bw + np.where(b["bwd"] > 0, GROUPED_BWD_CALL, 0)}
+    call = np.where(b["bwd"] > 0, GROUPED_BWD_CALL, 0)
+    return {"fwd": b["fwd"] * f, "bwd": b["recompute"] * f + b["bwd"] * bw + call}
 
 
 def _per_block(lk: Lookups, r, which: str, widths: tuple) -> float:
