@@ -23,7 +23,7 @@ from __future__ import annotations
 import math
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, model_serializer, model_validator
 
 from planner.schema.base import Frozen
 from planner.schema.provenance import Provenance
@@ -427,6 +427,15 @@ class BaselineHostRow(Frozen):
     """Kernel-launching calls counted outside the expert loops per phase (``layer_fwd:<kind>``,
     ``layer_bwd:<kind>``, ``head``, ``optimizer``, ``embedding``; ``planner.timing.baseline_host``):
     empty in a profile calibrated before they were counted."""
+
+    @model_serializer(mode="wrap")
+    def _dump(self, handler):
+        """Left out of the dump while empty, so a profile calibrated before the count keeps its
+        checksum (plan files name it, ``planner.schema.cluster_ref``)."""
+        out = handler(self)
+        if not self.launches:
+            out.pop("launches", None)
+        return out
 
 
 class BaselineHostCurve(Curve):
