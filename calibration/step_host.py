@@ -40,6 +40,8 @@ import sys
 import time
 from pathlib import Path
 
+from calibration.launch_count import count_step
+
 MODELS = ("qwen3-30b-a3b", "gpt-oss-20b", "deepseek-v2-lite")
 """The shipped models of ``bench/validate_fsdp2.py``'s W = 1 cases."""
 ACS = ("full", "selective", "none")
@@ -118,39 +120,6 @@ class _Loops:
                                                                      staticmethod(self.orig[1]))
 
 
-NOT_LAUNCHES = ("aten::empty", "aten::empty_strided", "aten::new_empty", "aten::new_empty_strided", "aten::detach",
-                "aten::lift_fresh", "aten::set_", "aten::resize_", "aten::empty_like")
-"""Dispatched calls that allocate or relabel without launching a kernel (besides views)."""
-
-
-def launches_kernel(func) -> bool:
-    """Whether a dispatched call launches a kernel: not a view (every return aliasing an input
-    read-only), not an allocation (``NOT_LAUNCHES``), not a profiler range."""
-    name = func.name()
-    if name.startswith("profiler::") or name.split(".")[0] in NOT_LAUNCHES:
-        return False
-    rets = func._schema.returns
-    return not (rets and all(r.alias_info is not None and not r.alias_info.is_write for r in rets))
-
-
-def _counter(phase: list, loops: "_Loops"):
-    """A dispatch mode counting kernel-launching calls by phase, inside and outside the expert loops."""
-    from torch.utils._python_dispatch import TorchDispatchMode
-
-    class Count(TorchDispatchMode):
-        def __init__(self) -> None:
-            super().__init__()
-            self.n: dict = {}
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            out = func(*args, **(kwargs or {}))
-            if launches_kernel(func):
-                key = (phase[0], loops.inside)
-                self.n[key] = self.n.get(key, 0) + 1
-            return out
-    return Count()
-
-
 def _sync(dev) -> None:
     import torch
 
@@ -203,7 +172,7 @@ def measure_case(model: str, ac: str, c: dict, dev) -> dict:
                 host[label] = host.get(label, 0.0) + (t1 - t0)
                 t0 = t1
             runs.append((host, dict(loops.s), dict(loops.blocks)))
-        launches, count_error = _count_step(st, tok, tgt, phase, loops)
+        launches, count_error = count_step(st, tok, tgt, phase, lambda: loops.inside)
     labels = list(runs[-1][0])
     out = {}
     for label in labels:
@@ -217,19 +186,6 @@ def measure_case(model: str, ac: str, c: dict, dev) -> dict:
                 top_k=int(spec.top_k or 0), layer_kinds=_layer_kinds(spec, LAYERS), phases=out,
                 **({"count_error": count_error} if count_error else {}))
 
-
-def _count_step(st, tok, tgt, phase: list, loops: "_Loops") -> tuple:
-    """One more step (untimed) under the launch counter: ``{(phase, inside loops): launches}``;
-    ``({}, reason)`` where the counter cannot run (selective AC's own dispatch mode rejects
-    another mode's calls in its recompute)."""
-    count = _counter(phase, loops)
-    phase[0] = "embedding"
-    try:
-        with count:
-            st.step(tok, tgt)
-    except Exception as e:  # noqa: BLE001 - the timing stands; the count is reported missing
-        return {}, f"{type(e).__name__}: {' '.join(str(e).split())[:200]}"
-    return dict(count.n), None
 
 
 def _start_world(dev) -> None:
