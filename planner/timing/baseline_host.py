@@ -64,9 +64,10 @@ def row(lk: Lookups, model, ac: str):
     for r in cv.rows:
         if r.model == model.name and r.ac == ac:
             lk.assume("FSDP2 baseline: each segment takes GPU + host seconds (they add up: the dispatch's "
-                      "synchronising copies drain the GPU every MoE layer); host = launches × host seconds per "
-                      f"launch measured in the FSDP2 step (calibration.step_host, {model.name}, ac={ac}), the expert "
-                      "loops one block per local expert and pass")
+                      "synchronising copies drain the GPU every MoE layer); host = the expert loops' blocks (one per "
+                      "local expert and pass) at the measured seconds per block + the seconds outside the loops "
+                      f"measured in the FSDP2 step (calibration.step_host, {model.name}, ac={ac}); measured against "
+                      "steps of 4K-16K tokens, an upper bound where the GPU work is long")
             _counted(lk, r)
             return r
 
