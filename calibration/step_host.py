@@ -1,5 +1,5 @@
-"""Host seconds of the FSDP2 baseline step outside the expert loops: what a short step waits for
-when the GPU is starved (``planner/timing/baseline.py``'s host floor), measured on the runtime.
+"""Host seconds and kernel launches of the FSDP2 baseline step outside the expert loops: what a
+short step adds to its GPU seconds (``planner/timing/baseline_host.py``), measured on the runtime.
 
     python3 -m calibration.step_host --out DIR            # one H200: ~1 min, < 2 GB
     python3 -m calibration.step_host --smoke --out DIR    # CPU (gloo), the same code paths
@@ -22,6 +22,13 @@ so that the curve holds the host seconds **outside** the loops: per layer kind (
 one forward and one backward (its recompute included), the head, the optimizer step (``step`` +
 ``zero_grad``), and the embedding before the first layer. Every expert slot gets rows
 (balanced routing, ``TOKENS·k ≥ 16·E``), as at the validate shapes.
+
+Launches: one more step (untimed) under a dispatch mode that counts the kernel-launching calls
+(``launches_kernel``: views, allocations and profiler ranges left out) per phase, inside and
+outside the loops; the row keeps the launches outside the loops per phase (``launches``), so that
+the time model prices a launch at the phase's seconds ÷ its launches, and the loops' count checks
+``planner.timing.baseline_host.loop_launches``. (On the CPU the whole step's count is within 3% of
+the H200 profiler's kernel count of the same structure, ``bench/results/step_profile``.)
 """
 
 from __future__ import annotations
@@ -32,6 +39,8 @@ import statistics
 import sys
 import time
 from pathlib import Path
+
+from calibration.launch_count import count_step
 
 MODELS = ("qwen3-30b-a3b", "gpt-oss-20b", "deepseek-v2-lite")
 """The shipped models of ``bench/validate_fsdp2.py``'s W = 1 cases."""
@@ -72,6 +81,7 @@ class _Loops:
         self.mod, self.phase = expert_mlp, phase
         self.s: dict = {}
         self.blocks: dict = {}
+        self.inside = False
         self.orig = (expert_mlp.GroupedMLP.forward, expert_mlp.GroupedMLP.backward)
 
     def __enter__(self):
@@ -79,13 +89,21 @@ class _Loops:
 
         def fwd(ctx, xs, w_up, w_down, w_up_imp, w_down_imp, rows, sw):
             t = time.perf_counter()
-            out = f0(ctx, xs, w_up, w_down, w_up_imp, w_down_imp, rows, sw)
+            self.inside = True
+            try:
+                out = f0(ctx, xs, w_up, w_down, w_up_imp, w_down_imp, rows, sw)
+            finally:
+                self.inside = False
             self._add("fwd", time.perf_counter() - t, sum(1 for r in rows if r))
             return out
 
         def bwd(ctx, go):
             t = time.perf_counter()
-            out = b0(ctx, go)
+            self.inside = True
+            try:
+                out = b0(ctx, go)
+            finally:
+                self.inside = False
             self._add("bwd", time.perf_counter() - t, sum(1 for r in ctx.rows if r))
             return out
 
@@ -154,16 +172,20 @@ def measure_case(model: str, ac: str, c: dict, dev) -> dict:
                 host[label] = host.get(label, 0.0) + (t1 - t0)
                 t0 = t1
             runs.append((host, dict(loops.s), dict(loops.blocks)))
+        launches, count_error = count_step(st, tok, tgt, phase, lambda: loops.inside)
     labels = list(runs[-1][0])
     out = {}
     for label in labels:
         out[label] = dict(host_s=statistics.median(r[0].get(label, 0.0) for r in runs),
                           loop_fwd_s=statistics.median(r[1].get((label, "fwd"), 0.0) for r in runs),
                           loop_bwd_s=statistics.median(r[1].get((label, "bwd"), 0.0) for r in runs),
-                          fwd_blocks=runs[-1][2].get((label, "fwd"), 0), bwd_blocks=runs[-1][2].get((label, "bwd"), 0))
+                          fwd_blocks=runs[-1][2].get((label, "fwd"), 0), bwd_blocks=runs[-1][2].get((label, "bwd"), 0),
+                          launches=launches.get((label, False)), loop_launches=launches.get((label, True), 0))
     del st
     return dict(model=model, ac=ac, tokens=T, attention=spec.attention, num_experts=int(spec.num_experts or 0),
-                top_k=int(spec.top_k or 0), layer_kinds=_layer_kinds(spec, LAYERS), phases=out)
+                top_k=int(spec.top_k or 0), layer_kinds=_layer_kinds(spec, LAYERS), phases=out,
+                **({"count_error": count_error} if count_error else {}))
+
 
 
 def _start_world(dev) -> None:
@@ -219,6 +241,14 @@ def row(case: dict) -> dict:
     for i, kind in enumerate(case["layer_kinds"], start=1):
         fwd.setdefault(kind, []).append(outside(f"forward[{i}]"))
         bwd.setdefault(kind, []).append(outside(f"backward[{i}]"))
+    launches = {}
+    if all(p.get("launches") is not None for p in ph.values()):
+        per: dict = {}
+        for i, kind in enumerate(case["layer_kinds"], start=1):
+            per.setdefault(f"layer_fwd:{kind}", []).append(ph[f"forward[{i}]"]["launches"])
+            per.setdefault(f"layer_bwd:{kind}", []).append(ph[f"backward[{i}]"]["launches"])
+        launches = {k: round(statistics.fmean(v)) for k, v in per.items()}
+        launches.update({k: ph[k]["launches"] for k in ("head", "optimizer", "embedding")})
     blocks = [(p["loop_fwd_s"], p["fwd_blocks"]) for p in ph.values() if p["fwd_blocks"]]
     bblocks = [(p["loop_bwd_s"], p["bwd_blocks"]) for p in ph.values() if p["bwd_blocks"]]
 
@@ -230,7 +260,7 @@ def row(case: dict) -> dict:
                 layer_fwd_s={k: statistics.fmean(v) for k, v in fwd.items()},
                 layer_bwd_s={k: statistics.fmean(v) for k, v in bwd.items()},
                 head_s=outside("head"), optimizer_s=outside("optimizer"), embedding_s=outside("embedding"),
-                loop_fwd_s_per_block=per_block(blocks), loop_bwd_s_per_block=per_block(bblocks))
+                loop_fwd_s_per_block=per_block(blocks), loop_bwd_s_per_block=per_block(bblocks), launches=launches)
 
 
 def fragment(doc: dict) -> dict:
@@ -246,23 +276,41 @@ def fragment(doc: dict) -> dict:
     return {"curves": {"baseline_host": curve.model_dump(mode="json")}}
 
 
+def _outside_launches(case: dict) -> int:
+    return sum(p.get("launches") or 0 for p in case["phases"].values())
+
+
+def _per_launch_us(case: dict) -> str:
+    """Host µs per launch outside the loops over the whole step ('-' where not counted)."""
+    n = _outside_launches(case)
+    if not n:
+        return "-"
+    s = sum(max(0.0, p["host_s"] - p["loop_fwd_s"] - p["loop_bwd_s"]) for p in case["phases"].values())
+    return f"{s / n * 1e6:.1f}"
+
+
 def markdown(doc: dict) -> str:
     p = doc["provenance"]
     lines = [f"# FSDP2 step host seconds ({p['device']})", "",
              f"`{doc['command']}` — torch {p['torch']}, CUDA {p['cuda'] or '-'}, {p['date']}, host instance "
              f"`{p['host_instance'] or 'unknown'}`, {doc['wall_s']:.1f} s", "",
-             "Milliseconds outside the expert loops (loops: µs per block, forward / backward).", "",
-             "| model | ac | layer fwd | layer bwd | head | optimizer | embedding | loop µs/block |",
-             "|---|---|---|---|---|---|---|---|"]
+             "Milliseconds outside the expert loops (loops: µs per block, forward / backward); launches outside "
+             "the loops per step and µs per launch there.", "",
+             "| model | ac | layer fwd | layer bwd | head | optimizer | embedding | loop µs/block | launches "
+             "| µs/launch |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for c in doc["cases"]:
         r = row(c)
         f = ", ".join(f"{k} {v * 1e3:.2f}" for k, v in r["layer_fwd_s"].items())
         b = ", ".join(f"{k} {v * 1e3:.2f}" for k, v in r["layer_bwd_s"].items())
         lines.append(f"| {r['model']} | {r['ac']} | {f} | {b} | {r['head_s'] * 1e3:.2f} | {r['optimizer_s'] * 1e3:.2f} | "
                      f"{r['embedding_s'] * 1e3:.2f} | {r['loop_fwd_s_per_block'] * 1e6:.1f} / "
-                     f"{r['loop_bwd_s_per_block'] * 1e6:.1f} |")
+                     f"{r['loop_bwd_s_per_block'] * 1e6:.1f} | {_outside_launches(c) or '-'} | {_per_launch_us(c)} |")
     for f in doc.get("failed", []):
-        lines.append(f"| {f['model']} | {f['ac']} | failed: {f['error'][:120]} | | | | | |")
+        lines.append(f"| {f['model']} | {f['ac']} | failed: {f['error'][:120]} | | | | | | | |")
+    for c in doc["cases"]:
+        if c.get("count_error"):
+            lines.append(f"\n{c['model']} ac={c['ac']}: launches not counted ({c['count_error'][:160]})")
     return "\n".join(lines) + "\n"
 
 

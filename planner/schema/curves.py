@@ -23,7 +23,7 @@ from __future__ import annotations
 import math
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, model_serializer, model_validator
 
 from planner.schema.base import Frozen
 from planner.schema.provenance import Provenance
@@ -423,10 +423,24 @@ class BaselineHostRow(Frozen):
     ``dispatch_kernels.host_loops``)."""
     loop_bwd_s_per_block: float = Field(ge=0)
     """``GroupedMLP.backward`` seconds per block in the same step."""
+    launches: dict[str, int] = Field(default_factory=dict)
+    """Kernel-launching calls counted outside the expert loops per phase (``layer_fwd:<kind>``,
+    ``layer_bwd:<kind>``, ``head``, ``optimizer``, ``embedding``; ``planner.timing.baseline_host``):
+    empty in a profile calibrated before they were counted."""
+
+    @model_serializer(mode="wrap")
+    def _dump(self, handler):
+        """Left out of the dump while empty, so a profile calibrated before the count keeps its
+        checksum (plan files name it, ``planner.schema.cluster_ref``)."""
+        out = handler(self)
+        if not self.launches:
+            out.pop("launches", None)
+        return out
 
 
 class BaselineHostCurve(Curve):
-    """The FSDP2 baseline step's host seconds at tiny widths (``planner.timing.baseline``'s host floor)."""
+    """The FSDP2 baseline step's host seconds at tiny widths (``planner.timing.baseline_host``: added
+    to each segment's GPU seconds)."""
 
     rows: list[BaselineHostRow]
     """One row per (model structure, ``ac``) measured."""

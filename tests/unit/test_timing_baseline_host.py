@@ -1,11 +1,14 @@
-"""The FSDP2 baseline's host floor and FSDP2 copy traffic (``planner.timing.baseline_host``,
+"""The FSDP2 baseline's host time and FSDP2 copy traffic (``planner.timing.baseline_host``,
 ``planner.timing.baseline._fsdp_comm``) on the shipped H200 profile with a synthetic
 ``baseline_host`` curve.
 
-- without the curve: no ``host_exposed`` time, and the missing curve is listed;
-- with it: each segment takes ``max(GPU, host)``: with host seconds above every segment's GPU
-  seconds the step is exactly the rows' host seconds plus the dispatch's booked seconds;
-- a host time far below the GPU time adds nothing (a long step is GPU-bound);
+- without the curve: no host time, and the missing curve is listed;
+- with it: every segment takes GPU + host seconds (hand-summed: the rows' seconds outside the
+  loops, one block per expert and pass at the dispatch bench's seconds per block, the dispatch's
+  own exposed launch time taken out of its GPU seconds); a tiny host time still adds;
+- the loops' launches are counted one block per local expert and pass;
+- seconds per launch from counted launches; a row without counts is listed;
+- without the dispatch curve the loops take the row's in-step seconds per block, listed;
 - an unmeasured model takes the nearest measured structure, listed;
 - the FSDP2 copies at W = 1: a unit's gather is exactly its cast/copy-in/copy-out bytes at the HBM rate.
 """
@@ -19,6 +22,7 @@ from synthetic_profiles import ctx_of
 from planner.schema.curves import BaselineHostCurve
 from planner.schema.io import load_model
 from planner.timing import baseline as BL
+from planner.timing import baseline_host as BH
 from planner.timing.compute import Lookups, hbm_bytes_per_s
 from planner.timing.step import step_time
 
@@ -50,59 +54,90 @@ def _without(cluster):
     return _with(cluster, None)
 
 
-def test_no_curve_no_floor(h200):
+def test_no_curve_no_host_time(h200):
     st = step_time(_ctx(_without(h200)), micro_steps_override=1)
     assert float(st.breakdown.get("host_exposed", 0.0)) == 0.0
     assert any("baseline host time not measured" in a for a in st.assumed)
 
 
+def _dispatch(lk, ctx):
+    from planner.timing.dispatch import moe_dispatch_s
+    from planner.timing.regions import knobs, moe_profile
+
+    m = ctx.model
+    return moe_dispatch_s(lk, "ep", int(ctx.tokens_per_rank), m.num_experts, m.top_k, 1, 1, m.hidden_size,
+                          m.expert_ffn, ctx.act_bytes, profile=moe_profile(ctx), knobs=knobs(ctx), comm=True)
+
+
 @pytest.mark.parametrize("ac", ["full", "selective", "none"])
-def test_floor_is_max_of_gpu_and_host(h200, ac):
-    """A synthetic row whose host seconds exceed every segment's GPU seconds: the step then takes
-    exactly the host seconds outside the expert loops plus the dispatch (booked by the dispatch model) and
-    the optimizer's GPU part where it is longer."""
-    big = 5.0   # seconds: far above any GPU segment of this 2-layer step
-    cl = _with(h200, _curve(ac=ac, layer_fwd_s={"moe": big}, layer_bwd_s={"moe": 2 * big}, head_s=big,
-                            optimizer_s=big, embedding_s=big))
+def test_host_and_gpu_add_up(h200, ac):
+    """Every segment takes GPU + host seconds: the step is the GPU-only step (no curve) less the
+    dispatch's own exposed launch time, plus the counted host seconds: per layer the row's seconds
+    outside the loops and one block per expert and pass at the dispatch bench's seconds per block."""
+    cl = _with(h200, _curve(ac=ac))
     ctx = _ctx(cl, ac=ac)
     st = step_time(ctx, micro_steps_override=1)
     base = step_time(_ctx(_without(h200), ac=ac), micro_steps_override=1)
     assert float(base.breakdown.get("host_exposed", 0.0)) == 0.0
-    # the dispatch seconds of one layer, as the baseline books them
-    from planner.timing.dispatch import moe_dispatch_s
-    from planner.timing.regions import knobs, moe_profile
     lk = Lookups(cl)
-    m = ctx.model
-    op = moe_dispatch_s(lk, "ep", int(ctx.tokens_per_rank), m.num_experts, m.top_k, 1, 1, m.hidden_size, m.expert_ffn,
-                        ctx.act_bytes, profile=moe_profile(ctx), knobs=knobs(ctx), comm=True)
-    d_f = op["compute_fwd"] + op["elem_fwd"]
-    d_r = {"full": d_f, "selective": op["elem_fwd"], "none": 0.0}[ac]
-    d_b = d_r + op["compute_bwd"] + op["elem_bwd"]
-    layers = m.num_layers * ((big + d_f) + (2 * big + d_b))
-    # head, embedding and optimizer segments are host-bound too: each takes its host seconds (the
-    # embedding's gradient reduce, at the end of backward, is not in its segment)
-    _, r_emb = BL._fsdp_comm(lk, ctx, ctx.vocab_size * ctx.hidden_size, 0, np.asarray(1), np.asarray(1),
-                             ctx.act_bytes, 1)
-    want = layers + 3 * big + float(r_emb)
-    assert float(st.total_s) == pytest.approx(want, rel=1e-6)
-    assert float(st.components["host"]) == pytest.approx(float(st.breakdown["host_exposed"]), rel=REL)
-    assert float(st.total_s) - float(base.total_s) == pytest.approx(float(st.breakdown["host_exposed"]), rel=REL)
+    m, E = ctx.model, ctx.model.num_experts
+    op = _dispatch(lk, ctx)
+    removed = op["host_fwd"] * (1 + (ac != "none")) + op["host_bwd"]   # the forward's, its rerun's, the backward's
+    loops = h200.curves.dispatch_kernels.host_loops
+    pf, pb = loops["grouped_fwd"].s_per_block, loops["grouped_bwd"].s_per_block
+    rec = BH.RECOMPUTES_LOOP[ac]
+    per_layer = HOST["layer_fwd_s"]["moe"] + HOST["layer_bwd_s"]["moe"] + E * (1 + rec) * pf + E * pb
+    host = m.num_layers * per_layer + HOST["head_s"] + HOST["optimizer_s"] + HOST["embedding_s"]
+    assert float(st.components["host"]) == pytest.approx(host, rel=REL)
+    assert float(st.total_s) == pytest.approx(float(base.total_s) - m.num_layers * float(removed) + host, rel=REL)
 
 
-def test_floor_adds_only_what_the_gpu_does_not_cover(h200):
-    cl = _with(h200, _curve())
-    st = step_time(_ctx(cl), micro_steps_override=1)
-    base = step_time(_ctx(h200), micro_steps_override=1)
-    extra = float(st.total_s) - float(base.total_s)
-    upper = 2 * (HOST["layer_fwd_s"]["moe"] + HOST["layer_bwd_s"]["moe"]) + HOST["head_s"] + HOST["optimizer_s"] \
-        + HOST["embedding_s"]
-    assert 0 < extra <= upper
-
-
-def test_long_step_is_gpu_bound(h200):
+def test_host_is_never_hidden_behind_the_gpu(h200):
+    """Unlike a floor, a host time far below the GPU time still adds: ``segment = GPU + host``."""
     cl = _with(h200, _curve(scale=1e-3))
     st = step_time(_ctx(cl, S=65536), micro_steps_override=1)
-    assert float(st.breakdown["host_exposed"]) == 0.0
+    loops = h200.curves.dispatch_kernels.host_loops
+    blocks = 2 * 128 * (2 * loops["grouped_fwd"].s_per_block + loops["grouped_bwd"].s_per_block)
+    outside = 1e-3 * (2 * (HOST["layer_fwd_s"]["moe"] + HOST["layer_bwd_s"]["moe"]) + HOST["head_s"]
+                      + HOST["optimizer_s"] + HOST["embedding_s"])
+    assert float(st.breakdown["host_exposed"]) == pytest.approx(blocks + outside, rel=REL)
+
+
+@pytest.mark.parametrize("ac", ["full", "selective", "none"])
+def test_loop_launch_count(ac):
+    """One block per local expert and pass, ``LOOP_LAUNCH`` launches per block and the backward's two
+    gradient zero-fills; a dense layer none."""
+    got = BH.loop_launches("moe", ac, 128)
+    rec = BH.RECOMPUTES_LOOP[ac]
+    assert float(got["fwd"]) == 128 * 4
+    assert float(got["bwd"]) == 128 * (4 * rec + 11) + 2
+    assert {k: float(v) for k, v in BH.loop_launches("dense", ac, 128).items()} == {"fwd": 0.0, "bwd": 0.0}
+
+
+def test_seconds_per_launch_from_counted_launches(h200):
+    """A row with counted launches prices each launch at the phase's seconds ÷ its launches; without
+    them the phase seconds stand and the missing count is listed."""
+    counted = _curve(launches={"layer_fwd:moe": 100, "layer_bwd:moe": 250, "head": 30, "optimizer": 7,
+                               "embedding": 20}).rows[0]
+    assert BH.per_launch_s(counted, "layer_fwd", "moe") == pytest.approx(HOST["layer_fwd_s"]["moe"] / 100, rel=REL)
+    assert BH.per_launch_s(counted, "optimizer") == pytest.approx(HOST["optimizer_s"] / 7, rel=REL)
+    assert BH.per_launch_s(_curve().rows[0], "head") is None
+    st = step_time(_ctx(_with(h200, _curve())), micro_steps_override=1)
+    assert any("launches per phase not counted" in a for a in st.assumed)
+    st = step_time(_ctx(_with(h200, _curve(launches=dict(counted.launches)))), micro_steps_override=1)
+    assert not any("launches per phase not counted" in a for a in st.assumed)
+
+
+def test_loops_without_the_dispatch_curve_take_the_rows_seconds(h200):
+    """Without ``dispatch_kernels`` the loops' blocks take the row's in-step seconds per block (listed)."""
+    cl = _with(h200, _curve())
+    cl = cl.model_copy(update={"curves": cl.curves.model_copy(update={"dispatch_kernels": None,
+                                                                      "dispatch_kernels_widths": []})})
+    lk = Lookups(cl)
+    f, b = BH.layer(lk, cl.curves.baseline_host.rows[0], "moe", "full", 128, (2048, 768, 8))
+    assert f == pytest.approx(HOST["layer_fwd_s"]["moe"] + 128 * 1e-4, rel=REL)
+    assert b == pytest.approx(HOST["layer_bwd_s"]["moe"] + 128 * 1e-4 + 128 * 2e-4, rel=REL)
+    assert any("seconds per block measured inside the step" in a for a in lk.assumed)
 
 
 def test_nearest_structure_is_listed(h200):
@@ -128,9 +163,9 @@ def test_fsdp_copies_at_one_rank(h200, lifetime):
     assert float(r) == pytest.approx(want_r, rel=REL)
 
 
-def test_the_shipped_profile_carries_the_measured_floor(h200):
+def test_the_shipped_profile_carries_the_measured_host(h200):
     """The H200 profile holds the host seconds measured by ``calibration.step_host``; a short FSDP2
-    step then books some of them and no longer lists the floor as not measured."""
+    step then books them and no longer lists the host time as not measured."""
     assert h200.curves.baseline_host is not None and h200.curves.baseline_host.status == "measured"
     st = step_time(_ctx(h200, S=4096), micro_steps_override=1)
     assert float(st.breakdown.get("host_exposed", 0.0)) > 0.0
