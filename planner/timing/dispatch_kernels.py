@@ -89,14 +89,16 @@ BWD_ROLES = ("g_down", "gh", "g_up", "gx")
 
 def block_gemm_s(lk: Lookups, rows, cnt, H: int, I: int, which: str):
     """GEMM seconds of ``cnt`` blocks of ``rows`` rows (arrays, summed over the last axis) for
-    ``which`` ∈ {fwd, up, down, bwd}; backward GEMMs × their layout factor
+    ``which`` ∈ {fwd, up, down, bwd}; forward GEMMs × their measured ratio at the block rows
+    (``kernel_rates.forward_factor``), backward GEMMs × their layout factor
     (``kernel_rates.layout_factor``)."""
     gs = {"fwd": expert_fwd(rows, H, I), "up": expert_fwd(rows, H, I)[:1],
           "down": expert_fwd(rows, H, I)[1:], "bwd": expert_bwd(rows, H, I)}[which]
     if which == "bwd":
         t = sum(gemm_s(lk, g.m, g.n, g.k) * KR.layout_factor(lk, role, rows, H, I) for g, role in zip(gs, BWD_ROLES))
     else:
-        t = sum(gemm_s(lk, g.m, g.n, g.k) for g in gs)
+        roles = {"fwd": KR.FORWARD_ROLES, "up": KR.FORWARD_ROLES[:1], "down": KR.FORWARD_ROLES[1:]}[which]
+        t = sum(gemm_s(lk, g.m, g.n, g.k) * KR.forward_factor(lk, role, rows) for g, role in zip(gs, roles))
     return (np.asarray(cnt, dtype=float) * t).sum(-1)
 
 
