@@ -41,7 +41,10 @@ one expert GEMM block, ``T`` seconds of continuous GEMM work.
   backward of the layer's expert GEMMs (the operator runs as repeated forward/backward calls, the
   GPU loaded throughout).
 - **Host**: seconds per block of each runtime loop as measured (``host_loops``), and
-  ``host_call_s`` for every other kernel-launching call.
+  ``host_call_s`` for every other kernel-launching call. A loop that starts on an idle GPU (after
+  a synchronising host→device copy) runs at the pace of the slower of host and GPU block by block,
+  in the runtime's block order (``loop_exposed_s``): small blocks early in the loop leave the GPU
+  waiting on the host even when the loop's GPU seconds exceed its host seconds.
 - Without the curve (CPU profiles, older profiles): every class at the HBM rate, factors 1, and
   the GEMM table's launch floor per call (``compute.host_op_s``), listed.
 """
@@ -229,6 +232,34 @@ def sustained_factor(lk: Lookups, gemm_s):
     T = np.maximum(np.asarray(gemm_s, dtype=float), 1e-12)
     x = np.clip((np.log(T) - lo) / (hi - lo), 0.0, 1.0)
     return f0 + (f - f0) * x
+
+
+def block_host_s(lk: Lookups, loop: str) -> float:
+    """Host seconds of one block of the runtime loop ``loop`` (``host_loops``; unmeasured: its
+    launching calls at ``host_call_s``, without the curve at the GEMM table's launch floor)."""
+    cv = curve(lk)
+    if cv is None:
+        return LOOP_LAUNCH[loop] * float(host_op_s(lk))
+    got = cv.host_loops.get(loop)
+    return float(got.s_per_block) if got is not None else LOOP_LAUNCH[loop] * cv.host_call_s
+
+
+def loop_exposed_s(h: float, g, c):
+    """Host seconds a block loop leaves the GPU idle, the loop starting on an idle GPU (after a
+    synchronising host→device copy): blocks in runtime order, ``c`` identical blocks of ``g`` GPU
+    seconds per item (last axis), ``h`` host seconds per block. The GPU starts block ``j`` only
+    once the host has issued it, so the loop takes ``max_j (H_<j + G_≥j)`` (``H_<j`` the host
+    seconds before block ``j``, ``G_≥j`` the GPU seconds from it on), at least the host's total;
+    within a run of identical blocks the maximum is at its first or its last block."""
+    g, c = np.broadcast_arrays(np.asarray(g, dtype=float), np.asarray(c, dtype=float))
+    gc = g * c
+    h_before = np.cumsum(c * h, axis=-1) - c * h
+    g_from = np.flip(np.cumsum(np.flip(gc, -1), axis=-1), -1)
+    first = h_before + g_from
+    last = np.where(c > 0, first + (c - 1) * (h - g), -np.inf)
+    total_g, total_h = gc.sum(-1), (c * h).sum(-1)
+    span = np.maximum(np.maximum(first.max(-1), last.max(-1)), total_h)
+    return np.maximum(0.0, span - total_g)
 
 
 def host_s(lk: Lookups, calls, blocks: dict):
