@@ -13,7 +13,7 @@ from planner.schema.io import load_cluster
 import test_heldout_timing as T
 cl = load_cluster("h200")
 REASONS = [
- (r"^(ep|llep) balanced .* E_p=1 ", "EP1", "EP/LLEP with every expert on one rank (E_p = 1) is predicted 10-12% fast: its GEMM stream is 128 blocks of 1k-4k rows (and the shim's copies), whose rate in the dispatch bench sits below the GEMM table x the sustained factor, measured on one 32768-row GEMM in another run than the table and the bench"),
+ (r"^(ep|llep) balanced .* E_p=1 ", "EP1", "EP/LLEP with every expert on one rank (E_p = 1): 128 blocks of 1k-4k rows, forward GEMMs at the measured runtime/table ratio between 410 and 3277 block rows, backward at one GEMM's sustained factor, and the shim's copies"),
  (r"^(ep|llep) .* H=4096 I=4096", "SHAPE_B_EP", "EP/LLEP at shape B (H = I = 4096, k = 4, E_p = 8: blocks of 8192 rows) is predicted 10-12% slow: forward GEMMs at the measured runtime/table ratio interpolated between 3277 and 32768 rows, backward at the layout ratio x one GEMM's sustained factor (their own runtime/table ratio makes it 12-16% slow), and the dispatch bench was not re-run on the calibration's instance"),
  (r"^(ep|llep) .* H=7168", "SHAPE_A_EP", "EP/LLEP under skew at shape A: the binding slot's long GEMM stream at the sustained-clock factor of the one GEMM measured for it"),
  (r"^pipelined_llep (95/16|80/16|50/4)", "PIPE_SKEW", "PipelinedLLEP under heavy skew is predicted fast: the binding rank's small own-expert blocks (160-630 rows, before its imported experts' in each chunk) run at the host's pace block by block from each chunk's synchronising index copy, at the per-block host seconds calibrated on another instance than the bench's (the dispatch bench was not re-run on it)"),
