@@ -136,3 +136,20 @@ def test_loop_pace_follows_the_block_order():
     assert float(KR.loop_exposed_s(h, small[::-1], big[::-1])) == 0.0   # long block first: hidden
     batch = KR.loop_exposed_s(h, np.array([[10 * h], [h / 4]]), np.array([[5], [8]]))  # vectorised over rows
     assert batch.shape == (2,) and batch[0] == 0.0 and batch[1] == pytest.approx(6 * h)
+
+
+def test_plan_blocks_in_the_runtime_order():
+    """``plan_loads`` lists a PipelinedLLEP rank's blocks slot by slot, each slot's full blocks then
+    its remainder (``ExpertChunk``'s loop order), so the loop's host pace sees them in order."""
+    from planner.plans.llep import LlepKnobs
+    from planner.timing.dispatch import plan_loads
+
+    N, E, k, E_p, K = 4096, 64, 2, 8, 4
+    L = plan_loads("pipelined_llep", N, E, k, E_p, K, "95/16", LlepKnobs(1.0, 16, 1.3, 4))
+    rows, cnt = L["rows"], L["cnt"]
+    assert rows.shape[-1] % 2 == 0 and (cnt > 1).any()
+    full, rem = rows[..., 0::2], rows[..., 1::2]               # per slot: full blocks, remainder
+    br = full.max()
+    assert set(np.unique(full)) <= {0, br} and (rem < br).all()
+    slot_rows = full * cnt[..., 0::2] + rem * cnt[..., 1::2]
+    assert (slot_rows.sum(-1) == L["recv"]).all()
