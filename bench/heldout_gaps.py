@@ -13,15 +13,15 @@ from planner.schema.io import load_cluster
 import test_heldout_timing as T
 cl = load_cluster("h200")
 REASONS = [
- (r"^(ep|llep) balanced .* E_p=1 ", "EP1", "EP/LLEP with every expert on one rank (E_p = 1) is predicted 10-12% fast: its GEMM stream is 128 blocks of 1k-4k rows (and the shim's copies), whose rate in the dispatch bench sits below the GEMM table x the sustained factor, measured on one 32768-row GEMM in another run than the table and the bench"),
- (r"^(ep|llep) .* H=4096 I=4096", "SHAPE_B_EP", "EP/LLEP at shape B (H = I = 4096, k = 4) is predicted 10-21% slow even with the kernel curve of these widths: the sustained-clock factor is measured on one shape-A GEMM, the class rates at one size, and the dispatch bench was not re-run on the calibration's instance"),
+ (r"^(ep|llep) balanced .* E_p=1 ", "EP1", "EP/LLEP with every expert on one rank (E_p = 1): 128 blocks of 1k-4k rows, forward GEMMs at the measured runtime/table ratio between 410 and 3277 block rows, backward at one GEMM's sustained factor, and the shim's copies"),
+ (r"^(ep|llep) .* H=4096 I=4096", "SHAPE_B_EP", "EP/LLEP at shape B (H = I = 4096, k = 4, E_p = 8: blocks of 8192 rows) is predicted 10-12% slow: forward GEMMs at the measured runtime/table ratio interpolated between 3277 and 32768 rows, backward at the layout ratio x one GEMM's sustained factor (their own runtime/table ratio makes it 12-16% slow), and the dispatch bench was not re-run on the calibration's instance"),
  (r"^(ep|llep) .* H=7168", "SHAPE_A_EP", "EP/LLEP under skew at shape A: the binding slot's long GEMM stream at the sustained-clock factor of the one GEMM measured for it"),
- (r"^pipelined_llep (95/16|80/16|50/4)", "PIPE_SKEW", "PipelinedLLEP under heavy skew is predicted fast: the chunk-count curve's ratio phi(K) is measured under balanced routing, and the skewed slots' per-chunk block rows are not"),
- (r"^pipelined_llep balanced .* E_p=1 .* fwd$", "PIPE_FWD", "PipelinedLLEP forward alone at E_p = 1: the chunk-count curve measures forward + backward only, so its ratio phi(K) is applied to the forward unmeasured"),
+ (r"^pipelined_llep (95/16|80/16|50/4)", "PIPE_SKEW", "PipelinedLLEP under heavy skew is predicted fast: the binding rank's small own-expert blocks (160-630 rows, before its imported experts' in each chunk) run at the host's pace block by block from each chunk's synchronising index copy, at the per-block host seconds calibrated on another instance than the bench's (the dispatch bench was not re-run on it)"),
+ (r"^pipelined_llep balanced .* E_p=1 .* fwd$", "PIPE_FWD", "PipelinedLLEP forward alone at E_p = 1: 128 small blocks per chunk, host-bound at the calibrated per-block host seconds; the same configuration's forward measured 56 ms (dispatch.json, 2026-11-29) and 93 ms (dispatch_B.json, 2026-12-01): the host-bound forward depends on the instance"),
  (r"^pipelined_llep", "PIPE_OTHER", "PipelinedLLEP: phi(K) from the chunk-count curve's shape used at another shape"),
  (r"^CPUOffloadAdamW", "HOST", "CPUOffloadAdamW is predicted fast: the host AdamW and cast tables in the profile were timed at 3.4e7 parameters, the bench steps 1e9 (state far beyond the last-level cache)"),
  (r"^SCO", "SCO", "SCO: the overlap rule with per-region times split evenly and one measured overhead per byte misses this interior"),
- (r"^chunk-count", "CHUNK", "chunk-count curve at another shape: phi(K) measured at the profile curve's shape only"),
+ (r"^chunk-count", "CHUNK", "chunk-count curve at another shape: phi(K) measured at the profile curve's shape only, and its host-bound points (K = 5, 10, 20) carry the host of the instance it ran on (shape A at K = 10: 0.89 s in the profile, 1.35 s in the coverage run)"),
 ]
 rows = []
 for bench,(fname,reader) in sorted(T.READERS.items()):

@@ -89,8 +89,9 @@ def _counts_all(profile: str, N: int, E: int, k: int, E_p: int) -> np.ndarray:
 def plan_loads(op: str, N: int, E: int, k: int, E_p: int, K: int, profile: str, knobs: LlepKnobs,
                residue: str = plans_dispatch.DESTINATION) -> dict:
     """Per rank (from the runtime's plan): ``send``/``recv`` ``[W, K]`` routes per chunk,
-    ``rows``/``cnt`` ``[W, K, B]`` GEMM blocks (EP/LLEP: slots; PipelinedLLEP: each slot's chunk
-    rows cut into full blocks of ``block_rows`` and a remainder), ``imports``/``exports`` ``[W]``."""
+    ``rows``/``cnt`` ``[W, K, B]`` GEMM blocks in the runtime's order (EP/LLEP: slots;
+    PipelinedLLEP: per slot, its chunk rows' full blocks of ``block_rows``, then its remainder),
+    ``imports``/``exports`` ``[W]``."""
     alpha, min_tokens, lam, max_imports = knobs.alpha, knobs.min_tokens, knobs.lam, knobs.max_imports
     counts = _counts(profile, N, E, k, E_p)
     plan = plans_dispatch.plan_layer(counts, top_k=k, operator=op, alpha=alpha, min_tokens=min_tokens,
@@ -100,8 +101,9 @@ def plan_loads(op: str, N: int, E: int, k: int, E_p: int, K: int, profile: str, 
     slot = ch.sum(1).transpose(1, 0, 2)                    # [dst, K, slot]
     if plan.block_rows:
         br = plan.block_rows
-        rows = np.concatenate([np.where(slot >= br, br, 0), slot % br], axis=-1)
-        cnt = np.concatenate([slot // br, (slot % br > 0)], axis=-1)
+        # per slot, in slot order: its full blocks, then its remainder (the runtime's block order)
+        rows = np.stack([np.where(slot >= br, br, 0), slot % br], axis=-1).reshape(*slot.shape[:-1], -1)
+        cnt = np.stack([slot // br, (slot % br > 0)], axis=-1).reshape(*slot.shape[:-1], -1)
     else:
         rows, cnt = slot, (slot > 0)
     return {"K": np.full(ch.shape[1], plan.num_chunks, dtype=np.int64), "send": ch.sum((2, 3)).T, "recv": ch.sum((1, 3)).T, "rows": rows, "cnt": cnt.astype(float),

@@ -87,17 +87,23 @@ BWD_ROLES = ("g_down", "gh", "g_up", "gx")
 """Roles of ``flops.expert_bwd``'s GEMMs, in its order."""
 
 
-def block_gemm_s(lk: Lookups, rows, cnt, H: int, I: int, which: str):
-    """GEMM seconds of ``cnt`` blocks of ``rows`` rows (arrays, summed over the last axis) for
-    ``which`` ∈ {fwd, up, down, bwd}; backward GEMMs × their layout factor
+def item_gemm_s(lk: Lookups, rows, H: int, I: int, which: str):
+    """GEMM seconds of one block of ``rows`` rows (arrays, per element) for ``which`` ∈ {fwd, up,
+    down, bwd}; forward GEMMs × their measured ratio at the block rows
+    (``kernel_rates.forward_factor``), backward GEMMs × their layout factor
     (``kernel_rates.layout_factor``)."""
     gs = {"fwd": expert_fwd(rows, H, I), "up": expert_fwd(rows, H, I)[:1],
           "down": expert_fwd(rows, H, I)[1:], "bwd": expert_bwd(rows, H, I)}[which]
     if which == "bwd":
-        t = sum(gemm_s(lk, g.m, g.n, g.k) * KR.layout_factor(lk, role, rows, H, I) for g, role in zip(gs, BWD_ROLES))
-    else:
-        t = sum(gemm_s(lk, g.m, g.n, g.k) for g in gs)
-    return (np.asarray(cnt, dtype=float) * t).sum(-1)
+        return sum(gemm_s(lk, g.m, g.n, g.k) * KR.layout_factor(lk, role, rows, H, I) for g, role in zip(gs, BWD_ROLES))
+    roles = {"fwd": KR.FORWARD_ROLES, "up": KR.FORWARD_ROLES[:1], "down": KR.FORWARD_ROLES[1:]}[which]
+    return sum(gemm_s(lk, g.m, g.n, g.k) * KR.forward_factor(lk, role, rows) for g, role in zip(gs, roles))
+
+
+def block_gemm_s(lk: Lookups, rows, cnt, H: int, I: int, which: str):
+    """GEMM seconds of ``cnt`` blocks of ``rows`` rows (arrays, summed over the last axis) for
+    ``which`` ∈ {fwd, up, down, bwd} (``item_gemm_s``)."""
+    return (np.asarray(cnt, dtype=float) * item_gemm_s(lk, rows, H, I, which)).sum(-1)
 
 
 class Phase:
@@ -108,6 +114,7 @@ class Phase:
         self.gemm, self.calls = 0.0, 0.0
         self.nbytes: dict = {}
         self.blocks: dict = {}
+        self.pipes: list = []
 
     def gemms(self, seconds) -> "Phase":
         """Add GEMM seconds."""
@@ -126,6 +133,15 @@ class Phase:
         self.blocks[loop] = self.blocks.get(loop, 0.0) + np.asarray(blocks, dtype=float)
         return self
 
+    def pipe(self, loop: str, rows, cnt, gemm, per_row: dict, per_block: dict | None = None) -> "Phase":
+        """A block loop of ``loop`` that starts on an idle GPU (``kernel_rates.loop_exposed_s``):
+        items (last axis, in runtime order) of ``cnt`` blocks of ``rows`` rows, each block ``gemm``
+        seconds (the table's, before the sustained factor) and ``per_row``·rows + ``per_block``
+        memory-bound bytes by class. Its GEMMs, bytes and blocks are added with ``gemms``, ``mem``
+        and ``loop`` as before; this only orders them for the host's pace."""
+        self.pipes.append((loop, rows, cnt, gemm, per_row, per_block or {}))
+        return self
+
     @property
     def launches(self):
         """All kernel-launching host calls."""
@@ -137,7 +153,19 @@ class Phase:
         gemm = self.gemm * sustain
         mem = KR.memory_s(lk, self.nbytes) if self.nbytes else 0.0
         host = KR.host_s(lk, self.calls, self.blocks)
-        return gemm, mem, np.maximum(0.0, host - gemm - mem)
+        exposed = host - gemm - mem
+        if self.pipes:
+            s = np.expand_dims(sustain, -1) if np.ndim(sustain) else sustain
+            loops = 0.0
+            for loop, rows, cnt, g, per_row, per_block in self.pipes:
+                r = np.asarray(rows, dtype=float)
+                nbytes = {c: v * r for c, v in per_row.items()}
+                for c, v in per_block.items():
+                    nbytes[c] = nbytes.get(c, 0.0) + v * (r > 0)
+                gpu = np.asarray(g, dtype=float) * s + KR.memory_s(lk, nbytes)
+                loops = loops + KR.loop_exposed_s(KR.block_host_s(lk, loop), gpu, np.asarray(cnt) * (r > 0))
+            exposed = np.maximum(exposed, loops)
+        return gemm, mem, np.maximum(0.0, exposed)
 
 
 def _finish(lk: Lookups, passes: dict, raw: bool) -> dict:
@@ -219,15 +247,26 @@ def pipelined(lk: Lookups, H: int, I: int, b: int, k: int, *, N, s, q, rows, cnt
     nb = (np.asarray(cnt, dtype=float) * (np.asarray(rows) > 0)).sum(-1)
     cp = np.asarray(copies, dtype=float)
     hb, ib, w3b = H * b, I * b, 3.0 * H * I * b
-    up, down = block_gemm_s(lk, rows, cnt, H, I, "up"), block_gemm_s(lk, rows, cnt, H, I, "down")
+    gi_up, gi_down = item_gemm_s(lk, rows, H, I, "up"), item_gemm_s(lk, rows, H, I, "down")
+    gi_bwd = item_gemm_s(lk, rows, H, I, "bwd")
+    cn = np.asarray(cnt, dtype=float)
+    up, down = (cn * gi_up).sum(-1), (cn * gi_down).sum(-1)
     f = Phase().gemms(up + down).loop("chunk_fwd", nb)
+    f.pipe("chunk_fwd", rows, cnt, gi_up + gi_down,
+           dict(gather_perm=2 * hb + IDX + 16, silu=2 * ib, mul_strided=3 * ib, copy=6, route_weight=2 * hb + b,
+                index_copy=2 * hb + IDX))
     f.mem(LAUNCH["pl_fwd_chunk"] + cp * LAUNCH["pl_copies"],
           other=s * 16, gather_dup=s * (2 * hb + IDX), gather_perm=s * 16 + q * (2 * hb + IDX + 16),
           index_add_bf16=s * (3 * hb + IDX), silu=q * 2 * ib, mul_strided=q * 3 * ib, copy=q * 6
           + cp * ((2 * hb + IDX) * s + 2 * hb * q), route_weight=q * (2 * hb + b), index_copy=q * (2 * hb + IDX))
     per_chunk = np.zeros_like(s) if source else np.ones_like(s)   # N-sized terms repeat per chunk
-    g = Phase().gemms(up + down + block_gemm_s(lk, rows, cnt, H, I, "bwd"))
+    g = Phase().gemms(up + down + (cn * gi_bwd).sum(-1))
     g.loop("chunk_recompute", nb).loop("chunk_bwd", nb)
+    g.pipe("chunk_recompute", rows, cnt, gi_up, dict(gather_perm=2 * hb + IDX))
+    g.pipe("chunk_bwd", rows, cnt, gi_down + gi_bwd,
+           dict(gather_perm=2 * (2 * hb + IDX) + 16, silu=2 * ib, mul_strided=6 * ib, copy=12, add=3 * hb + 3 * ib,
+                row_sum=hb + b, route_weight=2 * hb + b, silu_bwd=3 * ib, cat=4 * ib, index_copy=2 * hb + IDX + 16),
+           dict(add=3 * w3b))
     g.mem(LAUNCH["pl_bwd_chunk"] + cp * LAUNCH["pl_copies"],
           gather_dup=s * (hb * (1 + dense_grad) + IDX), index_add_bf16=s * (3 * hb + IDX), index_add_fp32=s * 20,
           zero=per_chunk * N * (hb + 4 * k), gather_perm=q * (3 * (2 * hb + IDX) + 16), silu=q * 2 * ib,

@@ -18,9 +18,18 @@ one expert GEMM block, ``T`` seconds of continuous GEMM work.
   A row whose ``NN`` reference has ``k`` or ``n`` not a multiple of ``ALIGN_ELEMS`` is not used: its
   row-major operands are misaligned, so ``nn_s`` carries a misalignment penalty that neither the
   runtime's call nor the GEMM table (aligned grid) has (H200, 2026-11-29: ``nn_s`` at ``k`` = 3277
-  and 410 is 5.1× and 2.4–2.5× the table's time, while ``runtime_s`` is 0.86–1.14× it). Forward
-  ``up``/``down`` are the table's own layout (factor 1); their runtime/NN pairs only show the run's
-  spread (0.83–1.16).
+  and 410 is 5.1× and 2.4–2.5× the table's time, while ``runtime_s`` is 0.86–1.14× it).
+- **Forward expert GEMMs** (``up = x@Wgu``, ``down = h@Wd``: the table's own layout): the table's
+  time × the measured ``runtime_s / t_table`` of that role at the block rows, relative to the
+  sustained GEMM's ``short_window_s / t_table`` (``forward_factor``), piecewise-linear in ``log r``
+  between the measured rows, the nearest outside (rule, listed); × the sustained factor below, a
+  block of ``r`` rows runs at its own measured ratio × the stream's drift. The sustained GEMM is
+  the ``up`` GEMM at 32768 rows, where the run is 0.85× the table; at 3277 rows the runs' ``up``
+  GEMMs are 0.97–1.07× the table at every measured width (H200, 2026-12-01): the table's error
+  depends on the rows, so one ratio read at 32768 rows made every expert block of a few thousand
+  rows (all of them at ``E_p = 1``) 10–20% fast. (Backward GEMMs keep the layout ratio × the one
+  GEMM's sustained factor: reading their runtime/table ratio at the block rows too makes shape B's
+  backward 12–16% slow in the dispatch bench, unexplained; listed.)
 - **Sustained GEMMs**: a GEMM stream of ``T`` seconds runs at ``f(T)`` × the GEMM table's time.
   The curve's one GEMM (``sustained``: ``m, n, k``) is timed in the table's short windows and in a
   continuous run; both are read **relative to the table's own time at that GEMM** (the model's base):
@@ -32,7 +41,10 @@ one expert GEMM block, ``T`` seconds of continuous GEMM work.
   backward of the layer's expert GEMMs (the operator runs as repeated forward/backward calls, the
   GPU loaded throughout).
 - **Host**: seconds per block of each runtime loop as measured (``host_loops``), and
-  ``host_call_s`` for every other kernel-launching call.
+  ``host_call_s`` for every other kernel-launching call. A loop that starts on an idle GPU (after
+  a synchronising host→device copy) runs at the pace of the slower of host and GPU block by block,
+  in the runtime's block order (``loop_exposed_s``): small blocks early in the loop leave the GPU
+  waiting on the host even when the loop's GPU seconds exceed its host seconds.
 - Without the curve (CPU profiles, older profiles): every class at the HBM rate, factors 1, and
   the GEMM table's launch floor per call (``compute.host_op_s``), listed.
 """
@@ -50,6 +62,8 @@ OTHER = "other"
 ALIGN_ELEMS = 8
 """16 B of bf16: ``NN`` references with ``k`` or ``n`` not a multiple of this are misaligned."""
 ROWS_AXIS = {"g_down": "k", "gh": "m", "g_up": "k", "gx": "m"}
+FORWARD_ROLES = ("up", "down")
+"""Forward expert GEMMs (``flops.expert_fwd``'s order); their rows ``r`` are ``m``."""
 """Which GEMM dimension is the block's rows ``r`` for each transposed role (``flops.expert_bwd``)."""
 
 LOOP_LAUNCH = {"grouped_fwd": 4, "grouped_bwd": 11, "chunk_fwd": 9, "chunk_recompute": 2, "chunk_bwd": 23}
@@ -168,6 +182,39 @@ def layout_factor(lk: Lookups, role: str, rows, H: int, I: int):
     return np.interp(np.log(np.maximum(r, 1.0)), x, y)
 
 
+def _forward_points(lk: Lookups, cv, role: str):
+    key = ("forward", id(cv), id(lk.curves), role)
+    hit = _CACHE.get(key)
+    if hit is None or hit[0] is not cv:
+        pts = sorted((g.m, g.runtime_s / float(table_gemm_s(lk, g.m, g.n, g.k))) for g in cv.gemm_layouts
+                     if g.role == role)
+        hit = (cv, np.log([p[0] for p in pts]), np.array([p[1] for p in pts]))
+        _CACHE[key] = hit
+    return hit[1], hit[2]
+
+
+def forward_factor(lk: Lookups, role: str, rows):
+    """Measured time over the table's of forward expert GEMM ``role`` (``up``/``down``) at block
+    rows ``rows``, relative to the sustained GEMM's short-window ratio (module docstring); 1
+    without the curve, or where the curve has no row of that role."""
+    cv = _cv(lk)
+    if cv is None or role not in FORWARD_ROLES:
+        return 1.0
+    x, y = _forward_points(lk, cv, role)
+    if len(x) == 0:
+        lk.assume(f"expert {role} GEMM: no runtime row measured; at the sustained factor of one GEMM")
+        return 1.0
+    s = cv.sustained
+    f0 = s.short_window_s / float(table_gemm_s(lk, s.m, s.n, s.k))
+    r = np.asarray(rows, dtype=float)
+    lk.assume("expert forward GEMMs (x@Wgu, h@Wd): the table's time × the measured runtime/table ratio of the "
+              "role at the block rows (log-linear between the measured rows, the nearest outside), relative to "
+              f"the sustained GEMM's short-window ratio {f0:.3f}; backward GEMMs: the layout ratio × the one "
+              "GEMM's sustained factor (their runtime/table ratio at the rows is not used: shape B backward "
+              "12-16% slow with it, unexplained)")
+    return np.interp(np.log(np.maximum(r, 1.0)), x, y) / f0
+
+
 def sustained_factor(lk: Lookups, gemm_s):
     """``f(T)`` for ``T = gemm_s`` seconds of continuous GEMM work: the table's time × ``f`` (module
     docstring)."""
@@ -185,6 +232,34 @@ def sustained_factor(lk: Lookups, gemm_s):
     T = np.maximum(np.asarray(gemm_s, dtype=float), 1e-12)
     x = np.clip((np.log(T) - lo) / (hi - lo), 0.0, 1.0)
     return f0 + (f - f0) * x
+
+
+def block_host_s(lk: Lookups, loop: str) -> float:
+    """Host seconds of one block of the runtime loop ``loop`` (``host_loops``; unmeasured: its
+    launching calls at ``host_call_s``, without the curve at the GEMM table's launch floor)."""
+    cv = curve(lk)
+    if cv is None:
+        return LOOP_LAUNCH[loop] * float(host_op_s(lk))
+    got = cv.host_loops.get(loop)
+    return float(got.s_per_block) if got is not None else LOOP_LAUNCH[loop] * cv.host_call_s
+
+
+def loop_exposed_s(h: float, g, c):
+    """Host seconds a block loop leaves the GPU idle, the loop starting on an idle GPU (after a
+    synchronising host→device copy): blocks in runtime order, ``c`` identical blocks of ``g`` GPU
+    seconds per item (last axis), ``h`` host seconds per block. The GPU starts block ``j`` only
+    once the host has issued it, so the loop takes ``max_j (H_<j + G_≥j)`` (``H_<j`` the host
+    seconds before block ``j``, ``G_≥j`` the GPU seconds from it on), at least the host's total;
+    within a run of identical blocks the maximum is at its first or its last block."""
+    g, c = np.broadcast_arrays(np.asarray(g, dtype=float), np.asarray(c, dtype=float))
+    gc = g * c
+    h_before = np.cumsum(c * h, axis=-1) - c * h
+    g_from = np.flip(np.cumsum(np.flip(gc, -1), axis=-1), -1)
+    first = h_before + g_from
+    last = np.where(c > 0, first + (c - 1) * (h - g), -np.inf)
+    total_g, total_h = gc.sum(-1), (c * h).sum(-1)
+    span = np.maximum(np.maximum(first.max(-1), last.max(-1)), total_h)
+    return np.maximum(0.0, span - total_g)
 
 
 def host_s(lk: Lookups, calls, blocks: dict):

@@ -37,9 +37,12 @@ its overhead is measured on.
 Misses are per-row known gaps (``heldout_gaps.KNOWN_ROW_GAPS``, each with its reason): a row outside
 ``HELDOUT_TOL`` that is not listed fails, and so does a listed row that comes within it. After the
 2026-12-01 coverage run (dispatch kernels at every width, host tables at 10⁹ parameters on the
-CPUOffloadAdamW bench's instance, SCO against plain checkpointing; no rule fitted to these rows):
-dispatch 55 of 84 (EP/LLEP at shape B 10–21% slow, PipelinedLLEP under heavy skew 11–20% fast),
-chunk curve at shape B 5 of 6 (K = 5: +18%), CPUOffloadAdamW 2 of 2, SCO 2 of 2.
+CPUOffloadAdamW bench's instance, SCO against plain checkpointing; no rule fitted to these rows),
+with forward expert GEMMs at their role's measured ratio at the block rows and PipelinedLLEP's
+chunk loops at the host's pace block by block: dispatch 75 of 84 (EP/LLEP at shape B 10–12% slow,
+PipelinedLLEP's skewed forward 11–12% fast, its host-bound forward at ``E_p = 1`` +28%), chunk
+curve at shape B 4 of 6 (K = 5: +14%, K = 10: −12%, both host-bound), CPUOffloadAdamW 2 of 2, SCO 2
+of 2.
 
 Until a results file is committed, its test skips naming the missing file. The row layouts are
 read through ``READERS``; dispatch field names go through the ``DISPATCH_FIELDS`` aliases.
@@ -63,10 +66,12 @@ from planner.units import ceil_div
 
 HELDOUT_TOL = 0.10
 """|predicted / measured − 1| at most 10%."""
-DISPATCH_GAPS = ("the kernel classes and layout ratios are measured at every shipped width (dispatch_kernels_widths) "
-                 "but at one size (R = 131072 routes); the sustained-clock factor at one GEMM; PipelinedLLEP's "
-                 "per-chunk costs (the chunk-count curve's ratio) at one shape under balanced routing; the dispatch "
-                 "bench was not re-run on the calibration's instance")
+DISPATCH_GAPS = ("the kernel classes and GEMM ratios are measured at every shipped width (dispatch_kernels_widths) "
+                 "but at one size (R = 131072 routes) and at three block rows (410, 3277, 32768); the backward GEMMs' "
+                 "sustained-clock factor at one GEMM; PipelinedLLEP's per-chunk costs (the chunk-count curve's ratio) "
+                 "at one shape under balanced routing; the per-block host seconds on the calibration's instance; the "
+                 "dispatch bench was not re-run on that instance, and its emulated ranks read unwritten receive "
+                 "buffers (bench/dispatch_fill.py measures whether that speeds their GEMMs)")
 """Why dispatch predictions may miss (module docstring); printed with a failure."""
 ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "bench" / "results"

@@ -103,3 +103,53 @@ def test_without_the_curve_everything_falls_back():
     assert KR.class_rates(lk) == {} and KR.sustained_factor(lk, 1.0) == 1.0
     assert KR.layout_factor(lk, "gx", 100, 64, 64) == 1.0
     assert any("no dispatch_kernels curve" in a for a in lk.assumed)
+
+
+def test_forward_factor_reads_the_role_at_the_block_rows(run_doc):
+    """Forward expert GEMMs: the measured runtime/table ratio of the role at the block rows, over
+    the sustained GEMM's short-window ratio; the nearest measured rows outside."""
+    c = _with_curve(bench.fragment(run_doc)["curves"]["dispatch_kernels"])
+    cv, lk = c.curves.dispatch_kernels, Lookups(c, strict=True)
+    s = cv.sustained
+    f0 = s.short_window_s / float(gemm_s(lk, s.m, s.n, s.k))
+    for role in KR.FORWARD_ROLES:
+        pts = sorted((g.m, g.runtime_s / float(gemm_s(lk, g.m, g.n, g.k))) for g in cv.gemm_layouts if g.role == role)
+        got = KR.forward_factor(lk, role, np.array([p[0] for p in pts] + [1, 10**7]))
+        assert np.allclose(got, [p[1] / f0 for p in pts] + [pts[0][1] / f0, pts[-1][1] / f0])
+    assert KR.forward_factor(lk, "gx", 1000) == 1.0
+
+
+LOOP_H = 1e-4
+"""Host seconds per block in the loop-pace cases (synthetic)."""
+
+
+def test_loop_pace_follows_the_block_order():
+    """A loop starting on an idle GPU: host-bound blocks early leave the GPU waiting even when the
+    loop's GPU seconds exceed its host seconds; the same blocks after long ones are hidden."""
+    h = LOOP_H
+    assert float(KR.loop_exposed_s(h, [10 * h], [5])) == 0.0                        # GPU-bound: none
+    assert float(KR.loop_exposed_s(h, [h / 4], [8])) == pytest.approx(8 * h - 8 * h / 4)  # host-bound: H − G
+    small, big = [h / 4, 40 * h], [16, 1]                     # 16 small blocks, then one long block
+    early = float(KR.loop_exposed_s(h, small, big))
+    assert early == pytest.approx(16 * h - 16 * h / 4)        # the long block starts after 16 launches
+    assert 16 * h / 4 + 40 * h > 17 * h                        # although the loop's GPU seconds exceed its host's
+    assert float(KR.loop_exposed_s(h, small[::-1], big[::-1])) == 0.0   # long block first: hidden
+    batch = KR.loop_exposed_s(h, np.array([[10 * h], [h / 4]]), np.array([[5], [8]]))  # vectorised over rows
+    assert batch.shape == (2,) and batch[0] == 0.0 and batch[1] == pytest.approx(6 * h)
+
+
+def test_plan_blocks_in_the_runtime_order():
+    """``plan_loads`` lists a PipelinedLLEP rank's blocks slot by slot, each slot's full blocks then
+    its remainder (``ExpertChunk``'s loop order), so the loop's host pace sees them in order."""
+    from planner.plans.llep import LlepKnobs
+    from planner.timing.dispatch import plan_loads
+
+    N, E, k, E_p, K = 4096, 64, 2, 8, 4
+    L = plan_loads("pipelined_llep", N, E, k, E_p, K, "95/16", LlepKnobs(1.0, 16, 1.3, 4))
+    rows, cnt = L["rows"], L["cnt"]
+    assert rows.shape[-1] % 2 == 0 and (cnt > 1).any()
+    full, rem = rows[..., 0::2], rows[..., 1::2]               # per slot: full blocks, remainder
+    br = full.max()
+    assert set(np.unique(full)) <= {0, br} and (rem < br).all()
+    slot_rows = full * cnt[..., 0::2] + rem * cnt[..., 1::2]
+    assert (slot_rows.sum(-1) == L["recv"]).all()
