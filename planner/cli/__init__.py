@@ -14,7 +14,7 @@ import typer
 
 from planner.cli import plan_commands, search_commands, tools  # noqa: F401 - registers the commands
 from planner.cli.app import app, err
-from planner.errors import PlanError
+from planner.errors import MAX_TEXT_CHARS, PlanError, shown
 
 __all__ = ["app", "main"]
 
@@ -55,6 +55,7 @@ def _usage_line(e: Exception) -> str:
         if value is not None and repr(value) not in msg:
             msg = f"{msg} (got {value!r})"
     msg = " ".join(msg.replace("Value error, ", "").split()).rstrip(".")
+    msg = shown(msg, MAX_TEXT_CHARS)      # an unknown 100,000-character option stays one short line
     return f"error: {msg}; fix: see '{where} --help' for the commands and options"
 
 

@@ -7,7 +7,7 @@ import re
 from rich.console import Console
 from rich.table import Table
 
-from planner.units import fmt_count, gib
+from planner.units import fmt_count, gib, plural
 
 
 def _knobs(plan) -> str:
@@ -118,7 +118,7 @@ def render_min_gpus(rep, console: Console) -> None:
     S = fmt_count(rep.workload.seq_len)
     for name, w in (("composed stack", rep.composed), ("FSDP2 baseline", rep.baseline)):
         tried = max(r["world_size"] for r in rep.tried)
-        console.print(f"{name}: " + (f"fits from W = {w} GPUs" if w else f"does not fit up to W = {tried}")
+        console.print(f"{name}: " + (f"fits from W = {plural(w, 'GPU', grouped=False)}" if w else f"does not fit up to W = {tried}")
                       + f" at S = {S}", markup=False, highlight=False)
     for r in rep.tried:
         parts = []

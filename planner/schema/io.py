@@ -47,7 +47,11 @@ def _target(path: Path, field: str) -> Path:
             socket, a directory) or is a symlink to one or to nothing: an output never replaces
             what is not a plain file.
     """
-    if path.is_symlink():
+    try:
+        link = path.is_symlink()
+    except OSError as e:      # a name the file system refuses (longer than 255 bytes, or 4096 in all)
+        raise _unwritable(path, field, f"cannot be written: {e.strerror or e}") from None
+    if link:
         real = Path(os.path.realpath(path))
         if not real.exists():
             raise UnwritableOutput(field, str(path), "is a symlink to nothing",
