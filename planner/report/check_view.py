@@ -51,10 +51,10 @@ def _mtp_note(model) -> str:
 def render_check(rep, console: Console, explain: bool = False) -> None:
     """Print the verdict: live sets by phase, headroom, binding terms, plan, assumptions."""
     pf = rep.planfile
-    W, S = pf.plan.world_size, pf.workload.seq_len
+    W, S, N = pf.plan.world_size, pf.workload.seq_len, int(rep.ctx.tokens_per_rank)
     console.print(f"[bold]{pf.model.name}[/] on {W} × {pf.cluster.topology.gpu_name} "
-                  f"({pf.cluster.name}) · S = {fmt_count(S)} ({plural(S, 'token')}) · N = {fmt_count(int(rep.ctx.tokens_per_rank))} "
-                  f"tokens/rank · Θ = {rep.ctx.num_params / 1e9:.1f}B" + _mtp_note(pf.model))
+                  f"({pf.cluster.name}) · S = {fmt_count(S)} ({plural(S, 'token')}) · N = {fmt_count(N)} "
+                  f"{'token' if N == 1 else 'tokens'}/rank · Θ = {rep.ctx.num_params / 1e9:.1f}B" + _mtp_note(pf.model))
     topo = (rep.cluster_ref or {}).get("topology")
     if topo:
         from planner.schema.cluster_ref import TOPOLOGY_FLAGS
