@@ -14,6 +14,7 @@ import typer
 
 from planner.cli import plan_commands, search_commands, tools  # noqa: F401 - registers the commands
 from planner.cli.app import app, err
+from planner.entry import INTERRUPTED
 from planner.errors import MAX_TEXT_CHARS, PlanError, shown
 
 __all__ = ["app", "main"]
@@ -85,8 +86,8 @@ def main(argv: list[str] | None = None) -> int:
         code = e.exit_code
     except SystemExit as e:
         code = e.code if isinstance(e.code, int) else 1
-    except abort_types:
-        code = 130
+    except (KeyboardInterrupt, *abort_types):    # older click turns a Ctrl-C during a command into Abort
+        code = INTERRUPTED
     except usage_types as e:
         if type(e).__name__ == "NoArgsIsHelpError":
             e.show()
@@ -101,6 +102,8 @@ def main(argv: list[str] | None = None) -> int:
         traceback.print_exc()
         err.print("internal error: please report it with the traceback above", markup=False)
         code = 3
+    if code == INTERRUPTED:      # typer >= 0.29 returns a Ctrl-C as exit code 130, silently
+        err.print("interrupted", markup=False, highlight=False)
     if argv is None:
         sys.exit(code)
     return code

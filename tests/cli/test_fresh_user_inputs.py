@@ -182,3 +182,19 @@ def test_counts_agree_with_their_noun(argv, singular, plural, capsys):
     for p in plural:
         assert p not in text, (p, text[:400])
     assert "step: step time" not in text
+
+
+# ---- Ctrl-C during a command ----------------------------------------------------------------------
+def test_ctrl_c_during_a_command_exits_130_with_one_line_and_no_file(tmp_path, monkeypatch, capsys):
+    import importlib
+
+    def interrupted(*a, **kw):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(importlib.import_module("planner.api.search"), "build", interrupted)
+    out = tmp_path / "plan.yaml"
+    code = cli.main(["search", "olmoe-1b-7b", "--gpus", "8", "--seq-len", "8k", "--out", str(out)])
+    err = capsys.readouterr().err
+    assert code == 130, err
+    assert [ln for ln in err.splitlines() if ln.strip()] == ["interrupted"], err
+    assert list(tmp_path.iterdir()) == []
