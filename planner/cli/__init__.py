@@ -15,7 +15,7 @@ import typer
 from planner.cli import plan_commands, search_commands, tools  # noqa: F401 - registers the commands
 from planner.cli.app import app, err
 from planner.entry import INTERRUPTED
-from planner.errors import MAX_TEXT_CHARS, PlanError, shown
+from planner.errors import MAX_TEXT_CHARS, InvalidPlan, PlanError, shown
 
 __all__ = ["app", "main"]
 
@@ -66,6 +66,14 @@ def _json_error(message: str, field, code: int) -> None:
                                  "exit_code": code}) + "\n")
 
 
+def _version_alone(args: list[str]) -> None:
+    """``planner --version`` takes no value: ``--version 3`` or ``--version check …`` is refused
+    (the eager flag would print the version and silently drop the rest)."""
+    if args[:1] == ["--version"] and len(args) > 1:
+        raise InvalidPlan("--version", " ".join(args[1:]), "takes no value and no other argument",
+                          "run `planner --version` alone")
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point: maps errors to exit codes (2 invalid input, 3 internal error with traceback).
 
@@ -73,8 +81,10 @@ def main(argv: list[str] | None = None) -> int:
     ``error:`` line; bare ``planner`` prints the help and exits 2 (click's convention).
     """
     usage_types, abort_types = _usage_exception_types()
-    as_json = "--json" in (sys.argv[1:] if argv is None else argv)
+    args = sys.argv[1:] if argv is None else list(argv)
+    as_json = "--json" in args
     try:
+        _version_alone(args)
         rv = app(args=argv, prog_name="planner", standalone_mode=False)
         code = int(rv or 0)
     except PlanError as e:

@@ -198,3 +198,11 @@ def test_ctrl_c_during_a_command_exits_130_with_one_line_and_no_file(tmp_path, m
     assert code == 130, err
     assert [ln for ln in err.splitlines() if ln.strip()] == ["interrupted"], err
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("argv, value", [(["--version", "3"], "'3'"), (["--version", "check", "x"], "'check x'")])
+def test_version_takes_no_value(argv, value, capsys):
+    line = _one_line(argv, capsys)
+    assert line.startswith(f"error: --version ({value}) takes no value"), line
+    assert cli.main(["--version"]) == 0
+    assert capsys.readouterr().out.startswith("planner (moe-planner) ")
