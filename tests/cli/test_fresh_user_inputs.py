@@ -206,3 +206,15 @@ def test_version_takes_no_value(argv, value, capsys):
     assert line.startswith(f"error: --version ({value}) takes no value"), line
     assert cli.main(["--version"]) == 0
     assert capsys.readouterr().out.startswith("planner (moe-planner) ")
+
+
+@pytest.mark.parametrize("text, where, key, kind", [
+    ("1: 2\n", "top level", "key 1", "is an integer"),
+    ("on: 1\n", "top level", "key True", "is a boolean"),
+    ("plan:\n  null: 8\n", "plan", "key None", "is null"),
+])
+def test_non_string_key_is_refused_not_a_traceback(text, where, key, kind, tmp_path, capsys):
+    plan = tmp_path / "plan.yaml"
+    plan.write_text(text)
+    line = _one_line(["check", "--plan", plan], capsys)
+    assert line.startswith(f"error: plan.yaml: {where} ('{key}') {kind}"), line
