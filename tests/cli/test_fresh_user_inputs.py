@@ -218,3 +218,15 @@ def test_non_string_key_is_refused_not_a_traceback(text, where, key, kind, tmp_p
     plan.write_text(text)
     line = _one_line(["check", "--plan", plan], capsys)
     assert line.startswith(f"error: plan.yaml: {where} ('{key}') {kind}"), line
+
+
+def test_zero_experts_in_a_hf_config_is_named_in_the_warning(tmp_path, capsys):
+    import json
+
+    config = json.loads(HF_CONFIG.read_text())
+    config["num_experts"] = 0
+    src = tmp_path / "config.json"
+    src.write_text(json.dumps(config))
+    assert cli.main(["import-hf", str(src), "-o", str(tmp_path / "m.yaml")]) == 0
+    err = capsys.readouterr().err
+    assert "warning: config.num_experts is 0: imported as a dense model" in err, err
