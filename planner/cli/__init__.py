@@ -14,8 +14,7 @@ import typer
 
 from planner.cli import plan_commands, search_commands, tools  # noqa: F401 - registers the commands
 from planner.cli.app import app, err
-from planner.entry import INTERRUPTED
-from planner.errors import MAX_TEXT_CHARS, InvalidPlan, PlanError, shown
+from planner.errors import INTERRUPTED, MAX_TEXT_CHARS, InvalidPlan, PlanError, shown
 
 __all__ = ["app", "main"]
 
