@@ -53,6 +53,9 @@ def _target(path: Path, field: str) -> Path:
         raise _unwritable(path, field, f"cannot be written: {e.strerror or e}") from None
     if link:
         real = Path(os.path.realpath(path))
+        if not real.exists() and path.exists():   # /dev/stdout: a /proc magic link to a pipe or a terminal
+            raise UnwritableOutput(field, str(path), "is a link to a stream (a pipe or a terminal), not a regular file",
+                                   "give a file name; the file is written whole, atomically")
         if not real.exists():
             raise UnwritableOutput(field, str(path), "is a symlink to nothing",
                                    "give a regular file or a new file name")

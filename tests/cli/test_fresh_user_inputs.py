@@ -230,3 +230,17 @@ def test_zero_experts_in_a_hf_config_is_named_in_the_warning(tmp_path, capsys):
     assert cli.main(["import-hf", str(src), "-o", str(tmp_path / "m.yaml")]) == 0
     err = capsys.readouterr().err
     assert "warning: config.num_experts is 0: imported as a dense model" in err, err
+
+
+def test_output_through_a_link_to_a_pipe_is_named_as_a_stream(tmp_path, capsys):
+    import os
+
+    r, w = os.pipe()
+    try:
+        link = tmp_path / "stdout"                  # as /dev/stdout is when the output is piped
+        link.symlink_to(f"/proc/self/fd/{w}")
+        line = _one_line(["import-hf", HF_CONFIG, "-o", link], capsys)
+        assert line.startswith(f"error: --output ('{link}') is a link to a stream"), line
+    finally:
+        os.close(r)
+        os.close(w)
