@@ -51,7 +51,13 @@ def validate(
     """Run the plan's own step on this GPU and print predicted beside measured memory per phase (needs torch and a GPU)."""
     import importlib
     import importlib.util
+    import os
 
+    from planner.schema.io import shipped
+
+    if plan in shipped("models") and not os.path.exists(plan):
+        raise InvalidPlan("PLAN", plan, "is a model name, not a plan file",
+                          f"write a plan first: planner search {plan} --gpus W --seq-len S --out plan.yaml")
     if importlib.util.find_spec("torch") is None:
         raise InvalidPlan("planner validate", "torch", "is not installed (it needs the runtime extra)",
                           "pip install 'moe-planner[runtime]' on a machine with a GPU")

@@ -143,7 +143,22 @@ def read_plan_document(path: str) -> tuple[PlanFile, dict | None, ClusterSpec | 
     if not isinstance(data, dict):
         raise InvalidPlan(path, type(data).__name__, "is not a plan file (it holds no key: value mapping)",
                           "give a plan file written by `planner search --out`")
+    _refuse_profile_as_plan(path, data)
     return validate(PlanFile, data, ""), ref, base
+
+
+def _refuse_profile_as_plan(path: str, data: dict) -> None:
+    """A model profile, Hugging Face config or cluster profile given where a plan file is read."""
+    if {"plan", "workload", "model"} & set(data):
+        return
+    if "topology" in data:
+        raise InvalidPlan(path, "a cluster profile", "is a cluster profile, not a plan file",
+                          f"give it as --cluster {path} with a model (planner check MODEL --gpus W --seq-len S "
+                          f"--cluster {path}), or write a plan with planner search … --out plan.yaml")
+    if {"num_layers", "num_hidden_layers", "model_type"} & set(data):
+        raise InvalidPlan(path, "a model", "is a model (a profile or a Hugging Face config), not a plan file",
+                          f"give it as MODEL: planner check {path} --gpus W --seq-len S, or write a plan with "
+                          f"planner search {path} … --out plan.yaml")
 
 
 def planfile_doc(pf: PlanFile, ref: dict | None) -> dict:

@@ -244,3 +244,25 @@ def test_output_through_a_link_to_a_pipe_is_named_as_a_stream(tmp_path, capsys):
     finally:
         os.close(r)
         os.close(w)
+
+
+@pytest.mark.parametrize("command", ["check", "validate"])
+@pytest.mark.parametrize("kind", ["model profile", "cluster profile"])
+def test_profile_given_as_a_plan_file_is_named(command, kind, tmp_path, plan_doc, capsys):
+    path = tmp_path / "file.yaml"
+    if kind == "model profile":
+        path.write_text(yaml.safe_dump(plan_doc["model"], sort_keys=False))
+        what = "is a model (a profile or a Hugging Face config), not a plan file"
+    else:
+        path.write_text(yaml.safe_dump(plan_doc["cluster"], sort_keys=False))
+        what = "is a cluster profile, not a plan file"
+    argv = ["check", "--plan", path] if command == "check" else ["validate", path]
+    line = _one_line(argv, capsys)
+    assert line.startswith(f"error: {path} ('a {kind.split()[0]}") and what in line, line
+    assert "is missing" not in line, line
+
+
+def test_validate_given_a_model_name_says_to_write_a_plan(capsys):
+    line = _one_line(["validate", "olmoe-1b-7b"], capsys)
+    assert line.startswith("error: PLAN ('olmoe-1b-7b') is a model name, not a plan file"), line
+    assert "planner search olmoe-1b-7b" in line and "--out plan.yaml" in line, line
