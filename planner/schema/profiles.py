@@ -28,8 +28,17 @@ PROFILES_DIR = Path(os.environ.get("MOE_PLANNER_PROFILES") or str(files("planner
 
 
 def shipped(kind: str) -> list[str]:
-    """Names of the shipped profiles of ``kind`` (``models`` or ``clusters``)."""
+    """Names of the shipped profiles of ``kind`` (``models`` or ``clusters``).
+
+    Raises:
+        InvalidPlan: ``MOE_PLANNER_PROFILES`` names a folder without ``kind/`` (every shipped name
+            would be unknown, and ``planner models`` an empty table).
+    """
     d = PROFILES_DIR / kind
+    if not d.is_dir() and os.environ.get("MOE_PLANNER_PROFILES"):
+        raise InvalidPlan("MOE_PLANNER_PROFILES", os.environ["MOE_PLANNER_PROFILES"],
+                          f"names no folder of profiles (it has no {kind}/ folder)",
+                          "unset it to use the shipped profiles, or point it at a copy of planner/profiles")
     return sorted(p.stem for p in d.glob("*.yaml") if not p.stem.startswith("_"))
 
 

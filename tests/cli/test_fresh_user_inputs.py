@@ -266,3 +266,14 @@ def test_validate_given_a_model_name_says_to_write_a_plan(capsys):
     line = _one_line(["validate", "olmoe-1b-7b"], capsys)
     assert line.startswith("error: PLAN ('olmoe-1b-7b') is a model name, not a plan file"), line
     assert "planner search olmoe-1b-7b" in line and "--out plan.yaml" in line, line
+
+
+@pytest.mark.parametrize("argv", [["models"], ["check", "olmoe-1b-7b", "--gpus", "8", "--seq-len", "8k"]])
+def test_profiles_override_naming_no_folder_is_refused(argv, tmp_path, monkeypatch, capsys):
+    from planner.schema import profiles
+
+    missing = tmp_path / "no-profiles"
+    monkeypatch.setenv("MOE_PLANNER_PROFILES", str(missing))
+    monkeypatch.setattr(profiles, "PROFILES_DIR", missing)     # as the variable sets it at import
+    line = _one_line(argv, capsys)
+    assert line.startswith(f"error: MOE_PLANNER_PROFILES ('{missing}') names no folder of profiles"), line
