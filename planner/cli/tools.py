@@ -33,7 +33,7 @@ def calibrate(
         Path(path).parent.mkdir(parents=True, exist_ok=True)
     spec = calibration.run(path, quick=quick, progress=progress, command=" ".join(["planner", *sys.argv[2:]]))
     err.print(f"wrote {path} ({spec.name}): use it with --cluster {path}; to fold a GPU calibration into a declared "
-              f"profile of the same GPU: python3 -m calibration.merge PROFILE {path}")
+              f"profile of the same GPU: python3 -m calibration.merge PROFILE {path}", markup=False, highlight=False)
 
 
 GradLifetimeC = enum_of("grad_lifetime")
@@ -103,6 +103,6 @@ def import_hf(config: Annotated[str, typer.Argument(help="Hugging Face config.js
     text = profile_yaml(spec)
     if output:
         write_text_atomic(output, text, "--output")
-        err.print(f"wrote {output}: {spec.param_counts()['total'] / 1e9:.2f}B parameters")
+        err.print(f"wrote {output}: {spec.param_counts()['total'] / 1e9:.2f}B parameters", markup=False, highlight=False)
     else:
         sys.stdout.write(text)

@@ -52,8 +52,8 @@ def render_check(rep, console: Console, explain: bool = False) -> None:
     """Print the verdict: live sets by phase, headroom, binding terms, plan, assumptions."""
     pf = rep.planfile
     W, S, N = pf.plan.world_size, pf.workload.seq_len, int(rep.ctx.tokens_per_rank)
-    console.print(f"[bold]{pf.model.name}[/] on {W} × {pf.cluster.topology.gpu_name} "
-                  f"({pf.cluster.name}) · S = {fmt_count(S)} ({plural(S, 'token')}) · N = {fmt_count(N)} "
+    console.print(f"[bold]{escape(pf.model.name)}[/] on {W} × {escape(pf.cluster.topology.gpu_name)} "
+                  f"({escape(pf.cluster.name)}) · S = {fmt_count(S)} ({plural(S, 'token')}) · N = {fmt_count(N)} "
                   f"{'token' if N == 1 else 'tokens'}/rank · Θ = {rep.ctx.num_params / 1e9:.1f}B" + _mtp_note(pf.model))
     topo = (rep.cluster_ref or {}).get("topology")
     if topo:
@@ -161,7 +161,7 @@ def render_frontier(rep, console: Console) -> None:
                 f"S = {fmt_count(rep.planfile.workload.seq_len)} per sequence group"
                 if best else "no batch fits: not even one sequence per sequence group")
     stack = "FSDP2 baseline" if rep.planfile.plan.stack == "fsdp2" else "composed stack"
-    console.print(f"[bold]{name}[/] on {plural(rep.planfile.plan.world_size, 'GPU', grouped=False)} ({stack}, the plan's degrees fixed): {what}")
+    console.print(f"[bold]{escape(name)}[/] on {plural(rep.planfile.plan.world_size, 'GPU', grouped=False)} ({stack}, the plan's degrees fixed): {what}")
     fail = s.first_fail
     if rep.axis == "seq_len":
         fail_txt = "none" if fail is None else fmt_count(fail)

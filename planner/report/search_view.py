@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from planner.units import fmt_count, gib, plural
@@ -47,7 +48,7 @@ def summarize_assumed(items: list[str], width: int = 150) -> list[str]:
 def render_search(rep, console: Console) -> None:
     """Top composed plans, the best FSDP2 baseline, and the rejection tallies."""
     r = rep.result
-    console.print(f"[bold]{rep.model.name}[/] on {rep.world_size} × {rep.cluster.topology.gpu_name} at "
+    console.print(f"[bold]{escape(rep.model.name)}[/] on {rep.world_size} × {escape(rep.cluster.topology.gpu_name)} at "
                   f"S = {fmt_count(rep.workload.seq_len)} · routing "
                   + (rep.routing if getattr(rep, "routing", None) else "each plan's default (README: routing)"))
     t = Table(title="fastest configurations that fit")

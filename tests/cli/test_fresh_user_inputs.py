@@ -277,3 +277,19 @@ def test_profiles_override_naming_no_folder_is_refused(argv, tmp_path, monkeypat
     monkeypatch.setattr(profiles, "PROFILES_DIR", missing)     # as the variable sets it at import
     line = _one_line(argv, capsys)
     assert line.startswith(f"error: MOE_PLANNER_PROFILES ('{missing}') names no folder of profiles"), line
+
+
+@pytest.mark.parametrize("name", ["a[/]b", "[bold red]x", "qwen [v2]"])
+def test_a_name_that_looks_like_markup_prints_as_written(name, tmp_path, plan_doc, capsys):
+    model = tmp_path / "model.yaml"
+    model.write_text(yaml.safe_dump({**plan_doc["model"], "name": name}, sort_keys=False))
+    assert cli.main(["check", str(model), "--gpus", "8", "--seq-len", "8k"]) in (0, 1)
+    assert capsys.readouterr().out.startswith(f"{name} on 8 × ")
+    assert cli.main(["max-context", str(model), "--gpus", "8", "--max-seq-len", "16k"]) in (0, 1)
+    assert capsys.readouterr().out.startswith(f"{name} on 8 GPUs (")
+
+
+def test_an_output_path_that_looks_like_markup_is_reported_as_written(tmp_path, capsys):
+    out = tmp_path / "a[/]b.yaml"
+    assert cli.main(["import-hf", str(HF_CONFIG), "-o", str(out)]) == 0
+    assert f"wrote {out}: " in capsys.readouterr().err and out.is_file()
