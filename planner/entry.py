@@ -6,8 +6,7 @@ from __future__ import annotations
 
 import sys
 
-INTERRUPTED = 130
-"""Exit status of a command stopped by Ctrl-C (128 + SIGINT), as shells report it."""
+from planner.errors import INTERRUPTED
 
 
 def main() -> int:

@@ -16,6 +16,10 @@ from __future__ import annotations
 from typing import Any
 
 
+INTERRUPTED = 130
+"""Exit status of a command stopped by Ctrl-C (128 + SIGINT), as shells report it."""
+
+
 class PlanError(Exception):
     """Base of all user-facing planner errors."""
 

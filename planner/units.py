@@ -151,3 +151,10 @@ def round_up(n: int, multiple: int) -> int:
 def ceil_div(a, b):
     """``ceil(a / b)`` on integers or numpy integer arrays."""
     return -(-a // b)
+
+
+def plural(n: int, word: str, words: str | None = None, *, grouped: bool = True) -> str:
+    """``n`` and the noun in agreement: ``1 token``, ``2 tokens``, ``131,072 tokens`` (``words`` for
+    an irregular plural; ``grouped=False`` writes ``131072``)."""
+    number = f"{n:,}" if grouped else str(n)
+    return f"{number} {word if n == 1 else (words or word + 's')}"

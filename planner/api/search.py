@@ -14,6 +14,7 @@ from planner.errors import InvalidPlan, PlanError
 from planner.schema import PlanFile, Workload
 from planner.schema.cluster_ref import planfile_doc
 from planner.schema.knobs import default
+from planner.units import plural
 
 
 STACKS = ("best", "composed", "fsdp2")
@@ -44,7 +45,7 @@ class Closest:
                  "process baselines": int(h.baseline_bytes)}
         top = ", ".join(f"{k} {gib(v):.1f} GiB" for k, v in sorted(parts.items(), key=lambda kv: -kv[1]) if v)
         return (f"over host RAM: {gib(int(h.bytes)):.1f} GiB > {gib(int(h.capacity_bytes)):.1f} GiB usable per node "
-                f"({h.ranks_per_node} ranks: {top})")
+                f"({plural(h.ranks_per_node, 'rank', grouped=False)}: {top})")
 
     def to_json(self) -> dict:
         r = self.report

@@ -14,7 +14,7 @@ import typer
 
 from planner.cli import plan_commands, search_commands, tools  # noqa: F401 - registers the commands
 from planner.cli.app import app, err
-from planner.errors import PlanError
+from planner.errors import INTERRUPTED, MAX_TEXT_CHARS, InvalidPlan, PlanError, shown
 
 __all__ = ["app", "main"]
 
@@ -55,6 +55,7 @@ def _usage_line(e: Exception) -> str:
         if value is not None and repr(value) not in msg:
             msg = f"{msg} (got {value!r})"
     msg = " ".join(msg.replace("Value error, ", "").split()).rstrip(".")
+    msg = shown(msg, MAX_TEXT_CHARS)      # an unknown 100,000-character option stays one short line
     return f"error: {msg}; fix: see '{where} --help' for the commands and options"
 
 
@@ -64,6 +65,14 @@ def _json_error(message: str, field, code: int) -> None:
                                  "exit_code": code}) + "\n")
 
 
+def _version_alone(args: list[str]) -> None:
+    """``planner --version`` takes no value: ``--version 3`` or ``--version check …`` is refused
+    (the eager flag would print the version and silently drop the rest)."""
+    if args[:1] == ["--version"] and len(args) > 1:
+        raise InvalidPlan("--version", " ".join(args[1:]), "takes no value and no other argument",
+                          "run `planner --version` alone")
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point: maps errors to exit codes (2 invalid input, 3 internal error with traceback).
 
@@ -71,8 +80,10 @@ def main(argv: list[str] | None = None) -> int:
     ``error:`` line; bare ``planner`` prints the help and exits 2 (click's convention).
     """
     usage_types, abort_types = _usage_exception_types()
-    as_json = "--json" in (sys.argv[1:] if argv is None else argv)
+    args = sys.argv[1:] if argv is None else list(argv)
+    as_json = "--json" in args
     try:
+        _version_alone(args)
         rv = app(args=argv, prog_name="planner", standalone_mode=False)
         code = int(rv or 0)
     except PlanError as e:
@@ -84,8 +95,8 @@ def main(argv: list[str] | None = None) -> int:
         code = e.exit_code
     except SystemExit as e:
         code = e.code if isinstance(e.code, int) else 1
-    except abort_types:
-        code = 130
+    except (KeyboardInterrupt, *abort_types):    # older click turns a Ctrl-C during a command into Abort
+        code = INTERRUPTED
     except usage_types as e:
         if type(e).__name__ == "NoArgsIsHelpError":
             e.show()
@@ -100,6 +111,8 @@ def main(argv: list[str] | None = None) -> int:
         traceback.print_exc()
         err.print("internal error: please report it with the traceback above", markup=False)
         code = 3
+    if code == INTERRUPTED:      # typer >= 0.29 returns a Ctrl-C as exit code 130, silently
+        err.print("interrupted", markup=False, highlight=False)
     if argv is None:
         sys.exit(code)
     return code

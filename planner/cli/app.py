@@ -7,8 +7,33 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
+from typer.core import TyperGroup
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+
+def _untyped_flags(cmd, ctx) -> None:
+    """Show no value type beside a flag in ``--help``: typer >= 0.29 prints ``<bool>`` after every
+    flag (``--version``, ``--help``, ``--json``), which reads as if the flag took a value
+    (``--version true``). An empty metavar leaves the type column blank; nothing else reads it."""
+    for p in cmd.get_params(ctx):
+        if getattr(p, "is_flag", False) and getattr(p, "metavar", None) is None:
+            p.metavar = ""
+
+
+class _Group(TyperGroup):
+    """The ``planner`` group: its own and every command's flags shown without a value type."""
+
+    def format_help(self, ctx, formatter) -> None:
+        _untyped_flags(self, ctx)
+        super().format_help(ctx, formatter)
+
+    def get_command(self, ctx, cmd_name):
+        cmd = super().get_command(ctx, cmd_name)
+        if cmd is not None:
+            _untyped_flags(cmd, ctx)
+        return cmd
+
+
+app = typer.Typer(cls=_Group, add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Per-rank memory and step-time planner for long-context MoE training.")
 
 _WIDTH = None if sys.stdout.isatty() else 160

@@ -33,7 +33,7 @@ def calibrate(
         Path(path).parent.mkdir(parents=True, exist_ok=True)
     spec = calibration.run(path, quick=quick, progress=progress, command=" ".join(["planner", *sys.argv[2:]]))
     err.print(f"wrote {path} ({spec.name}): use it with --cluster {path}; to fold a GPU calibration into a declared "
-              f"profile of the same GPU: python3 -m calibration.merge PROFILE {path}")
+              f"profile of the same GPU: python3 -m calibration.merge PROFILE {path}", markup=False, highlight=False)
 
 
 GradLifetimeC = enum_of("grad_lifetime")
@@ -51,7 +51,13 @@ def validate(
     """Run the plan's own step on this GPU and print predicted beside measured memory per phase (needs torch and a GPU)."""
     import importlib
     import importlib.util
+    import os
 
+    from planner.schema.io import shipped
+
+    if plan in shipped("models") and not os.path.exists(plan):
+        raise InvalidPlan("PLAN", plan, "is a model name, not a plan file",
+                          f"write a plan first: planner search {plan} --gpus W --seq-len S --out plan.yaml")
     if importlib.util.find_spec("torch") is None:
         raise InvalidPlan("planner validate", "torch", "is not installed (it needs the runtime extra)",
                           "pip install 'moe-planner[runtime]' on a machine with a GPU")
@@ -97,6 +103,6 @@ def import_hf(config: Annotated[str, typer.Argument(help="Hugging Face config.js
     text = profile_yaml(spec)
     if output:
         write_text_atomic(output, text, "--output")
-        err.print(f"wrote {output}: {spec.param_counts()['total'] / 1e9:.2f}B parameters")
+        err.print(f"wrote {output}: {spec.param_counts()['total'] / 1e9:.2f}B parameters", markup=False, highlight=False)
     else:
         sys.stdout.write(text)

@@ -7,7 +7,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from planner.budget.terms import LIVE_SETS, PHASE_KINDS
-from planner.units import fmt_count, fmt_gib, gib
+from planner.units import fmt_count, fmt_gib, gib, plural
 
 
 def _plan_line(rep) -> str:
@@ -51,10 +51,10 @@ def _mtp_note(model) -> str:
 def render_check(rep, console: Console, explain: bool = False) -> None:
     """Print the verdict: live sets by phase, headroom, binding terms, plan, assumptions."""
     pf = rep.planfile
-    W, S = pf.plan.world_size, pf.workload.seq_len
-    console.print(f"[bold]{pf.model.name}[/] on {W} × {pf.cluster.topology.gpu_name} "
-                  f"({pf.cluster.name}) · S = {fmt_count(S)} ({S:,} tokens) · N = {fmt_count(int(rep.ctx.tokens_per_rank))} "
-                  f"tokens/rank · Θ = {rep.ctx.num_params / 1e9:.1f}B" + _mtp_note(pf.model))
+    W, S, N = pf.plan.world_size, pf.workload.seq_len, int(rep.ctx.tokens_per_rank)
+    console.print(f"[bold]{escape(pf.model.name)}[/] on {W} × {escape(pf.cluster.topology.gpu_name)} "
+                  f"({escape(pf.cluster.name)}) · S = {fmt_count(S)} ({plural(S, 'token')}) · N = {fmt_count(N)} "
+                  f"{'token' if N == 1 else 'tokens'}/rank · Θ = {rep.ctx.num_params / 1e9:.1f}B" + _mtp_note(pf.model))
     topo = (rep.cluster_ref or {}).get("topology")
     if topo:
         from planner.schema.cluster_ref import TOPOLOGY_FLAGS
@@ -103,19 +103,19 @@ def render_check(rep, console: Console, explain: bool = False) -> None:
     if rb and rep.ctx.model.is_moe:
         console.print(f"routing of the verdict: {rb['routing']} · {rb['why']}", markup=False, highlight=False)
     h = rep.host
-    console.print(f"host RAM per node ({h.ranks_per_node} ranks): {fmt_gib(h.bytes)} of {fmt_gib(h.capacity_bytes)} "
+    console.print(f"host RAM per node ({plural(h.ranks_per_node, 'rank', grouped=False)}): {fmt_gib(h.bytes)} of {fmt_gib(h.capacity_bytes)} "
                   f"usable (baseline {fmt_gib(h.baseline_bytes)}, optimizer {fmt_gib(h.optimizer_bytes)}, "
                   f"SCO {fmt_gib(h.sco_bytes)}) · {'fits' if rep.fits_host else '[red]does not fit[/]'}")
     j = rep.extra.get("step", {})
     if j:
         t_txt = (f"{j['step_s']:.3f} s per optimizer step ({j['tokens_per_s_per_gpu']:,.0f} tokens/s/GPU)"
-                 if j["step_s"] is not None else "step time: not predicted (time-model gap; see --json step_gaps)")
-        console.print(f"step: {t_txt} · {j['tokens_per_step']:,} tokens per step "
+                 if j["step_s"] is not None else "not predicted (time-model gap; see --json step_gaps)")
+        console.print(f"step: {t_txt} · {plural(j['tokens_per_step'], 'token')} per step "
                       f"({j['tokens_per_step_per_rank']:,} per rank)")
         released = pf.model.max_position_embeddings
     if released and S > released:
         console.print(f"[yellow]note:[/] S = {fmt_count(S)} exceeds the model's released context "
-                      f"({released:,} tokens): the memory verdict holds, the model may need context extension")
+                      f"({plural(released, 'token')}): the memory verdict holds, the model may need context extension")
     if rep.assumed:
         console.print("[yellow]assumed constants:[/] " + ", ".join(rep.assumed))
     if rep.provisional:
@@ -153,24 +153,24 @@ def render_frontier(rep, console: Console) -> None:
     name = rep.planfile.model.name
     if rep.axis == "seq_len":
         best = j["max_seq_len"]
-        what = f"max context {fmt_count(best)} ({best:,} tokens)" if best else "nothing fits"
+        what = f"max context {fmt_count(best)} ({plural(best, 'token')})" if best else "nothing fits"
     else:
         best = j["max_global_batch_tokens"]
         n = j["max_seqs_per_microbatch"]
-        what = (f"max batch {best:,} tokens per micro-step: {n} sequence{'s' if n != 1 else ''} of "
+        what = (f"max batch {plural(best, 'token')} per micro-step: {plural(n, 'sequence', grouped=False)} of "
                 f"S = {fmt_count(rep.planfile.workload.seq_len)} per sequence group"
                 if best else "no batch fits: not even one sequence per sequence group")
     stack = "FSDP2 baseline" if rep.planfile.plan.stack == "fsdp2" else "composed stack"
-    console.print(f"[bold]{name}[/] on {rep.planfile.plan.world_size} GPUs ({stack}, the plan's degrees fixed): {what}")
+    console.print(f"[bold]{escape(name)}[/] on {plural(rep.planfile.plan.world_size, 'GPU', grouped=False)} ({stack}, the plan's degrees fixed): {what}")
     fail = s.first_fail
     if rep.axis == "seq_len":
         fail_txt = "none" if fail is None else fmt_count(fail)
-        console.print(f"scanned {len(s.values)} grid points; {int(s.fits.sum())} fit; first failure at {fail_txt} "
+        console.print(f"scanned {plural(len(s.values), 'grid point', grouped=False)}; {int(s.fits.sum())} fit; first failure at {fail_txt} "
                       f"(the peak is not monotone in S: fits and failures can interleave); usable HBM "
                       f"{fmt_gib(s.capacity_bytes)}; `planner check` at a length shows what binds")
     else:
-        fail_txt = "none" if fail is None else f"{fail} sequence{'s' if fail != 1 else ''} per group"
-        console.print(f"scanned {len(s.values)} batch sizes; {int(s.fits.sum())} fit; first failure at {fail_txt}; "
+        fail_txt = "none" if fail is None else f"{plural(fail, 'sequence', grouped=False)} per group"
+        console.print(f"scanned {plural(len(s.values), 'batch size', grouped=False)}; {int(s.fits.sum())} fit; first failure at {fail_txt}; "
                       f"usable HBM {fmt_gib(s.capacity_bytes)}; `planner check --seqs-per-microbatch n` shows "
                       f"what binds")
     rb = j.get("routing")

@@ -5,9 +5,10 @@ from __future__ import annotations
 import re
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
-from planner.units import fmt_count, gib
+from planner.units import fmt_count, gib, plural
 
 
 def _knobs(plan) -> str:
@@ -47,7 +48,7 @@ def summarize_assumed(items: list[str], width: int = 150) -> list[str]:
 def render_search(rep, console: Console) -> None:
     """Top composed plans, the best FSDP2 baseline, and the rejection tallies."""
     r = rep.result
-    console.print(f"[bold]{rep.model.name}[/] on {rep.world_size} × {rep.cluster.topology.gpu_name} at "
+    console.print(f"[bold]{escape(rep.model.name)}[/] on {rep.world_size} × {escape(rep.cluster.topology.gpu_name)} at "
                   f"S = {fmt_count(rep.workload.seq_len)} · routing "
                   + (rep.routing if getattr(rep, "routing", None) else "each plan's default (README: routing)"))
     t = Table(title="fastest configurations that fit")
@@ -118,7 +119,7 @@ def render_min_gpus(rep, console: Console) -> None:
     S = fmt_count(rep.workload.seq_len)
     for name, w in (("composed stack", rep.composed), ("FSDP2 baseline", rep.baseline)):
         tried = max(r["world_size"] for r in rep.tried)
-        console.print(f"{name}: " + (f"fits from W = {w} GPUs" if w else f"does not fit up to W = {tried}")
+        console.print(f"{name}: " + (f"fits from W = {plural(w, 'GPU', grouped=False)}" if w else f"does not fit up to W = {tried}")
                       + f" at S = {S}", markup=False, highlight=False)
     for r in rep.tried:
         parts = []

@@ -29,6 +29,8 @@ from planner.units import GiB
 
 DEFAULT_CLUSTER = "h200"
 """The cluster profile used when neither ``--cluster`` nor a plan file names one."""
+REFERENCE_KEYS = ("profile", "sha256", "topology")
+"""The keys of a plan file's ``cluster:`` reference."""
 TOPOLOGY_FLAGS = {"hbm_bytes": "--hbm-gib", "host_ram_bytes": "--host-ram-gib", "gpus_per_node": "--gpus-per-node"}
 """Topology fields the command line may override, and their flags."""
 MAX_GIB = 2.0 ** 20
@@ -103,9 +105,14 @@ def resolve_reference(section: dict, where: str) -> ClusterSpec:
         InvalidPlan: the profile's checksum differs from the one the plan file recorded.
     """
     name = section.get("profile")
+    extra = [k for k in section if k not in REFERENCE_KEYS]
+    if extra:
+        raise InvalidPlan(f"cluster.{extra[0]}", section[extra[0]], "is not a known key of a cluster reference",
+                          f"remove it (the keys of cluster: {', '.join(REFERENCE_KEYS)}), or embed a whole "
+                          "cluster profile without profile:")
     if not isinstance(name, str) or not name:
         raise InvalidPlan("cluster.profile", name, "must name a cluster profile", "write e.g. profile: h200")
-    spec = load_cluster(name)
+    spec = load_cluster(name, "cluster.profile")
     want, got = section.get("sha256"), cluster_checksum(spec)
     if want is not None and str(want) != got:
         raise InvalidPlan(f"{where} cluster.sha256", want,
@@ -122,6 +129,10 @@ def read_plan_document(path: str) -> tuple[PlanFile, dict | None, ClusterSpec | 
     absolute."""
     data = read_structured(path)
     ref = base = None
+    if isinstance(data, dict) and isinstance(data.get("cluster"), str):
+        name = data["cluster"]
+        raise InvalidPlan("cluster", name, "must be a mapping that names the profile, not a bare name",
+                          f"write cluster: {{profile: {name}}}")
     if isinstance(data, dict) and is_reference(data.get("cluster")):
         ref = dict(data["cluster"])
         name = ref.get("profile")
@@ -132,7 +143,22 @@ def read_plan_document(path: str) -> tuple[PlanFile, dict | None, ClusterSpec | 
     if not isinstance(data, dict):
         raise InvalidPlan(path, type(data).__name__, "is not a plan file (it holds no key: value mapping)",
                           "give a plan file written by `planner search --out`")
+    _refuse_profile_as_plan(path, data)
     return validate(PlanFile, data, ""), ref, base
+
+
+def _refuse_profile_as_plan(path: str, data: dict) -> None:
+    """A model profile, Hugging Face config or cluster profile given where a plan file is read."""
+    if {"plan", "workload", "model"} & set(data):
+        return
+    if "topology" in data:
+        raise InvalidPlan(path, "a cluster profile", "is a cluster profile, not a plan file",
+                          f"give it as --cluster {path} with a model (planner check MODEL --gpus W --seq-len S "
+                          f"--cluster {path}), or write a plan with planner search … --out plan.yaml")
+    if {"num_layers", "num_hidden_layers", "model_type"} & set(data):
+        raise InvalidPlan(path, "a model", "is a model (a profile or a Hugging Face config), not a plan file",
+                          f"give it as MODEL: planner check {path} --gpus W --seq-len S, or write a plan with "
+                          f"planner search {path} … --out plan.yaml")
 
 
 def planfile_doc(pf: PlanFile, ref: dict | None) -> dict:

@@ -29,11 +29,63 @@ _BOUND_PROBLEMS = {
 """pydantic constraint error types → (ctx key, problem wording)."""
 
 
-def validation_error(exc: ValidationError, prefix: str) -> InvalidPlan:
+_DOCUMENTS = {"PlanFile": "the plan file", "ModelSpec": "a model profile", "ClusterSpec": "a cluster profile"}
+"""How an unknown top-level key names the document it sits in (by the schema class read)."""
+
+
+def _section_keys(cls: type[BaseModel] | None, loc: tuple) -> list[str] | None:
+    """The keys the schema allows beside the unknown key at ``loc``: the fields of the model that
+    holds it (``None`` when the path leaves the nested models, e.g. through a list)."""
+    import typing
+
+    model = cls
+    for part in loc[:-1]:
+        if model is None or not isinstance(part, str) or part not in model.model_fields:
+            return None
+        ann = model.model_fields[part].annotation
+        nested = [a for a in (ann, *typing.get_args(ann)) if isinstance(a, type) and issubclass(a, BaseModel)]
+        model = nested[0] if nested else None
+    return None if model is None else list(model.model_fields)
+
+
+def _unknown_key(field: str, value: Any, loc: tuple, prefix: str, cls: type[BaseModel] | None) -> InvalidPlan:
+    """``plan.composed.bogus (1) is not a known key of plan.composed; fix: remove it (did you mean …?)``."""
+    import difflib
+
+    parent = ".".join(x for x in (prefix, *map(str, loc[:-1])) if x)
+    where = parent or _DOCUMENTS.get(getattr(cls, "__name__", ""), "the document")
+    keys = _section_keys(cls, loc)
+    fix = "remove it or check its spelling"
+    if keys:
+        close = difflib.get_close_matches(str(loc[-1]), keys, n=1)
+        fix = (f"remove it, or did you mean {close[0]}?" if close else "remove it or check its spelling")
+        fix += f" (the keys of {where}: {', '.join(keys)})"
+    return InvalidPlan(field, value, f"is not a known key of {where}", fix)
+
+
+_TYPE_PROBLEMS = {
+    "int_type": ("must be an integer", "write a plain integer, e.g. 8"),
+    "int_parsing": ("must be an integer", "write a plain integer, e.g. 8"),
+    "float_type": ("must be a number", "write a number, e.g. 0.5"),
+    "float_parsing": ("must be a number", "write a number, e.g. 0.5"),
+    "string_type": ("must be a string", "write text (quote it if YAML reads it as a number or a boolean)"),
+    "bool_type": ("must be true or false", "write true or false"),
+    "bool_parsing": ("must be true or false", "write true or false"),
+    "list_type": ("must be a list", "write a list, e.g. [0, 2, 4]"),
+    "tuple_type": ("must be a list", "write a list, e.g. [0, 2, 4]"),
+    "dict_type": ("must be a mapping", "write key: value pairs under it"),
+    "model_type": ("must be a mapping", "write key: value pairs under it"),
+    "model_attributes_type": ("must be a mapping", "write key: value pairs under it"),
+}
+"""pydantic type-error kinds → (problem, fix): what the field must be, in the file's words."""
+
+
+def validation_error(exc: ValidationError, prefix: str, cls: type[BaseModel] | None = None) -> InvalidPlan:
     """Turn pydantic's first error into a one-line ``InvalidPlan``.
 
     ``prefix`` names the document (``model``, ``cluster``, ``planfile``); an empty prefix means the
-    error's location is already the full path (``plan.world_size``, ``workload.seq_len``).
+    error's location is already the full path (``plan.world_size``, ``workload.seq_len``). ``cls``,
+    the schema read, lets an unknown key's message list the keys allowed where it stands.
     """
     err = exc.errors()[0]
     loc = ".".join(str(x) for x in err.get("loc", ()))
@@ -44,8 +96,7 @@ def validation_error(exc: ValidationError, prefix: str) -> InvalidPlan:
     if kind == "missing":
         return InvalidPlan(field, None, "is missing", "add the field")
     if kind == "extra_forbidden":
-        return InvalidPlan(field, value, "is not a known key",
-                           f"remove it or check its spelling in {prefix or loc.split('.')[0]}")
+        return _unknown_key(field, value, tuple(err.get("loc", ())), prefix, cls)
     if isinstance(ctx.get("error"), InvalidPlan):
         return ctx["error"]
     if kind in _BOUND_PROBLEMS:
@@ -68,6 +119,11 @@ def validation_error(exc: ValidationError, prefix: str) -> InvalidPlan:
                            "write a plain integer (8, not 8.0; 131072, not 1.31072e5)")
     if kind == "float_not_bool":
         return InvalidPlan(field, value, "must be a number, not a boolean", "write a number")
+    if kind in _TYPE_PROBLEMS:
+        problem, fix = _TYPE_PROBLEMS[kind]
+        return InvalidPlan(field, value, problem, fix)
+    if kind == "literal_error" and ctx.get("expected"):
+        return InvalidPlan(field, value, f"must be one of {ctx['expected']}", "use one of them")
     msg = err.get("msg", "is invalid")
     msg = msg[0].lower() + msg[1:] if msg else msg
     return InvalidPlan(field, value, msg.removeprefix("value error, "), "correct the value")
@@ -80,7 +136,7 @@ def validate(cls: type[BaseModel], data: Any, prefix: str):
     try:
         return cls.model_validate(data)
     except ValidationError as exc:
-        raise validation_error(exc, prefix) from None
+        raise validation_error(exc, prefix, cls) from None
     except InvalidPlan:
         raise
 
@@ -90,7 +146,12 @@ def read_structured(path: str | Path) -> Any:
     too deep, expanding to too many values, holding an oversized integer, malformed, stating a
     mapping key twice, or empty (nothing but comments and blank lines)."""
     p = Path(path)
-    text = _read_bytes(p).decode("utf-8", errors="replace")
+    raw = _read_bytes(p)
+    nul = raw.find(b"\0")
+    if nul >= 0:
+        raise InvalidPlan(str(p), f"a NUL byte at offset {nul}", "is a binary file, not YAML or JSON text",
+                          "give the plan, model or cluster YAML (or a config.json) itself")
+    text = raw.decode("utf-8", errors="replace")
     try:
         if p.suffix == ".json":
             data = json.loads(text)
@@ -104,6 +165,11 @@ def read_structured(path: str | Path) -> Any:
     except json.JSONDecodeError as e:
         raise InvalidPlan(str(p), f"line {e.lineno} column {e.colno}", f"is not valid JSON: {e.msg}",
                           "fix the syntax") from None
+    except yaml.reader.ReaderError as e:      # a control character: the reader names no line
+        line = text.count("\n", 0, e.position) + 1
+        char = f"#x{e.character:04x}" if isinstance(e.character, int) else repr(e.character)
+        raise InvalidPlan(str(p), f"line {line}", f"is not valid YAML: it holds the control character {char}",
+                          "remove the character") from None
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f"line {mark.line + 1} column {mark.column + 1}" if mark else "?"

@@ -308,7 +308,8 @@ def import_hf(config: dict, name: str) -> tuple[ModelSpec, list[str]]:
     if tie is None:
         warnings.append("config.tie_word_embeddings is missing: assumed false (untied)")
     if not E:
-        warnings.append("no routed-expert count in the config: imported as a dense model")
+        warnings.append(f"config.{e_key} is 0: imported as a dense model" if v.get(e_key) is not None
+                        else "no routed-expert count in the config: imported as a dense model")
     correction = fam.correction_bias and v.get("topk_method") in (None, "noaux_tc")
     fields = dict(
         name=name, source=_rope_note(rope), model_type=mtype, num_layers=L, hidden_size=H, vocab_size=V,

@@ -47,8 +47,15 @@ def _target(path: Path, field: str) -> Path:
             socket, a directory) or is a symlink to one or to nothing: an output never replaces
             what is not a plain file.
     """
-    if path.is_symlink():
+    try:
+        link = path.is_symlink()
+    except OSError as e:      # a name the file system refuses (longer than 255 bytes, or 4096 in all)
+        raise _unwritable(path, field, f"cannot be written: {e.strerror or e}") from None
+    if link:
         real = Path(os.path.realpath(path))
+        if not real.exists() and path.exists():   # /dev/stdout: a /proc magic link to a pipe or a terminal
+            raise UnwritableOutput(field, str(path), "is a link to a stream (a pipe or a terminal), not a regular file",
+                                   "give a file name; the file is written whole, atomically")
         if not real.exists():
             raise UnwritableOutput(field, str(path), "is a symlink to nothing",
                                    "give a regular file or a new file name")

@@ -28,13 +28,42 @@ PROFILES_DIR = Path(os.environ.get("MOE_PLANNER_PROFILES") or str(files("planner
 
 
 def shipped(kind: str) -> list[str]:
-    """Names of the shipped profiles of ``kind`` (``models`` or ``clusters``)."""
+    """Names of the shipped profiles of ``kind`` (``models`` or ``clusters``).
+
+    Raises:
+        InvalidPlan: ``MOE_PLANNER_PROFILES`` names a folder without ``kind/`` (every shipped name
+            would be unknown, and ``planner models`` an empty table).
+    """
     d = PROFILES_DIR / kind
+    if not d.is_dir() and os.environ.get("MOE_PLANNER_PROFILES"):
+        raise InvalidPlan("MOE_PLANNER_PROFILES", os.environ["MOE_PLANNER_PROFILES"],
+                          f"names no folder of profiles (it has no {kind}/ folder)",
+                          "unset it to use the shipped profiles, or point it at a copy of planner/profiles")
     return sorted(p.stem for p in d.glob("*.yaml") if not p.stem.startswith("_"))
 
 
 def _looks_like_path(ref: str) -> bool:
     return ref.endswith((".yaml", ".yml", ".json")) or os.sep in ref
+
+
+def _is_file(path: Path) -> bool:
+    """``path.is_file()``, false too for a name the file system refuses (longer than 255 bytes)."""
+    try:
+        return path.is_file()
+    except (OSError, ValueError):
+        return False
+
+
+def _what_else(data: dict) -> str | None:
+    """What a mapping that is not a cluster profile holds: a plan file, a model profile, a Hugging
+    Face config (``None``: it may be a cluster profile)."""
+    if "topology" in data:
+        return None
+    if {"plan", "workload"} & set(data):
+        return "plan"
+    if "num_layers" in data or "num_hidden_layers" in data or "model_type" in data:
+        return "model"
+    return None
 
 
 def load_model(ref: str) -> ModelSpec:
@@ -48,7 +77,7 @@ def load_model_noted(ref: str) -> tuple[ModelSpec, list[str]]:
         raise InvalidPlan("MODEL", ref, "is empty", "give a shipped profile name, a YAML or a config.json path")
     if not _looks_like_path(ref):
         path = PROFILES_DIR / "models" / f"{ref}.yaml"
-        if not path.is_file():
+        if not _is_file(path):
             raise InvalidPlan("MODEL", ref, "is not a shipped model profile",
                               f"use one of: {', '.join(shipped('models'))}, or a YAML / config.json path")
         return validate(ModelSpec, read_structured(path), "model"), []
@@ -68,19 +97,28 @@ def load_model_noted(ref: str) -> tuple[ModelSpec, list[str]]:
     return validate(ModelSpec, data, "model"), []
 
 
-def load_cluster(ref: str) -> ClusterSpec:
-    """Load a cluster profile by name or YAML path."""
+def load_cluster(ref: str, field: str = "--cluster") -> ClusterSpec:
+    """Load a cluster profile by name or YAML path (``field`` names where ``ref`` was given)."""
     if not ref.strip():
-        raise InvalidPlan("--cluster", ref, "is empty", f"use one of: {', '.join(shipped('clusters'))}, or a YAML path")
+        raise InvalidPlan(field, ref, "is empty", f"use one of: {', '.join(shipped('clusters'))}, or a YAML path")
     path = Path(ref) if _looks_like_path(ref) else PROFILES_DIR / "clusters" / f"{ref}.yaml"
-    if not _looks_like_path(ref) and not path.is_file():
-        raise InvalidPlan("--cluster", ref, "is not a shipped cluster profile",
+    if not _looks_like_path(ref) and not _is_file(path):
+        raise InvalidPlan(field, ref, "is not a shipped cluster profile",
                           f"use one of: {', '.join(shipped('clusters'))}, or a YAML path")
     data = read_structured(path)
     if not isinstance(data, dict):
         raise InvalidPlan(str(path), type(data).__name__, "is not a cluster profile (it holds no key: value mapping)",
                           f"give a cluster profile YAML (planner calibrate writes one) or one of: "
                           f"{', '.join(shipped('clusters'))}")
+    other = _what_else(data)
+    if other == "plan":
+        raise InvalidPlan(field, ref, "is a plan file, not a cluster profile",
+                          f"pass it with --plan {ref} (it names its cluster itself), or give --cluster "
+                          f"{' or '.join(shipped('clusters'))} or a cluster YAML")
+    if other == "model":
+        raise InvalidPlan(field, ref, "is a model (a profile or a Hugging Face config), not a cluster profile",
+                          f"give it as MODEL (planner check {ref} ...), and --cluster "
+                          f"{' or '.join(shipped('clusters'))} or a cluster YAML")
     spec = validate(ClusterSpec, data, "cluster")
     try:
         check_devices(spec.curves, spec.topology.gpu_name)

@@ -106,6 +106,11 @@ def _check_yaml_depth(p: Path, text: str) -> None:
             depth -= 1
 
 
+_KEY_KINDS = {int: "an integer", bool: "a boolean (YAML reads on, off, yes and no as booleans)",
+              float: "a number", type(None): "null", tuple: "a list", list: "a list"}
+"""What a non-string mapping key is, in a YAML user's words."""
+
+
 def _check_values(p: Path, data: Any) -> None:
     """Bound the parsed document: depth, count of values with aliases expanded, integer size."""
     stack = [(data, 0, "")]
@@ -119,6 +124,12 @@ def _check_values(p: Path, data: Any) -> None:
         if depth > MAX_DEPTH:
             raise _too_deep(p, where or "top level")
         if isinstance(node, dict):
+            bad = [k for k in node if not isinstance(k, str)]
+            if bad:   # YAML reads `1:`, `on:` or `null:` as a non-string key, which no schema has
+                raise InvalidPlan(f"{p.name}: {where or 'top level'}", f"key {bad[0]!r}",
+                                  f"is {_KEY_KINDS.get(type(bad[0]), 'not a string')}, not a field name",
+                                  "write field names as plain words (quote a key YAML reads as a number, "
+                                  "boolean or null)")
             stack.extend((v, depth + 1, f"{where}.{k}" if where else str(k)) for k, v in node.items())
         elif isinstance(node, list):
             stack.extend((v, depth + 1, f"{where}[{i}]") for i, v in enumerate(node))

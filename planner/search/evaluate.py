@@ -20,6 +20,7 @@ from planner.context.derive import global_batch_divides
 from planner.errors import InvalidPlan
 from planner.schema import ClusterSpec, ModelSpec, Plan, Workload
 from planner.search.space import Group
+from planner.units import plural
 
 
 class Rejection(str, Enum):
@@ -66,7 +67,7 @@ class Tally:
             self.reasons[reason] += int(n)
 
     def text(self) -> str:
-        parts = [f"{self.evaluated} candidates", f"{self.fit} fit"]
+        parts = [plural(self.evaluated, "candidate", grouped=False), f"{self.fit} fit"]
         parts += [f"{n} {r}" for r, n in self.reasons.most_common()]
         return ", ".join(parts)
 

@@ -36,7 +36,7 @@ def test_min_gpus_is_the_smallest_power_of_two_that_fits():
     if doc["baseline_min_gpus"] is not None:
         assert rows[doc["baseline_min_gpus"]]["fsdp2_fit"] > 0
     text = _run("min-gpus", MODEL, "--seq-len", "256k", "--no-progress").stdout
-    assert f"fits from W = {W} GPUs" in text and "FSDP2 baseline" in text
+    assert f"fits from W = {W} GPU{'s' if W != 1 else ''} at" in text and "FSDP2 baseline" in text
 
 
 def test_check_reports_step_time_and_tokens_per_step():
