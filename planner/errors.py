@@ -134,3 +134,45 @@ class ProfileGap(PlanError):
         err.curve = err.value = err.lo = err.hi = None
         PlanError.__init__(err, message)
         return err
+
+
+def usage_exception_types() -> tuple[tuple[type, ...], tuple[type, ...]]:
+    """(usage-error classes, abort classes) of every click flavour in use: typer >= 0.29 raises its
+    vendored ``typer._click`` exceptions, older typer raises ``click``'s own."""
+    import importlib
+
+    usage: list[type] = []
+    import typer
+
+    aborts: list[type] = [typer.Abort]
+    for name in ("typer._click.exceptions", "click.exceptions"):
+        try:
+            mod = importlib.import_module(name)
+        except ImportError:
+            continue
+        usage.append(mod.ClickException)
+        if hasattr(mod, "Abort"):
+            aborts.append(mod.Abort)
+    return tuple(usage), tuple(aborts)
+
+
+def usage_line(e: Exception, program: str = "planner") -> str:
+    """One ``error: …; fix: …`` line for a click/typer usage error (DESIGN §10)."""
+    ctx = getattr(e, "ctx", None)
+    where = ctx.command_path if ctx is not None else program
+    try:
+        msg = e.format_message()
+    except Exception:  # noqa: BLE001 - any click flavour: fall back to the plain message
+        msg = str(e)
+    cause = getattr(e, "__cause__", None)
+    errors = getattr(cause, "errors", None)
+    if callable(errors):                  # typer coerces through pydantic: name the value typed
+        try:
+            value = errors()[0].get("input")
+        except Exception:  # noqa: BLE001
+            value = None
+        if value is not None and repr(value) not in msg:
+            msg = f"{msg} (got {value!r})"
+    msg = " ".join(msg.replace("Value error, ", "").split()).rstrip(".")
+    msg = shown(msg, MAX_TEXT_CHARS)      # an unknown 100,000-character option stays one short line
+    return f"error: {msg}; fix: see '{where} --help' for the commands and options"

@@ -5,7 +5,9 @@ only makes ``torchrun -m planner.train --plan plan.yaml --steps K`` work. See th
 options and the data-loader hook (``DataShard``, ``--data module:fn``).
 """
 
-from planner.runtime.train import DataShard, app, run, synthetic  # noqa: F401
+import sys
+
+from planner.runtime.train import DataShard, app, cli, run, synthetic  # noqa: F401
 
 if __name__ == "__main__":
-    app()
+    sys.exit(cli())

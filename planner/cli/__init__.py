@@ -14,49 +14,9 @@ import typer
 
 from planner.cli import plan_commands, search_commands, tools  # noqa: F401 - registers the commands
 from planner.cli.app import app, err
-from planner.errors import INTERRUPTED, MAX_TEXT_CHARS, InvalidPlan, PlanError, shown
+from planner.errors import INTERRUPTED, InvalidPlan, PlanError, usage_exception_types, usage_line
 
 __all__ = ["app", "main"]
-
-
-def _usage_exception_types() -> tuple[tuple[type, ...], tuple[type, ...]]:
-    """(usage-error classes, abort classes) of every click flavour in use: typer >= 0.29 raises its
-    vendored ``typer._click`` exceptions, older typer raises ``click``'s own."""
-    import importlib
-
-    usage: list[type] = []
-    aborts: list[type] = [typer.Abort]
-    for name in ("typer._click.exceptions", "click.exceptions"):
-        try:
-            mod = importlib.import_module(name)
-        except ImportError:
-            continue
-        usage.append(mod.ClickException)
-        if hasattr(mod, "Abort"):
-            aborts.append(mod.Abort)
-    return tuple(usage), tuple(aborts)
-
-
-def _usage_line(e: Exception) -> str:
-    """One ``error: …; fix: …`` line for a click/typer usage error (DESIGN §10)."""
-    ctx = getattr(e, "ctx", None)
-    where = ctx.command_path if ctx is not None else "planner"
-    try:
-        msg = e.format_message()
-    except Exception:  # noqa: BLE001 - any click flavour: fall back to the plain message
-        msg = str(e)
-    cause = getattr(e, "__cause__", None)
-    errors = getattr(cause, "errors", None)
-    if callable(errors):                  # typer coerces through pydantic: name the value typed
-        try:
-            value = errors()[0].get("input")
-        except Exception:  # noqa: BLE001
-            value = None
-        if value is not None and repr(value) not in msg:
-            msg = f"{msg} (got {value!r})"
-    msg = " ".join(msg.replace("Value error, ", "").split()).rstrip(".")
-    msg = shown(msg, MAX_TEXT_CHARS)      # an unknown 100,000-character option stays one short line
-    return f"error: {msg}; fix: see '{where} --help' for the commands and options"
 
 
 def _json_error(message: str, field, code: int) -> None:
@@ -79,7 +39,7 @@ def main(argv: list[str] | None = None) -> int:
     Usage errors (bad option values, unknown options or commands, missing values) exit 2 with one
     ``error:`` line; bare ``planner`` prints the help and exits 2 (click's convention).
     """
-    usage_types, abort_types = _usage_exception_types()
+    usage_types, abort_types = usage_exception_types()
     args = sys.argv[1:] if argv is None else list(argv)
     as_json = "--json" in args
     try:
@@ -101,11 +61,11 @@ def main(argv: list[str] | None = None) -> int:
         if type(e).__name__ == "NoArgsIsHelpError":
             e.show()
         else:
-            err.print(_usage_line(e), markup=False, highlight=False, soft_wrap=True)
+            err.print(usage_line(e), markup=False, highlight=False, soft_wrap=True)
             if as_json:
                 param = getattr(e, "param", None)
                 opts = getattr(param, "opts", None) or [getattr(param, "name", None)]
-                _json_error(_usage_line(e).removeprefix("error: "), opts[0] if param is not None else None, 2)
+                _json_error(usage_line(e).removeprefix("error: "), opts[0] if param is not None else None, 2)
         code = 2
     except Exception:  # noqa: BLE001 - bugs
         traceback.print_exc()

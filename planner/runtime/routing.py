@@ -69,7 +69,8 @@ def local_counts(ids_Nk: torch.Tensor, num_experts: int) -> torch.Tensor:
     try:
         counts = torch.bincount(ids_Nk.reshape(-1), minlength=num_experts)
     except RuntimeError as e:
-        raise ValueError(f"ids_Nk must lie in [0, {num_experts}): {e}") from None
+        what = "found a negative id" if "non-negative" in str(e) else str(e)
+        raise ValueError(f"ids_Nk must lie in [0, {num_experts}): {what}") from None
     if counts.shape[0] > num_experts:
         raise ValueError(f"ids_Nk must lie in [0, {num_experts}): found {counts.shape[0] - 1}")
     return counts

@@ -101,7 +101,13 @@ def run(plan_path: str, steps: int, *, layers: int | None = None, data: Callable
 
     if steps < 1:
         raise InvalidPlan("--steps", steps, "must be >= 1", "give a number of steps")
+    if layers is not None and layers < 1:
+        raise InvalidPlan("--layers", layers, "must be >= 1", "give a depth of at least one layer, or drop --layers")
     pf = load_planfile(plan_path)
+    if pf.plan.stack != "composed":
+        raise InvalidPlan("plan.stack", pf.plan.stack, "planner.train runs the composed stack",
+                          "write the plan with `planner search MODEL --gpus W --seq-len S --stack composed --out "
+                          "plan.yaml`; `planner validate plan.yaml` runs an FSDP2 plan's own step")
     device_type = device_type or ("cuda" if torch.cuda.is_available() else "cpu")
     if device_type not in ("cuda", "cpu") or (device_type == "cuda" and not torch.cuda.is_available()):
         raise InvalidPlan("--device", device_type, "must be cuda (with a GPU) or cpu", "drop --device")
@@ -168,5 +174,24 @@ def main(plan: str = typer.Option(..., "--plan", help="Plan file (planner search
             dist.destroy_process_group()
 
 
+def cli(argv: list[str] | None = None) -> int:
+    """``python -m planner.train``: usage errors (an unknown option, a missing ``--plan``) exit 2
+    with one ``error:`` line, as every ``planner`` command does."""
+    from planner.errors import INTERRUPTED, usage_exception_types, usage_line
+
+    usage_types, abort_types = usage_exception_types()
+    try:
+        rv = app(args=argv, prog_name="python -m planner.train", standalone_mode=False)
+        return int(rv or 0)
+    except typer.Exit as e:
+        return e.exit_code
+    except (KeyboardInterrupt, *abort_types):
+        typer.echo("interrupted", err=True)
+        return INTERRUPTED
+    except usage_types as e:
+        typer.echo(usage_line(e, "python -m planner.train"), err=True)
+        return 2
+
+
 if __name__ == "__main__":
-    sys.exit(app())
+    sys.exit(cli())

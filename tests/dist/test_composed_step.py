@@ -346,3 +346,20 @@ def test_train_bad_input_is_one_line_exit_2(tmp_path):
     r = _train(["--plan", str(tmp_path / "missing.yaml"), "--data", "no_colon"], tmp_path)
     assert r.returncode == 2
     assert r.stderr.strip().count("\n") == 0 and "--data" in r.stderr and "fix:" in r.stderr
+
+
+def test_train_usage_errors_and_an_fsdp2_plan_are_one_line_exit_2(tmp_path):
+    from planner.schema import PlanFile
+    from planner.schema.io import load_cluster, write_yaml_atomic
+    from planner.schema.plan import Plan
+    from planner.schema.workload import Workload
+
+    pf = PlanFile(model=_spec("mixed"), cluster=load_cluster("h200"), workload=Workload(seq_len=16),
+                  plan=Plan(world_size=1, stack="fsdp2"))
+    plan = tmp_path / "fsdp2.yaml"
+    write_yaml_atomic(plan, pf.model_dump(mode="json"))
+    for args, names in ((["--bogus"], "--bogus"), ([], "--plan"), (["--plan", str(plan), "--device", "cpu"],
+                                                                    "plan.stack")):
+        r = _train(args, tmp_path)
+        assert r.returncode == 2, (args, r.stderr[-2000:])
+        assert r.stderr.strip().count("\n") == 0 and names in r.stderr and "fix:" in r.stderr, r.stderr

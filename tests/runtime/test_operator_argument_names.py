@@ -194,3 +194,12 @@ def _tiny_planfile():
     from planner.runtime.step_trace import trace_planfile
 
     return trace_planfile("gpt-oss-20b", world_size=8, seq_len=1 << 12)
+
+
+def test_a_negative_expert_id_is_named():
+    from planner.runtime.routing import local_counts
+
+    with pytest.raises(ValueError, match="ids_Nk must lie in \\[0, 4\\): found a negative id"):
+        local_counts(torch.tensor([[0], [-1]]), 4)
+    with pytest.raises(ValueError, match="found 5"):
+        local_counts(torch.tensor([[0], [5]]), 4)
