@@ -111,6 +111,16 @@ _KEY_KINDS = {int: "an integer", bool: "a boolean (YAML reads on, off, yes and n
 """What a non-string mapping key is, in a YAML user's words."""
 
 
+def _int_keyed(where: str) -> bool:
+    """The mappings the schema keys by integer: the collective curves by group size
+    (``curves.collectives.<op>``, ``planner.schema.curves.CollectiveCurves``), in a profile or
+    a plan's embedded cluster."""
+    from planner.schema.curves import CollectiveCurves
+
+    parts = where.split(".")
+    return len(parts) >= 2 and parts[-2] == "collectives" and parts[-1] in CollectiveCurves.model_fields
+
+
 def _check_values(p: Path, data: Any) -> None:
     """Bound the parsed document: depth, count of values with aliases expanded, integer size."""
     stack = [(data, 0, "")]
@@ -124,7 +134,9 @@ def _check_values(p: Path, data: Any) -> None:
         if depth > MAX_DEPTH:
             raise _too_deep(p, where or "top level")
         if isinstance(node, dict):
-            bad = [k for k in node if not isinstance(k, str)]
+            int_keyed = _int_keyed(where)
+            bad = [k for k in node if not isinstance(k, str)
+                   and not (int_keyed and isinstance(k, int) and not isinstance(k, bool))]
             if bad:   # YAML reads `1:`, `on:` or `null:` as a non-string key, which no schema has
                 raise InvalidPlan(f"{p.name}: {where or 'top level'}", f"key {bad[0]!r}",
                                   f"is {_KEY_KINDS.get(type(bad[0]), 'not a string')}, not a field name",
