@@ -1,33 +1,28 @@
-"""The FSDP2 baseline's host seconds, counted from what the step launches (DESIGN §4).
+"""The FSDP2 baseline's host seconds outside the expert loops, measured on the runtime (DESIGN §4).
 
 A short baseline step is launch-bound: Python, autograd, FSDP2's pre/post-forward and backward
-hooks, the per-expert loops of ``GroupedMLP`` and the optimizer leave the GPU idle. The host's
-seconds of each segment are counted as launches × host seconds per launch:
+hooks, the per-expert loops of ``GroupedMLP`` and the optimizer leave the GPU idle. Two parts:
 
-- **expert loops**: one block per local expert slot and pass (forward; the backward's recompute
-  ``RECOMPUTES_LOOP[ac]``; backward), ``kernel_rates.LOOP_LAUNCH`` launches per block, each block at
-  the dispatch bench's measured host seconds per block (``dispatch_kernels.host_loops`` at the
-  layer's widths: the same loop the dispatch model prices, its GEMMs at the model's shapes); the
-  row's in-step seconds per block (``loop_*_s_per_block``, tiny widths) where that curve is absent;
-- **outside the loops** (the attention block, norms, router, the dispatch's own calls, FSDP2's
-  hooks of the layer's unit; the head; ``optimizer.step`` + ``zero_grad``; the embedding): the
-  launches ``calibration.step_host`` counts per phase (aten calls that launch a kernel, views and
-  allocations left out) at the host seconds per launch it measures there
-  (the phase's seconds ÷ its launches: FSDP2's hooks and the dispatch's planning are Python between
-  the launches, so a launch outside the loops costs several times a bare ``torch.mm`` call).
-  A row without counted launches still gives the phase's measured seconds (listed: not priced per launch).
+- **expert loops**: the dispatch model (``planner.timing.dispatch_kernels``) already paces each
+  block at the slower of its host launches and its GPU kernels, in the runtime's order; a loop
+  whose kernels are shorter than their launches is booked at its host seconds there. Nothing of
+  the loops is added here (``loop_blocks`` / ``loop_launches`` count them for the calibration's
+  launch check only);
+- **outside the loops** (the attention block, norms, router, the dispatch's planning and its
+  synchronising copies, FSDP2's hooks of the layer's unit; the head; ``optimizer.step`` +
+  ``zero_grad``; the embedding): the seconds ``calibration.step_host`` measures per phase at tiny
+  widths, and the launches it counts there (aten calls that launch a kernel), which give the host
+  seconds per launch (listed where a row predates the count).
 
-**Host and GPU add up** (``baseline.py`` books ``segment = GPU seconds + host seconds``, not their
-max). The step's segments are cut by synchronising copies: the dispatch's route counts go to the
-host (``.cpu()``) and its index permutations come back from pageable memory
-(``torch.as_tensor(...).to(device)``, which waits for the stream), so the GPU is drained at every
-MoE layer's dispatch, and the host's work in a segment sits mostly before its GPU work (FSDP2's
-pre-forward/pre-backward hooks, the dispatch's planning) or in loops whose kernels are shorter than
-their launches. What the measurements say: under ``torch.profiler`` the Qwen3 8K step
-(``bench/results/step_profile``) keeps the GPU idle 0.133 s of 0.282 s, more than the host's
-0.10 s of the same structure at tiny widths (``baseline_host``); with ``max`` the idle time could
-not exceed ``max(0, host − GPU) = 0`` (GPU busy 0.149 s). Summed, the nine committed FSDP2 W = 1
-steps are predicted 0.90–1.15 of their measurement; with ``max`` they were 0.63–0.92.
+**These add to the GPU seconds** (``baseline.py`` books ``segment = GPU + host outside the loops``):
+the segments are cut by synchronising copies (the dispatch's route counts go to the host with
+``.cpu()``, its index permutations come back from pageable memory), so the GPU is drained at every
+MoE layer's dispatch, and this host work sits before the segment's GPU work (FSDP2's pre-forward and
+pre-backward hooks, the dispatch's planning). Held against the nine FSDP2 W = 1 steps measured on
+the same H200 instance as the calibration (``bench/results/validate/validate_fsdp2.json``,
+``bench/results/calibration/step_host.md``): 0.90–1.14 of the measurement. Adding the loops' host
+seconds per block as well (booking them beside the loops' GPU seconds) gave 1.08–1.46 there; a
+per-segment ``max(GPU, host)`` 0.75–1.13.
 
 Without the ``baseline_host`` curve no host time is booked (listed: short steps are predicted short).
 """
@@ -39,7 +34,6 @@ import math
 import numpy as np
 
 from planner.timing import kernel_rates as KR
-from planner.timing.compute import host_op_s
 from planner.timing.lookups import Lookups
 
 RECOMPUTES_LOOP = {"full": 1.0, "selective": 1.0, "none": 0.0}
@@ -63,11 +57,10 @@ def row(lk: Lookups, model, ac: str):
         return None
     for r in cv.rows:
         if r.model == model.name and r.ac == ac:
-            lk.assume("FSDP2 baseline: each segment takes GPU + host seconds (they add up: the dispatch's "
-                      "synchronising copies drain the GPU every MoE layer); host = the expert loops' blocks (one per "
-                      "local expert and pass) at the measured seconds per block + the seconds outside the loops "
-                      f"measured in the FSDP2 step (calibration.step_host, {model.name}, ac={ac}); measured against "
-                      "steps of 4K-16K tokens, an upper bound where the GPU work is long")
+            lk.assume("FSDP2 baseline: each segment takes GPU seconds + the host seconds outside the expert loops "
+                      "(they add up: the dispatch's synchronising copies drain the GPU every MoE layer), measured in "
+                      f"the FSDP2 step (calibration.step_host, {model.name}, ac={ac}); the loops are paced by the "
+                      "dispatch model; measured against steps of 4K-16K tokens on the calibrating instance")
             _counted(lk, r)
             return r
 
@@ -134,34 +127,7 @@ def loop_launches(kind: str, ac: str, local_experts) -> dict:
     return {"fwd": b["fwd"] * f, "bwd": b["recompute"] * f + b["bwd"] * bw + call}
 
 
-def _per_block(lk: Lookups, r, which: str, widths: tuple) -> float:
-    """Host seconds of one expert-loop block (``which``: ``fwd``/``bwd``): the dispatch bench's
-    ``host_loops`` at the layer's widths (``kernel_rates.at_width``: the loop's GEMMs at the model's
-    shapes, the source the dispatch model prices the same loop from), else the row's in-step
-    seconds per block (measured at tiny widths), else the launches at a launching call's seconds."""
-    loop_name = f"grouped_{which}"
-    with KR.at_width(lk, *widths):
-        cv = KR._cv(lk)
-        loop = cv.host_loops.get(loop_name) if cv is not None else None
-    if loop is not None:
-        return float(loop.s_per_block)
-    s = getattr(r, f"loop_{which}_s_per_block")
-    if s > 0:
-        lk.assume(f"FSDP2 expert loop ({which}): no dispatch_kernels host_loops; the seconds per block measured "
-                  "inside the step at tiny widths (calibration.step_host)")
-        return float(s)
-    lk.assume(f"FSDP2 expert loop ({which}) host seconds not measured: {KR.LOOP_LAUNCH[loop_name]} "
-              "launches per block at the launching call's seconds")
-    return KR.LOOP_LAUNCH[loop_name] * host_op_s(lk)
-
-
-def layer(lk: Lookups, r, kind: str, ac: str, local_experts, widths: tuple = (1, 1, 1)) -> tuple:
-    """(forward, backward with its recompute) host seconds of one layer of ``kind``; ``widths``:
-    the MoE layer's ``(H, I, k)`` (for the loops' per-block seconds)."""
-    b = loop_blocks(kind, ac, local_experts)
-    if kind != "moe":
-        return outside(r, "layer_fwd", kind), outside(r, "layer_bwd", kind)
-    pf, pb = _per_block(lk, r, "fwd", widths), _per_block(lk, r, "bwd", widths)
-    fwd = outside(r, "layer_fwd", kind) + b["fwd"] * pf
-    bwd = outside(r, "layer_bwd", kind) + b["recompute"] * pf + b["bwd"] * pb
-    return fwd, bwd
+def layer(r, kind: str) -> tuple:
+    """(forward, backward with its recompute) host seconds of one layer of ``kind`` outside its
+    expert loops (the dispatch model paces the loops: module docstring)."""
+    return outside(r, "layer_fwd", kind), outside(r, "layer_bwd", kind)
