@@ -51,7 +51,7 @@ def _samples(result: dict, case: str) -> tuple[dict, int]:
     return phases, start
 
 
-STEMS = ("validate", "validate_w1", "validate_w1_run3", "validate_fsdp2")
+STEMS = ("validate", "validate_w1", "validate_w1_run3", "validate_w1_run4", "validate_fsdp2")
 """The committed runs: the composed matrix, the composed W = 1 runs at three context lengths (timed
 as the median of steps 2–4), and the FSDP2 baseline's cases."""
 

@@ -60,8 +60,8 @@ def test_no_new_false_fit_against_the_h200(records):
 
 _QWEN3_HOST = ("Qwen3-30B-A3B composed at W = 1 (128 experts: 51k-140k kernel launches per 2-layer step, the GPU "
                "idle about half of it, bench/results/step_profile): host-bound, and the host's speed differs "
-               "between H200 instances; 64k measured 4.85, 5.66 and 5.94 s and 32k 3.19 and 3.49 s in runs on "
-               "three instances against 4.45 and 2.92 s predicted. The composed time model books the dispatch's "
+               "between H200 instances; 64k measured 4.85, 5.66, 5.94 and 5.04 s and 32k 3.49, 3.19 and 3.67 s in "
+               "runs on four instances against 4.45 and 2.92 s predicted. The composed time model books the dispatch's "
                "host launches per block but not the rest of the step's launches")
 KNOWN_SLOW = {
     ("composed", "qwen3-30b-a3b", 1, 65536, "freed"): _QWEN3_HOST,
