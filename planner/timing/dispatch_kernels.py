@@ -21,9 +21,8 @@ reentrant recompute up, ``ExpertChunk.backward`` down + the four gradients.
                   SiLU 2Ib·q + mul 3Ib·q, inv_Q gather (2Hb+8)q, [copy 2Hb·q], weight cast 6s,
                   o·w (2Hb+b)s, zeros N·Hb, index_add_ (3Hb+8)s (source read + target RMW)
     EP/LLEP bwd   grad gather (Hb·(1+dense)+8)s, mul grads (2Hb+b)s + 3Hb·s, sum (Hb+b)s, cast 6s,
-                  weights scatter 12Nk + 20s, [copy], inv_Q and perm_Q index_select backward
-                  (autograd's zeros + out-of-place index_add, which copies the zeros first:
-                  3Hb·q + (3Hb+8)q, twice), per row 13Ib (gh·u, silu', gh·act, cat) + 2Hb (dx
+                  weights scatter 12Nk + 20s, [copy], inv_Q and perm_Q backward (``exchange.Permute``:
+                  the inverse permutation's gather, (2Hb+8)q, twice), per row 13Ib (gh·u, silu', gh·act, cat) + 2Hb (dx
                   copy), zeros (n+X)·w3·b, per slot add_ 3·w3·b, AccumulateGrad 3n·w3·b, [copy],
                   tok_R backward (3N·Hb + (3Hb+8)s); LLEP exporter: zeros n·w3·b, 5·w3·b per
                   export (``full[sl] += g``: add_ and the setitem's copy_), the engine's sum 3n·w3·b
@@ -78,7 +77,7 @@ scatter, 80 B (approximate)."""
 IDX = 8
 """Bytes of one int64 index."""
 LAUNCH = {  # kernel-launching torch calls (module docstring), read from the runtime
-    "send_order": 9, "ep_fwd_layer": 11, "ep_bwd_layer": 13, "ep_fwd_block": KR.LOOP_LAUNCH["grouped_fwd"],
+    "send_order": 9, "ep_fwd_layer": 11, "ep_bwd_layer": 11, "ep_fwd_block": KR.LOOP_LAUNCH["grouped_fwd"],
     "ep_bwd_block": KR.LOOP_LAUNCH["grouped_bwd"], "pl_fwd_chunk": 5, "pl_bwd_chunk": 8,
     "pl_fwd_block": KR.LOOP_LAUNCH["chunk_fwd"], "pl_up_block": KR.LOOP_LAUNCH["chunk_recompute"],
     "pl_bwd_block": KR.LOOP_LAUNCH["chunk_bwd"], "copies": 2, "pl_copies": 3,
@@ -221,9 +220,9 @@ def unchunked(lk: Lookups, H: int, I: int, b: int, k: int, *, N, s, q, rows, cnt
     g = Phase().gemms(block_gemm_s(lk, rows, cnt, H, I, "bwd")).loop("grouped_bwd", nb)
     g.mem(LAUNCH["ep_bwd_layer"] + cp * LAUNCH["copies"],
           gather_dup=s * (hb * (1 + dense_grad) + IDX), route_weight=s * (2 * hb + b), add=s * 3 * hb + q * 3 * ib,
-          row_sum=s * (hb + b), copy=s * 6 + N * (8 * k + 2 * hb) + q * (2 * 2 * hb + 2 * hb) + cp * 2 * hb * (s + q),
-          zero=N * (4 * k + hb) + q * 2 * hb, index_add_fp32=s * 20, index_add_bf16=s * (3 * hb + IDX),
-          index_add_bf16_perm=q * 2 * (3 * hb + IDX), mul_strided=q * 3 * ib, silu_bwd=q * 3 * ib, cat=q * 4 * ib)
+          row_sum=s * (hb + b), copy=s * 6 + N * (8 * k + 2 * hb) + q * 2 * hb + cp * 2 * hb * (s + q),
+          zero=N * (4 * k + hb), index_add_fp32=s * 20, index_add_bf16=s * (3 * hb + IDX),
+          gather_perm=q * 2 * (2 * hb + IDX), mul_strided=q * 3 * ib, silu_bwd=q * 3 * ib, cat=q * 4 * ib)
     g.mem(4 + 2 * (np.asarray(X) > 0), zero=(n_own + X) * w3b, add=3 * w3b * nb + 3 * n_own * w3b)
     X_e = np.asarray(X_e, dtype=float)
     exp = X_e > 0

@@ -23,12 +23,13 @@ CHUNK = ("chunk-count curve at another shape: phi(K) measured at the profile cur
 KNOWN_ROW_GAPS: dict[str, str] = {
     "pipelined_llep 95/16 N=65536 H=7168 I=2048 E_p=8 rank 7 fwd": PIPE_SKEW,  # -11.9%
     "pipelined_llep 80/16 N=32768 H=4096 I=4096 E_p=8 rank 3 fwd": PIPE_SKEW,  # -10.9%
-    "ep balanced N=32768 H=4096 I=4096 E_p=8 rank 0 fwd+bwd": SHAPE_B_EP,  # +10.8%
-    "ep 30/16 N=32768 H=4096 I=4096 E_p=8 rank 0 fwd+bwd": SHAPE_B_EP,  # +10.0%
-    "llep balanced N=32768 H=4096 I=4096 E_p=8 rank 0 fwd": SHAPE_B_EP,  # +11.0%
-    "llep balanced N=32768 H=4096 I=4096 E_p=8 rank 0 fwd+bwd": SHAPE_B_EP,  # +12.4%
-    "llep 30/16 N=32768 H=4096 I=4096 E_p=8 rank 0 fwd+bwd": SHAPE_B_EP,  # +10.1%
-    "llep 95/16 N=32768 H=4096 I=4096 E_p=8 rank 3 fwd+bwd": SHAPE_B_EP,  # +10.3%
+    "ep balanced N=32768 H=4096 I=4096 E_p=8 rank 0 fwd+bwd": SHAPE_B_EP,  # +10.6%
+    "ep 80/16 N=32768 H=4096 I=4096 E_p=8 rank 0 fwd+bwd": SHAPE_B_EP,  # +11.2%
+    "ep 95/16 N=32768 H=4096 I=4096 E_p=8 rank 0 fwd+bwd": SHAPE_B_EP,  # +11.2%
+    "llep balanced N=32768 H=4096 I=4096 E_p=8 rank 0 fwd+bwd": SHAPE_B_EP,  # +11.0%
+    "llep 30/16 N=32768 H=4096 I=4096 E_p=8 rank 0 fwd+bwd": SHAPE_B_EP,  # +11.1%
+    "llep 50/4 N=32768 H=4096 I=4096 E_p=8 rank 0 fwd+bwd": SHAPE_B_EP,  # +10.7%
+    "llep one_expert N=32768 H=4096 I=4096 E_p=8 rank 1 fwd+bwd": SHAPE_B_EP,  # +11.2%
     "pipelined_llep balanced N=32768 H=4096 I=4096 E_p=1 rank 0 fwd": PIPE_FWD,  # +27.6%
     "chunk-count curve [B] N=32768 H=4096 K=5 (E_p=1) fwd+bwd": CHUNK,  # +13.9%
     "chunk-count curve [B] N=32768 H=4096 K=10 (E_p=1) fwd+bwd": CHUNK,  # -12.1%

@@ -20,7 +20,7 @@ ROW_ID = ("kind", "shape", "op", "profile", "rank", "N", "H", "V", "P", "vocab_b
 EP_OOM_REUSE = ("standard EP's most-loaded rank under skewed routing, measured before the runtime's "
                 "permutations went through exchange.Permute: the fake-tensor trace (and the formula then) "
                 "counted autograd's out-of-place index_select backward, which only a fake index takes; the "
-                "current runtime and formula agree within 0.01% (bench/results/dispatch_ep/)")
+                "current runtime and formula agree within 0.01% (bench/results/dispatch_unchunked/)")
 DEST_TARGET = ("destination-residue PipelinedLLEP under the dense N×H upstream gradient exceeds the paper's "
                "peak target at shape A; the source-residue variant (the default) meets it (README, "
                "source-side PipelinedLLEP)")

@@ -6,9 +6,10 @@ process group, so no communication time) and what is predicted for each row:
 
 - ``bench/results/vocab.json`` (``bench/vocab.py``, fp32, TF32 off): dense head and Ring-DTP
   forward and forward+backward (``ops.dense_head_time``, ``ops.ring_dtp_time``);
-- ``bench/results/dispatch.json`` (``bench/dispatch.py``): EP, LLEP, PipelinedLLEP forward and
+- ``bench/results/dispatch.json`` (``bench/dispatch.py``): PipelinedLLEP forward and
   forward+backward at shapes A and B per routing profile, on the rank the bench timed (its
-  ``rank``), router and ``out.sum()`` included (``ops.dispatch_time``);
+  ``rank``), router and ``out.sum()`` included (``ops.dispatch_time``); EP and LLEP from
+  ``bench/results/dispatch_unchunked/`` (the current runtime, a dense upstream gradient);
 - ``bench/results/offload.json`` (``bench/offload.py``): OffloadStreamAdamW, CPUOffloadAdamW and
   fused GPU AdamW seconds per 10⁹ parameters (``ops.offload_adamw_time`` …).
 
@@ -153,9 +154,28 @@ def _on_chunk_curve(cluster, N, H, I, E, k, E_p, c, K) -> bool:
             s.get("expert_parallel")) == (N, H, I, E, k, E_p) and c == ceil_div(N, K)
 
 
-def dispatch_cases(doc: dict, cluster) -> list[Case]:
+UNCHUNKED_RERUN = "dispatch_unchunked"
+"""``bench/dispatch.py --ops ep`` / ``--ops llep --binding-only llep`` (``--no-trace``) re-run on the
+runtime whose permutations go through ``exchange.Permute``, with a dense upstream gradient: its EP
+and LLEP rows replace ``dispatch.json``'s, which timed autograd's ``index_select`` backward."""
+UNCHUNKED_OPS = ("ep", "llep")
+
+
+def current_dispatch_cases(doc: dict, cluster) -> list[Case]:
+    """``dispatch.json``'s PipelinedLLEP rows and ``UNCHUNKED_RERUN``'s EP and LLEP rows."""
+    out = dispatch_cases(doc, cluster, skip=UNCHUNKED_OPS)
+    for path in sorted((RESULTS / UNCHUNKED_RERUN).glob("*.json")):
+        out += dispatch_cases(json.loads(path.read_text()), cluster, dense_grad=True)
+    return out
+
+
+def dispatch_cases(doc: dict, cluster, skip: tuple = (), dense_grad: bool = False) -> list[Case]:
+    """The timed rows of a ``bench/dispatch.py`` document (``skip``: operators left out;
+    ``dense_grad``: the bench's upstream gradient is dense, not ``out.sum()``'s)."""
     out = []
     for r in doc["rows"]:
+        if r.get("op") in skip:
+            continue
         if r.get("nccl") or r.get("mode") in ("nccl", "real"):
             continue  # real multi-GPU runs need collective curves at their group size
         if _field(r, "fwd_s", False) in (None, False) or _field(r, "fwdbwd_s", False) in (None, False):
@@ -169,7 +189,7 @@ def dispatch_cases(doc: dict, cluster) -> list[Case]:
         c, K_max, routing = _field(r, "c", 4096), _field(r, "K_max", 10), _field(r, "routing", "balanced")
         knobs = LlepKnobs(r.get("alpha", 1.0), r.get("m", 1024), r.get("lam", 1.3), r.get("n_imp", 4))
         fwd, fb = ops.dispatch_time(op, N, H, I, E, k, E_p, c, routing, cluster, max_chunks=K_max, knobs=knobs,
-                                    rank=r.get("rank"))
+                                    rank=r.get("rank"), dense_grad=dense_grad)
         K = num_chunks(N, c, K_max) if op == "pipelined_llep" else 1
         why = f"operator replay (K={K}): GEMM blocks, memory-bound kernels and launches; no curve measured it"
         if op == "pipelined_llep" and routing == "balanced" and _on_chunk_curve(cluster, N, H, I, E, k, E_p, c, K):
@@ -243,7 +263,7 @@ def offload_host_cases(doc: dict, cluster) -> list[Case]:
     return [c for c in offload_cases(doc, cluster) if c.name.startswith("CPUOffloadAdamW")]
 
 
-READERS = {"vocab": ("vocab.json", vocab_cases), "dispatch": ("dispatch.json", dispatch_cases),
+READERS = {"vocab": ("vocab.json", vocab_cases), "dispatch": ("dispatch.json", current_dispatch_cases),
            "offload": ("offload.json", offload_device_cases), "offload_host": ("offload.json", offload_host_cases)}
 
 from heldout_gaps import KNOWN_ROW_GAPS  # noqa: E402  (per-row known gaps, with their reasons)
