@@ -38,7 +38,6 @@ import numpy as np
 from planner.budget import regions
 from planner.context.ctx import Ctx
 from planner.budget.terms import FWD_BWD, Phase, Term
-from planner.units import ceil_div
 
 PROVISIONAL = True
 """Not yet traced against an operator: the composed step (attention region, ZeRO-3 gathers) has no
