@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import shlex
 import sys
 
 
@@ -28,7 +27,9 @@ def main(argv: list[str] | None = None) -> int:
     from calibration.runner import LAST_RUN, run
     from planner.errors import PlanError
 
-    command = "python3 -m calibration " + " ".join(shlex.quote(a) for a in argv)
+    from calibration.io import command_line
+
+    command = command_line("python3 -m calibration", argv)
     try:
         spec = run(args.out, quick=args.quick, progress=not args.no_progress, command=command,
                    smoke=args.smoke, name=args.name,

@@ -25,7 +25,6 @@ import argparse
 import datetime
 import traceback
 import os
-import shlex
 import statistics
 import sys
 import time
@@ -35,7 +34,7 @@ import torch
 import torch.distributed as dist
 from pydantic import ValidationError
 
-from calibration.io import write_text_atomic, write_yaml_atomic
+from calibration.io import command_line, write_text_atomic, write_yaml_atomic
 from calibration.report import summary_markdown
 from planner.errors import InvalidPlan
 from planner.runtime import shim
@@ -149,8 +148,7 @@ def main(argv: list[str] | None = None) -> int:
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
     dist.init_process_group("nccl" if cuda else "gloo", timeout=datetime.timedelta(seconds=120))
     device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
-    command = "torchrun --nproc_per_node={} -m calibration.collectives {}".format(
-        dist.get_world_size(), " ".join(shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:])))
+    command = command_line(f"torchrun --nproc_per_node={dist.get_world_size()} -m calibration.collectives", argv)
     prov = provenance(command)
     t0 = time.perf_counter()
     failed: list[str] = ["did not finish"]

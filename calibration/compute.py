@@ -199,11 +199,10 @@ def main(argv: list[str] | None = None) -> int:
     GEMM table alone and write a profile fragment (``schema_version``, ``curves.gemm_fp32``)
     atomically, for ``python -m calibration.merge PROFILE FILE``."""
     import argparse
-    import shlex
     import sys
 
     from calibration import config
-    from calibration.io import write_yaml_atomic
+    from calibration.io import command_line, write_yaml_atomic
     from planner.runtime.measure import provenance
     from planner.schema.base import SCHEMA_VERSION
 
@@ -220,7 +219,7 @@ def main(argv: list[str] | None = None) -> int:
         print("error: --fp32-gemm needs a CUDA device (or --smoke)", file=sys.stderr)
         return 2
     device = torch.device("cuda" if cuda else "cpu")
-    prov = provenance("python3 -m calibration.compute " + " ".join(shlex.quote(a) for a in argv))
+    prov = provenance(command_line("python3 -m calibration.compute", argv))
     table = gemm_fp32_table(grid, device, prov, lambda n: None)
     write_yaml_atomic(args.out, {"schema_version": SCHEMA_VERSION,
                                  "curves": {"gemm_fp32": table.model_dump(mode="json")}})

@@ -31,8 +31,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import shlex
-import sys
 import time
 from pathlib import Path
 
@@ -294,7 +292,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--smoke", action="store_true", help="tiny shapes (CPU), same code paths")
     ap.add_argument("--convert", metavar="JSON", help="write the fragment of an earlier run's JSON (no measuring)")
     args = ap.parse_args(argv)
-    from calibration.io import write_measurement, write_yaml_atomic
+    from calibration.io import command_line, write_measurement, write_yaml_atomic
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -303,8 +301,7 @@ def main(argv: list[str] | None = None) -> int:
         write_yaml_atomic(out / "dispatch_kernels.yaml", fragment(doc))
         print(f"wrote {out / 'dispatch_kernels.yaml'} from {args.convert}")
         return 0
-    cmd = " ".join(shlex.quote(a) for a in ["python3", "-m", "calibration.dispatch_kernels",
-                                            *(sys.argv[1:] if argv is None else argv)])
+    cmd = command_line("python3 -m calibration.dispatch_kernels", argv)
     doc = measure(args.smoke, cmd)
     write_measurement(out, "dispatch_kernels", doc, markdown(doc), fragment(doc))
     return 0

@@ -13,7 +13,17 @@ from pathlib import Path
 
 from planner.schema.io import dump_yaml, read_structured, write_text_atomic, write_yaml_atomic
 
-__all__ = ["dump_yaml", "read_yaml", "write_measurement", "write_text_atomic", "write_yaml_atomic"]
+__all__ = ["command_line", "dump_yaml", "read_yaml", "write_measurement", "write_text_atomic", "write_yaml_atomic"]
+
+
+def command_line(launcher: str, argv: list[str] | None) -> str:
+    """The command a measurement's provenance records: ``launcher`` (``python3 -m calibration.x``,
+    ``torchrun … -m …``) and the arguments as given (``sys.argv[1:]`` when ``argv`` is None), quoted."""
+    import shlex
+    import sys
+
+    args = sys.argv[1:] if argv is None else argv
+    return " ".join([launcher, *(shlex.quote(a) for a in args)])
 
 
 def write_measurement(out: Path, stem: str, doc: dict, markdown: str, fragment: dict) -> None:
@@ -21,6 +31,7 @@ def write_measurement(out: Path, stem: str, doc: dict, markdown: str, fragment: 
     (its summary, also printed) and ``stem.yaml`` (the profile fragment ``calibration.merge`` reads)."""
     import json
 
+    out.mkdir(parents=True, exist_ok=True)
     write_text_atomic(out / f"{stem}.json", json.dumps(doc, indent=1))
     write_text_atomic(out / f"{stem}.md", markdown)
     write_yaml_atomic(out / f"{stem}.yaml", fragment)

@@ -34,7 +34,6 @@ the H200 profiler's kernel count of the same structure, ``bench/results/step_pro
 from __future__ import annotations
 
 import argparse
-import shlex
 import statistics
 import sys
 import time
@@ -319,12 +318,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", required=True, help="folder for step_host.json / .md / .yaml")
     ap.add_argument("--smoke", action="store_true", help="CPU (gloo), fewer cases and steps, same code paths")
     args = ap.parse_args(argv)
-    from calibration.io import write_measurement
+    from calibration.io import command_line, write_measurement
 
     out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    cmd = " ".join(shlex.quote(a) for a in ["python3", "-m", "calibration.step_host",
-                                            *(sys.argv[1:] if argv is None else argv)])
+    cmd = command_line("python3 -m calibration.step_host", argv)
     doc = measure(args.smoke, cmd)
     write_measurement(out, "step_host", doc, markdown(doc), fragment(doc))
     return 0

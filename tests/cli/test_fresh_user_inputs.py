@@ -15,8 +15,8 @@ import yaml
 from planner import api, cli
 from planner.errors import MAX_TEXT_CHARS
 
-CLEAN_EXIT = 2
-"""DESIGN §10: invalid input exits 2 with one ``error:`` line."""
+from cli_lines import one_line  # noqa: E402 (tests/: the shared one-line refusal)
+
 LONG_NAME = "x" * 300
 """A name longer than the 255 bytes a Linux file name may have."""
 MAX_LINE_CHARS = 3 * MAX_TEXT_CHARS
@@ -26,13 +26,10 @@ HF_CONFIG = Path(__file__).resolve().parents[2] / "planner" / "profiles" / "hf-c
 
 
 def _one_line(argv, capsys) -> str:
-    code = cli.main([str(a) for a in argv])
-    err = capsys.readouterr().err
-    assert code == CLEAN_EXIT, err
-    lines = [ln for ln in err.strip().splitlines() if ln.strip()]
-    assert len(lines) == 1 and lines[0].startswith("error: ") and "Traceback" not in err, err
-    assert "; fix: " in lines[0] and len(lines[0]) <= MAX_LINE_CHARS, lines[0][:300]
-    return lines[0]
+    """``cli_lines.one_line``, and the line names a fix within ``MAX_LINE_CHARS``."""
+    line = one_line(argv, capsys)
+    assert "; fix: " in line and len(line) <= MAX_LINE_CHARS, line[:300]
+    return line
 
 
 @pytest.fixture(scope="module")
