@@ -134,9 +134,9 @@ def _check_values(p: Path, data: Any) -> None:
         if depth > MAX_DEPTH:
             raise _too_deep(p, where or "top level")
         if isinstance(node, dict):
-            int_keyed = _int_keyed(where)
-            bad = [k for k in node if not isinstance(k, str)
-                   and not (int_keyed and isinstance(k, int) and not isinstance(k, bool))]
+            bad = [k for k in node if not isinstance(k, str)]
+            if bad and _int_keyed(where):      # only where a non-string key was found
+                bad = [k for k in bad if not isinstance(k, int) or isinstance(k, bool)]
             if bad:   # YAML reads `1:`, `on:` or `null:` as a non-string key, which no schema has
                 raise InvalidPlan(f"{p.name}: {where or 'top level'}", f"key {bad[0]!r}",
                                   f"is {_KEY_KINDS.get(type(bad[0]), 'not a string')}, not a field name",
