@@ -51,9 +51,14 @@ def _samples(result: dict, case: str) -> tuple[dict, int]:
     return phases, start
 
 
-STEMS = ("validate", "validate_w1", "validate_w1_run3", "validate_w1_run4", "validate_fsdp2")
+STEMS = ("validate", "validate_w1", "validate_w1_run3", "validate_w1_run4", "validate_w1_run5", "validate_fsdp2",
+         "validate_fsdp2_run2")
 """The committed runs: the composed matrix, the composed W = 1 runs at three context lengths (timed
 as the median of steps 2–4), and the FSDP2 baseline's cases."""
+
+
+def _fsdp2(stem: str) -> bool:
+    return stem.startswith("validate_fsdp2")
 
 
 def cases(stem: str):
@@ -61,7 +66,7 @@ def cases(stem: str):
     for c in doc["cases"]:
         if c.get("status") != "ran":
             continue
-        ov = {"stack": "fsdp2", **c.get("knobs", {})} if stem == "validate_fsdp2" else None
+        ov = {"stack": "fsdp2", **c.get("knobs", {})} if _fsdp2(stem) else None
         pf = truncate(build_planfile(model=c["model"], gpus=c["W"], seq_len=c["S"], overrides=ov),
                       c["layers"]).planfile
         yield c, pf
@@ -77,7 +82,7 @@ def row(stem: str, c: dict, pf) -> dict:
     lo = min(rows, key=lambda r: r.ratio)
     hi = max(rows, key=lambda r: r.ratio)
     meas_peak = int(res["measured_peak_bytes"])
-    return {"stack": "fsdp2" if stem == "validate_fsdp2" else "composed", "case": c.get("name") or c["model"],
+    return {"stack": "fsdp2" if _fsdp2(stem) else "composed", "case": c.get("name") or c["model"],
             "model": c["model"], "W": c["W"], "S": c["S"], "lifetime": c["lifetime"],
             "peak_predicted": pred.peak_bytes, "peak_measured": meas_peak,
             "peak_ok_conservative": pred.peak_bytes >= meas_peak * 0.99,
