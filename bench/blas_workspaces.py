@@ -18,7 +18,10 @@ recorder (C++ and Python frames) starts before any CUDA work, ``planner validate
 - the allocated bytes ``torch._C._cuda_clearCublasWorkspaces()`` frees (every workspace of the
   process: ``n_cublas`` 32 MiB blocks and ``n_lt`` 1 MiB ones);
 - per phase, the measured peak less the recorded live bytes at that phase's peak (0 when the recorder
-  saw every allocation) and the live blocks grouped by source line (``memory_snapshot.analyse``).
+  saw every allocation) and the live blocks grouped by source line (``memory_snapshot.analyse``);
+- at every phase start, the measured bytes less the live bytes replayed from the history with a free
+  taken at ``free_requested`` and at ``free_completed`` (``marker_totals``), and the blocks freed but
+  not yet released then: where the unrecorded bytes are, if they are deferred frees.
 
 Writes ``OUT/<case>.json`` and ``OUT/blas_workspaces.json`` / ``.md`` (one line per case: measured
 ``n_cublas``/``n_lt`` against the budget's, the step start measured and predicted).
@@ -100,10 +103,47 @@ def workspace_blocks(snap: dict) -> list[dict]:
                 continue
             op = next((n for n in names if "at::cuda::blas::" in n or "at::native::" in n), "?")
             site = next((f"{f['filename'].split('/planner/')[-1]}:{f.get('line', 0)}" for f in frames
-                         if "/planner/" in str(f.get("filename", ""))), "?")
+                         if "/planner/" in str(f.get("filename", ""))), "?")  # innermost planner line
             out.append({"kind": kind, "bytes": int(b["size"]), "op": op[:160], "site": site,
                         "thread": "backward" if any(BACKWARD_FRAME in n for n in names) else "caller"})
     return out
+
+
+def marker_totals(snap: dict, labels: list[tuple[str, int]], mark_bytes: int, top: int = 12) -> dict:
+    """Live bytes at each phase marker of the last step (``memory_snapshot``'s markers), replayed
+    with two readings of a free: at ``free_requested`` (what ``memory_snapshot.analyse`` uses) and at
+    ``free_completed`` (a block freed while another stream still used it stays allocated, and in
+    ``memory_allocated``, until the allocator processes its events), with the largest blocks
+    requested but not completed then (size and source line)."""
+    events = [e for dev in snap.get("device_traces", []) for e in dev]
+    req: dict[int, tuple[int, list]] = {}
+    comp: dict[int, tuple[int, list]] = {}
+    out: dict[str, dict] = {}
+    k = 0
+    for e in events:
+        a = e.get("action")
+        if a == "alloc":
+            if k < len(labels) and e["addr"] == labels[k][1] and e["size"] == mark_bytes:
+                pending = sorted(((sz, fr) for addr, (sz, fr) in comp.items() if addr not in req),
+                                 key=lambda t: -t[0])
+                out[labels[k][0]] = {  # the last occurrence of a label wins: the last step's
+                    "live_bytes_free_requested": sum(sz for sz, _ in req.values()),
+                    "live_bytes_free_completed": sum(sz for sz, _ in comp.values()),
+                    "pending": [{"bytes": sz, "site": _site(fr)} for sz, fr in pending[:top]]}
+                k += 1
+            req[e["addr"]] = comp[e["addr"]] = (int(e["size"]), e.get("frames") or [])
+        elif a == "free_requested":
+            req.pop(e["addr"], None)
+        elif a == "free_completed":
+            req.pop(e["addr"], None)
+            comp.pop(e["addr"], None)
+    return out
+
+
+def _site(frames: list[dict]) -> str:
+    mine = [f"{f['filename'].split('/planner/')[-1]}:{f.get('line', 0)}" for f in frames
+            if "/planner/" in str(f.get("filename", ""))]
+    return " < ".join(mine[:2]) if mine else next((n[:120] for n in _names(frames) if "at::" in n or "torch::" in n), "?")
 
 
 def counts(freed: int, cublas_bytes: int, cublaslt_bytes: int) -> dict:
@@ -145,20 +185,30 @@ def _measure(name: str, bud: dict) -> dict:
     wall = time.perf_counter() - t0
     result = o.to_json()
     phases = ms.analyse(snap, list(ms._labels))
+    marks = marker_totals(snap, list(ms._labels), ms.MARK_BYTES)
     blocks = workspace_blocks(snap)
     del snap
     gc.collect()
     torch.cuda.synchronize()
     before = torch.cuda.memory_allocated()
-    torch._C._cuda_clearCublasWorkspaces()
+    clear = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)
+    if clear is not None:
+        clear()
     torch.cuda.synchronize()
     after = torch.cuda.memory_allocated()
-    freed = before - after
+    freed = before - after if clear is not None else 0
     unseen = {lab: int(p["measured"]["peak_bytes"]) - int(phases[lab]["peak_bytes"])
               for lab, p in (result.get("phases") or {}).items()
               if p.get("measured") and lab in phases and "peak_bytes" in phases[lab]}
     ss = next((r for r in result["rows"] if r["phase"] == "step start"), {})
-    return {"status": "ran", "wall_s": wall, "workspace_blocks": blocks,
+    starts = {lab: int(p["measured"]["start_bytes"]) for lab, p in (result.get("phases") or {}).items()
+              if p.get("measured")}
+    if ss.get("measured") is not None:
+        starts["step_start"] = int(ss["measured"])
+    start_gaps = {lab: {"measured_minus_live_free_requested": starts[lab] - m["live_bytes_free_requested"],
+                        "measured_minus_live_free_completed": starts[lab] - m["live_bytes_free_completed"],
+                        "pending": m["pending"]} for lab, m in marks.items() if lab in starts}
+    return {"status": "ran", "wall_s": wall, "workspace_blocks": blocks, "start_gaps": start_gaps,
             "freed_by_clear_bytes": int(freed), "left_after_clear_bytes": int(after),
             "measured": counts(freed, bud["cublas_bytes"], bud["cublaslt_bytes"]),
             "blocks_by_kind": {k: sum(1 for b in blocks if b["kind"] == k) for k in ("cublas", "cublaslt")},
@@ -169,7 +219,8 @@ def _measure(name: str, bud: dict) -> dict:
 
 def summary(results: list[dict]) -> str:
     lines = ["| case | budget n_hd / n_lt | measured n_cublas / n_lt (freed by clear) | Lt blocks: thread, op, site | "
-             "step start meas − pred MiB | unrecorded MiB (optimizer) |", "|---|---|---|---|---|---|"]
+             "step start meas − pred MiB | step start meas − recorded live MiB (free requested / completed) |",
+             "|---|---|---|---|---|---|"]
     for r in results:
         b = r["budget"]
         if r.get("status") != "ran":
@@ -180,10 +231,11 @@ def summary(results: list[dict]) -> str:
                        if x["kind"] == "cublaslt")
         ss = r["step_start"]
         d = (ss["measured"] - ss["predicted"]) / 2**20 if ss.get("measured") is not None else float("nan")
-        un = r["unrecorded_bytes_by_phase"].get("optimizer")
+        g = r.get("start_gaps", {}).get("step_start")
+        gap = (f"{g['measured_minus_live_free_requested'] / 2**20:+.2f} / "
+               f"{g['measured_minus_live_free_completed'] / 2**20:+.2f}") if g else ""
         lines.append(f"| {r['case']} | {b['n_hd']} / {b['n_lt']} | {m['n_cublas']} / {m['n_lt']} "
-                     f"(+{m['unexplained_bytes']} B) | {lt or '—'} | {d:+.2f} | "
-                     f"{'' if un is None else f'{un / 2**20:+.2f}'} |")
+                     f"(+{m['unexplained_bytes']} B) | {lt or '—'} | {d:+.2f} | {gap} |")
     return "\n".join(lines)
 
 

@@ -63,3 +63,24 @@ def test_smoke_run_writes_a_summary(tmp_path):
     assert bw.main(["--out", str(tmp_path), "--smoke", "--case", "fsdp2-qwen3-W8-full"]) == 0
     md = (tmp_path / "blas_workspaces.md").read_text()
     assert "| fsdp2-qwen3-W8-full | 2 / 0 | smoke (no CUDA run) |" in md
+
+
+def test_marker_totals_reads_a_free_at_request_and_at_completion():
+    """A block freed while a side stream still used it: gone at ``free_requested``, still allocated
+    (and in ``memory_allocated``) until ``free_completed``."""
+    mark = 997 * 512
+    py = [{"name": "f", "filename": "/r/planner/runtime/expert_parallel.py", "line": 148}]
+    ev = [{"action": "alloc", "addr": 1, "size": 4 * MiB, "frames": py},        # persistent
+          {"action": "alloc", "addr": 2, "size": 2 * MiB, "frames": py},        # used on a side stream
+          {"action": "free_requested", "addr": 2, "size": 2 * MiB},
+          {"action": "alloc", "addr": 9, "size": mark},                         # step_start marker
+          {"action": "free_requested", "addr": 9, "size": mark},
+          {"action": "free_completed", "addr": 9, "size": mark},
+          {"action": "free_completed", "addr": 2, "size": 2 * MiB},
+          {"action": "alloc", "addr": 8, "size": mark}]                         # optimizer marker
+    got = bw.marker_totals({"device_traces": [ev]}, [("step_start", 9), ("optimizer", 8)], mark)
+    assert got["step_start"]["live_bytes_free_requested"] == 4 * MiB
+    assert got["step_start"]["live_bytes_free_completed"] == 6 * MiB
+    assert got["step_start"]["pending"] == [{"bytes": 2 * MiB, "site": "runtime/expert_parallel.py:148"}]
+    assert got["optimizer"]["live_bytes_free_completed"] == got["optimizer"]["live_bytes_free_requested"] == 4 * MiB
+    assert got["optimizer"]["pending"] == []
