@@ -56,7 +56,8 @@ def test_counts_splits_the_freed_bytes():
 def test_every_case_has_the_budget_rule_value():
     got = {n: bw.budget(n)["n_lt"] for n in bw.CASES}
     assert got == {"fsdp2-gptoss-W8-selective": 1, "fsdp2-dsv2-W64-full": 0, "fsdp2-gptoss-W8-none": 1,
-                   "fsdp2-gptoss-W8-full": 2, "fsdp2-qwen3-W8-full": 0, "composed-gptoss-W8-S32768": 2}
+                   "fsdp2-gptoss-W8-full": 2, "fsdp2-qwen3-W8-full": 0, "composed-gptoss-W8-S32768": 2,
+                   "fsdp2-qwen3-W1-full": 0}
 
 
 def test_smoke_run_writes_a_summary(tmp_path):
