@@ -47,22 +47,24 @@ first matmul and the backward's), whatever the model."""
 EVERY_PHASE = PHASE_KINDS
 """The allocator never frees a cuBLAS workspace: it is allocated in the optimizer phase and at the
 step start too (the H200 run: optimizer phase 66.5 MiB above a budget that left it out)."""
-LT_SOURCE = ("PyTorch 2.11 aten/src/ATen/cuda/CublasHandlePool.cpp getCUDABlasLtWorkspace (a map of its "
+LT_SOURCE = ("PyTorch aten/src/ATen/cuda/CublasHandlePool.cpp (pytorch/pytorch@26a3905, the 2.11 line the H200 "
+             "runs) getCUDABlasLtWorkspace (a map of its "
              "own keyed by handle and stream unless TORCH_CUBLASLT_UNIFIED_WORKSPACE=1; each entry "
              "getCUDABlasLtWorkspaceSize() = min(CUBLASLT_WORKSPACE_SIZE, 1024 KiB default, the cuBLAS "
              "workspace)); aten/src/ATen/native/cuda/Blas.cpp isInputCompliesAddmmCudaLt (the Lt path: "
              "addmm with beta = 1 and a contiguous 1-D bias, i.e. F.linear with a bias; mm/bmm/baddbmm "
              "take it only under preferred_blas_library('cublaslt'), the default being cuBLAS); H200 "
              "allocator histories (bench/results/memory_snapshot): 1 MiB blocks at the first biased "
-             "linear of each thread, none for Qwen3 and DeepSeek-V2-Lite")
+             "linear of each thread, none for Qwen3 and DeepSeek-V2-Lite; the calibration's 1 MiB (not 0) "
+             "says the H200's torch keeps the two maps apart")
 
 
 def biased_linear(m) -> bool:
     """Whether the decoder runs an ``F.linear`` with a bias (``addmm`` on cuBLASLt's bias epilogue):
     q/k/v/o with ``attention_bias`` outside MLA (the runtime builds MLA projections bias-free) or a
     router with ``router_bias``. DeepSeek-V3's ``router_bias`` is the selection correction added
-    after a bias-free linear; it is booked too (erring high by ``n_lt`` MiB: the family table that
-    tells the two apart is the runtime's, ``planner.runtime.model_layers.FAMILIES``)."""
+    after a bias-free linear; it is booked too (erring high by ``blaslt_bytes``: the family table
+    that tells the two apart is the runtime's, ``planner.runtime.model_layers.FAMILIES``)."""
     return bool((m.attention_bias and m.attention != "mla") or (m.router_bias and m.is_moe))
 
 
