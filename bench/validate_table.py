@@ -10,6 +10,12 @@ compares it with the recorded measurement (``planner.runtime.validate_compare.co
 the peak, the lowest and the highest per-phase ratio, the number of judged rows within tolerance,
 and the step time at W = 1. The measurements are never recomputed here: a row says which commit
 measured it. Runs on any machine (no torch needed).
+
+Every committed run predates ``bench/_validate_runner.fresh`` and ran its cases one after another in
+one process, where cuBLAS keeps a handle's workspaces until ``clearCublasWorkspaces``: a case's
+measurement holds the cuBLASLt workspaces an earlier case of the run allocated (gpt-oss's biased
+linears) beside its own. The table takes those carried bytes (``carried_workspace_bytes``) off the
+measurement, so the formula is held against what the case itself allocated.
 """
 
 from __future__ import annotations
@@ -22,6 +28,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from planner.api.build import build_planfile  # noqa: E402
+from planner.budget.build import make_context  # noqa: E402
+from planner.budget.workspace import blaslt_bytes  # noqa: E402
 from planner.runtime.validate import COMPARED_BOUND  # noqa: E402
 from planner.runtime.validate_compare import compare, memory_ok  # noqa: E402
 from planner.runtime.validate_plan import predict, truncate  # noqa: E402
@@ -35,20 +43,21 @@ class _Sample:
         self.peak_bytes, self.start_bytes = peak, start
 
 
-def _samples(result: dict, case: str) -> tuple[dict, int]:
+def _samples(result: dict, case: str, carried: int = 0) -> tuple[dict, int]:
     """Phase samples and the step-start bytes back from a recorded ``validate --json`` (every
-    committed record carries its per-phase ``measured`` samples).
+    committed record carries its per-phase ``measured`` samples), less ``carried`` bytes that an
+    earlier case of the same process left (``carried_workspace_bytes``).
 
     Raises:
         ValueError: a record without measured phases (written before ``validate`` recorded them).
     """
-    phases = {lab: _Sample(int(p["measured"]["peak_bytes"]), int(p["measured"]["start_bytes"]))
+    phases = {lab: _Sample(int(p["measured"]["peak_bytes"]) - carried, int(p["measured"]["start_bytes"]) - carried)
               for lab, p in (result.get("phases") or {}).items() if p.get("measured")}
     if not phases:
         raise ValueError(f"case {case}: the record has no measured phases; re-run it with "
                          "bench/validate.py (or bench/validate_fsdp2.py)")
     start = next((int(r["measured"]) for r in result["rows"] if r["what"] == "persistent"), 0)
-    return phases, start
+    return phases, start - carried
 
 
 STEMS = ("validate", "validate_w1", "validate_w1_run3", "validate_w1_run4", "validate_w1_run5", "validate_fsdp2",
@@ -61,27 +70,47 @@ def _fsdp2(stem: str) -> bool:
     return stem.startswith("validate_fsdp2")
 
 
+FRESH_STEMS = ("validate_w1_run5", "validate_fsdp2_run2")
+"""Runs made with each case's cuBLAS workspaces cleared first (``bench/_validate_runner.fresh``):
+nothing carries over between their cases."""
+
+
+def carried_workspace_bytes(own: int, held: int) -> int:
+    """Bytes of cuBLASLt workspace a case's measurement holds beyond its own ``own``: the process
+    already holds ``held`` (the most any earlier case allocated; cuBLAS keys a workspace by handle
+    and stream, the forward's and the backward's thread are the same across cases, so a later case
+    reuses what is there and adds what is not)."""
+    return max(0, held - own)
+
+
 def cases(stem: str):
+    """``(case, plan file)`` of every case that ran, in run order; each case carries
+    ``carried_bytes`` (``carried_workspace_bytes``; 0 for ``FRESH_STEMS``)."""
     doc = json.loads((RESULTS / f"{stem}.json").read_text())
+    held = 0
     for c in doc["cases"]:
         if c.get("status") != "ran":
             continue
         ov = {"stack": "fsdp2", **c.get("knobs", {})} if _fsdp2(stem) else None
         pf = truncate(build_planfile(model=c["model"], gpus=c["W"], seq_len=c["S"], overrides=ov),
                       c["layers"]).planfile
-        yield c, pf
+        own = blaslt_bytes(make_context(pf.model, pf.cluster, pf.workload, pf.plan))
+        carried = 0 if stem in FRESH_STEMS else carried_workspace_bytes(own, held)
+        held = max(held, own)
+        yield {**c, "carried_bytes": carried}, pf
 
 
 def row(stem: str, c: dict, pf) -> dict:
     res = c["result"]
     pred = predict(pf, c["lifetime"], timing=c["W"] == 1, dispatch_bound=COMPARED_BOUND)  # as validate compares
-    samples, start = _samples(res, c.get("name") or c["model"])
+    carried = int(c.get("carried_bytes", 0))
+    samples, start = _samples(res, c.get("name") or c["model"], carried)
     rows = [r for r in compare(pred, samples, start, step_s=res.get("step_s"), judge_time=c["W"] == 1)
             if r.unit == "bytes" and r.judged and r.measured]
     ratios = [r.ratio for r in rows]
     lo = min(rows, key=lambda r: r.ratio)
     hi = max(rows, key=lambda r: r.ratio)
-    meas_peak = int(res["measured_peak_bytes"])
+    meas_peak = int(res["measured_peak_bytes"]) - carried
     return {"stack": "fsdp2" if _fsdp2(stem) else "composed", "case": c.get("name") or c["model"],
             "model": c["model"], "W": c["W"], "S": c["S"], "lifetime": c["lifetime"],
             "peak_predicted": pred.peak_bytes, "peak_measured": meas_peak,
@@ -89,7 +118,7 @@ def row(stem: str, c: dict, pf) -> dict:
             "min_ratio": min(ratios), "min_row": f"{lo.phase} {lo.what}", "max_ratio": max(ratios),
             "max_row": f"{hi.phase} {hi.what}", "rows_ok": sum(memory_ok(int(r.predicted), int(r.measured)) for r in rows),
             "rows": len(rows), "step_s_measured": res.get("step_s"), "step_s_predicted": pred.step_s,
-            "step_components_predicted": pred.step_components}
+            "step_components_predicted": pred.step_components, "carried_bytes": carried}
 
 
 def markdown(records: list[dict]) -> str:

@@ -1,9 +1,12 @@
 """Live set ``workspace``: in-allocator kernel workspaces (DESIGN §3.1), measured per cluster.
 
-    cuBLAS + cuBLASLt workspaces   n_hd · profile constants   every phase (the optimizer's too), from the first step on
-                                   (n_hd = 2 handles: the forward's thread and autograd's
-                                   backward thread; cuBLAS keys a workspace by handle and stream,
-                                   and the allocator keeps both)
+    cuBLAS workspace               n_hd · memory.cublas_workspace_bytes, every phase (the optimizer's
+                                   too), from the first step on (n_hd = 2 handles: the forward's
+                                   thread and autograd's backward thread; cuBLAS keys a workspace by
+                                   handle and stream, and the allocator keeps both)
+    cuBLASLt workspace             n_lt · memory.cublaslt_workspace_bytes, every phase, where
+                                   n_lt = [a biased linear] · (1 + [the backward re-runs it])
+                                   (``blaslt_handles``: the rule and its PyTorch source)
     FlashAttention backward        global attention layers (composed stack), the kernel's own
                                    buffers (planner.budget.attention_backward; S_k, d_k, h_l there):
                                    fp32 dq_accum + softmax_d 4·B·⌈S_k⌉₁₂₈·h_l·(⌈d_k⌉₃₂ + 1),
@@ -38,11 +41,53 @@ from planner.budget.terms import PHASE_KINDS, Term
 SOURCE = "cluster profile memory constants (DESIGN §3.1 workspace)"
 BLAS_HANDLES = 2
 """``n_hd``: cuBLAS handles that run matmuls in a step, one per thread (the forward's and autograd's
-CUDA backward thread), each with its own workspace on the compute stream. The H200 validate run
-measured 2 × (32 + 1) MiB allocated at every step start beyond the persistent state."""
+CUDA backward thread), each with its own workspace on the compute stream. The H200 allocator
+histories hold two 32 MiB blocks at every step start beyond the persistent state (the forward's
+first matmul and the backward's), whatever the model."""
 EVERY_PHASE = PHASE_KINDS
 """The allocator never frees a cuBLAS workspace: it is allocated in the optimizer phase and at the
 step start too (the H200 run: optimizer phase 66.5 MiB above a budget that left it out)."""
+LT_SOURCE = ("PyTorch aten/src/ATen/cuda/CublasHandlePool.cpp (pytorch/pytorch@26a3905, the 2.11 line the H200 "
+             "runs) getCUDABlasLtWorkspace (a map of its "
+             "own keyed by handle and stream unless TORCH_CUBLASLT_UNIFIED_WORKSPACE=1; each entry "
+             "getCUDABlasLtWorkspaceSize() = min(CUBLASLT_WORKSPACE_SIZE, 1024 KiB default, the cuBLAS "
+             "workspace)); aten/src/ATen/native/cuda/Blas.cpp isInputCompliesAddmmCudaLt (the Lt path: "
+             "addmm with beta = 1 and a contiguous 1-D bias, i.e. F.linear with a bias; mm/bmm/baddbmm "
+             "take it only under preferred_blas_library('cublaslt'), the default being cuBLAS); H200 "
+             "allocator histories (bench/results/memory_snapshot): 1 MiB blocks at the first biased "
+             "linear of each thread, none for Qwen3 and DeepSeek-V2-Lite; the calibration's 1 MiB (not 0) "
+             "says the H200's torch keeps the two maps apart")
+
+
+def biased_linear(m) -> bool:
+    """Whether the decoder runs an ``F.linear`` with a bias (``addmm`` on cuBLASLt's bias epilogue):
+    q/k/v/o with ``attention_bias`` outside MLA (the runtime builds MLA projections bias-free) or a
+    router with ``router_bias``. DeepSeek-V3's ``router_bias`` is the selection correction added
+    after a bias-free linear; it is booked too (erring high by ``blaslt_bytes``: the family table
+    that tells the two apart is the runtime's, ``planner.runtime.model_layers.FAMILIES``)."""
+    return bool((m.attention_bias and m.attention != "mla") or (m.router_bias and m.is_moe))
+
+
+def blaslt_handles(ctx: Ctx) -> int:
+    """``n_lt``: the (handle, stream) pairs that hold a cuBLASLt workspace.
+
+    The workspace is allocated at a thread's first cuBLASLt call and kept (``LT_SOURCE``); in a
+    training step only a biased linear makes that call (its backward is two ``mm``s and a sum). The
+    forward's thread runs every biased linear; autograd's backward thread runs one only when the
+    backward re-runs the forward of a region that holds one: the composed stack (every region
+    checkpointed) and FSDP2 ``ac = full``. FSDP2 ``ac = selective`` saves ``addmm`` outputs
+    (torchtitan's op list, ``planner.runtime.fsdp2_layout.sac_save_ops``) and ``ac = none``
+    recomputes nothing. H200: gpt-oss-20b composed and FSDP2 tp = 8 (ac full) each allocated two
+    1 MiB blocks (forward and backward threads), Qwen3-30B-A3B and DeepSeek-V2-Lite none."""
+    if not biased_linear(ctx.model):
+        return 0
+    return 1 + int(ctx.stack == "composed" or ctx.ac == "full")
+
+
+def blaslt_bytes(ctx: Ctx) -> int:
+    """Bytes of the cuBLASLt workspaces one rank holds from its first step on: ``n_lt`` times the
+    profile's ``memory.cublaslt_workspace_bytes`` (1 MiB on the H200)."""
+    return blaslt_handles(ctx) * int(ctx.cluster.memory.cublaslt_workspace_bytes.value)
 
 
 def terms(ctx: Ctx) -> list[Term]:
@@ -54,9 +99,11 @@ def terms(ctx: Ctx) -> list[Term]:
     out = [
         Term("cuBLAS workspace", "workspace", BLAS_HANDLES * int(mem.cublas_workspace_bytes.value), 1,
              "n_hd·memory.cublas_workspace_bytes", EVERY_PHASE, source=SOURCE),
-        Term("cuBLASLt workspace", "workspace", BLAS_HANDLES * int(mem.cublaslt_workspace_bytes.value), 1,
-             "n_hd·memory.cublaslt_workspace_bytes", EVERY_PHASE, source=SOURCE),
     ]
+    if blaslt_handles(ctx):
+        out.append(Term("cuBLASLt workspace", "workspace", blaslt_bytes(ctx), 1,
+                        "n_lt·memory.cublaslt_workspace_bytes; n_lt = [biased linear]·(1 + [backward re-runs it: "
+                        "composed, or FSDP2 ac = full])", EVERY_PHASE, source=SOURCE + "; " + LT_SOURCE))
     if ctx.stack == "fsdp2":   # FlashAttention's backward buffers: the attention sub-step of fsdp2_layer
         return out
     if m.attention == "mla":   # the memory-efficient kernel's buffers (planner.budget.attention_mla)
