@@ -40,10 +40,11 @@ Misses are per-row known gaps (``heldout_gaps.KNOWN_ROW_GAPS``, each with its re
 2026-12-01 coverage run (dispatch kernels at every width, host tables at 10⁹ parameters on the
 CPUOffloadAdamW bench's instance, SCO against plain checkpointing; no rule fitted to these rows),
 with forward expert GEMMs at their role's measured ratio at the block rows and PipelinedLLEP's
-chunk loops at the host's pace block by block: dispatch 75 of 84 (EP/LLEP at shape B 10–12% slow,
-PipelinedLLEP's skewed forward 11–12% fast, its host-bound forward at ``E_p = 1`` +28%), chunk
-curve at shape B 4 of 6 (K = 5: +14%, K = 10: −12%, both host-bound), CPUOffloadAdamW 2 of 2, SCO 2
-of 2.
+chunk loops at the host's pace block by block, and ``dispatch_fill.json``'s seven filled
+configurations in place of their unfilled rows: dispatch 75 of 84 (EP/LLEP at shape B on zero
+receive buffers 11% slow, its filled rows within 0–4%; shape A filled 10–12% fast; PipelinedLLEP's
+skewed forward at A 15% fast, its host-bound forward at ``E_p = 1`` +28%), chunk curve at shape B 4
+of 6 (K = 5: +14%, K = 10: −12%, both host-bound), CPUOffloadAdamW 2 of 2, SCO 2 of 2.
 
 **Emulated receive buffers.** Under the fake process group the all-to-alls are no-ops: an
 ``E_p > 1`` row's GEMMs read unwritten receive buffers (zeros when the memory is fresh), which run
@@ -190,6 +191,14 @@ higher clocks than the random operands every calibration GEMM was timed on
 the fill's copies; LLEP's unfilled buffers in that process held the EP runs' stale data: 85.2 ms
 unfilled, 83.6 ms filled). A filled row is the measurement of real-data operands; it replaces the
 unfilled row of the same configuration."""
+FILL_PROBE = "dispatch_fill.json"
+"""``bench/dispatch_fill.py``: seven binding-rank configurations timed unfilled and filled in one
+process; its filled rows replace the unfilled rows of ``dispatch.json`` / ``UNCHUNKED_RERUN`` where
+``FILLED_RERUN`` has none (it records the fill's bytes per step only: ``FILL_FWD_SHARE`` of them in
+the forward)."""
+FILL_FWD_SHARE = 0.5
+"""Share of a step's fill bytes in its forward: the forward's two all-to-alls (dispatch, combine)
+mirror the backward's two (``bench/dispatch.py --fill`` records 0.5 on every smoke row)."""
 
 
 def fill_copy_s(cluster, H: int, I: int, k: int, nbytes: float) -> float:
@@ -200,8 +209,16 @@ def fill_copy_s(cluster, H: int, I: int, k: int, nbytes: float) -> float:
 
 
 def filled_cases(dispatch_doc: dict, cluster) -> dict[str, Case]:
-    """Unfilled row name → the case of the same configuration measured filled (``FILLED_RERUN``)."""
+    """Unfilled row name → the case of the same configuration measured filled (``FILLED_RERUN``,
+    else ``FILL_PROBE``'s filled rows, whose shapes are ``dispatch_doc``'s)."""
     out: dict[str, Case] = {}
+    probe = RESULTS / FILL_PROBE
+    if probe.exists() and "shapes" in dispatch_doc:
+        fill = json.loads(probe.read_text())
+        rows = [dict(r, binding=True, fill_fwd_bytes=FILL_FWD_SHARE * r["fill_bytes"])
+                for r in fill["rows"] if r.get("fill") and not fill.get("smoke")]
+        for c in dispatch_cases({"shapes": dispatch_doc["shapes"], "rows": rows}, cluster, dense_grad=True):
+            out[c.name.removesuffix(FILLED_TAG)] = c
     for path in sorted((RESULTS / FILLED_RERUN).glob("*.json")):
         for c in dispatch_cases(json.loads(path.read_text()), cluster, dense_grad=True):
             if c.name.endswith(FILLED_TAG):
