@@ -6,6 +6,8 @@ Usage (H200):
     python3 bench/dispatch.py --ops llep pipelined_llep pipelined_llep_source \
         --binding-only llep pipelined_llep --out $OUT            # issue 13, one GPU, ~5 min
     torchrun --nproc_per_node=2 bench/dispatch.py --nccl --out bench/results    # two GPUs, real NCCL
+    python3 bench/dispatch.py --shapes A B --ops ep llep pipelined_llep --binding-only ep llep pipelined_llep \
+        --no-trace --fill --out $OUT                                            # real-data operands, one GPU
     python3 bench/dispatch.py --smoke --out /tmp/dispatch                       # CPU, tiny shapes
     torchrun --nproc_per_node=2 bench/dispatch.py --nccl --smoke --out /tmp/dispatch   # CPU, gloo
 
@@ -14,6 +16,11 @@ Usage (H200):
   communication); the step is ``out = op(x); out.backward(torch.randn_like(out))`` with the router
   (a dense ``N×H`` upstream gradient, as a decoder layer's backward delivers). Standard EP's skewed
   profiles at shape A run out of memory: recorded. Then a real ``E_p = 1`` run at A and B.
+- ``--fill``: the emulated ranks' all-to-alls are no-ops, so every received buffer is unwritten
+  memory (zeros, or stale values of earlier runs) and the GEMMs run on it; with ``--fill`` each one
+  fills its output from a random buffer (``dispatch_fill.Filler``), as real communication would, and
+  the row records the fill's bytes (``fill_bytes`` per step, ``fill_fwd_bytes`` in the forward: the
+  copies the times include). The peaks are taken without the fill.
 - ``--nccl``: a real NCCL group of ``WORLD_SIZE`` (2) ranks at ``E_p = 2`` (shape A's per-rank
   sizes), every operator on ``balanced`` and ``80/16``, and PipelinedLLEP's chunk-count curve
   ``K ∈ {1, 2, 3, 5, 10, 20}`` (the time model's input). Peaks and times are the max over ranks.
@@ -101,8 +108,13 @@ def _trace(args):
     return trace_layer(op, s, make_plan(op, s, profile), profile, ranks).per_rank
 
 
-def measure(op, s, profile, plan, device, group, pad_bytes, iters, *, timed=True, **over) -> dict:
-    """One rank's step: peak memory (the warm-up run) and median fwd / fwd+bwd times."""
+def measure(op, s, profile, plan, device, group, pad_bytes, iters, *, timed=True, fill=False, **over) -> dict:
+    """One rank's step: peak memory (the warm-up run) and median fwd / fwd+bwd times. ``fill``
+    (emulated ranks, ``--fill``): the times with every emulated all-to-all filling its output from a
+    random buffer (``dispatch_fill.Filler``), the peak without it; the row records ``fill`` and the
+    fill's bytes per step and in the forward (``fill_bytes``, ``fill_fwd_bytes``)."""
+    import contextlib
+
     import torch
 
     from _common import time_fwd_bwd
@@ -121,7 +133,18 @@ def measure(op, s, profile, plan, device, group, pad_bytes, iters, *, timed=True
         else:
             run()
         if timed:
-            row["fwd_s"], row["fwdbwd_s"] = time_fwd_bwd(run, iters, device.type == "cuda")
+            filler = None
+            if fill:
+                from dispatch_fill import Filler
+                from planner.runtime import exchange
+
+                filler = Filler(exchange, device)
+            with filler or contextlib.nullcontext():
+                if filler is not None:
+                    marks: list = []
+                    run(lambda: marks.append(filler.nbytes))     # warm-up; counts one step's fill
+                    row.update(fill=True, fill_bytes=filler.nbytes, fill_fwd_bytes=marks[0])
+                row["fwd_s"], row["fwdbwd_s"] = time_fwd_bwd(run, iters, device.type == "cuda")
     except torch.cuda.OutOfMemoryError as e:
         row["oom"] = str(e).splitlines()[0][:160]
     finally:
@@ -245,7 +268,8 @@ def emulate(args, cases, device, pad_bpp) -> list[dict]:
                        **{k: v + pad for k, v in f_all[d].items()})
             row["trace_bytes"] = row["trace_bytes"] + pad if row["trace_bytes"] else None
             dist.init_process_group("fake", store=FakeStore(), rank=d, world_size=s.E_p)
-            row.update(measure(op, s, profile, plan, device, None, pad, args.iters, timed=d == binding))
+            row.update(measure(op, s, profile, plan, device, None, pad, args.iters, timed=d == binding,
+                               fill=args.fill))
             dist.destroy_process_group()
             rows.append(row)
             print({k: v for k, v in row.items() if k != "checks"}, flush=True)
@@ -263,6 +287,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-trace", action="store_true", help="skip the fake-tensor traces")
     ap.add_argument("--binding-only", nargs="*", default=[], metavar="OP",
                     help="operators measured (and traced) at the formula's binding rank only")
+    ap.add_argument("--fill", action="store_true",
+                    help="emulated ranks: time with the all-to-all outputs filled from random data (real-data "
+                         "GEMM operands; bench/dispatch_fill.py), the fill's bytes recorded per row")
     args = ap.parse_args(argv)
     use_allocator(args)
     import torch

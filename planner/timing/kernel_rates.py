@@ -28,8 +28,12 @@ one expert GEMM block, ``T`` seconds of continuous GEMM work.
   GEMMs are 0.97–1.07× the table at every measured width (H200, 2026-12-01): the table's error
   depends on the rows, so one ratio read at 32768 rows made every expert block of a few thousand
   rows (all of them at ``E_p = 1``) 10–20% fast. (Backward GEMMs keep the layout ratio × the one
-  GEMM's sustained factor: reading their runtime/table ratio at the block rows too makes shape B's
-  backward 12–16% slow in the dispatch bench, unexplained; listed.)
+  GEMM's sustained factor, listed: on real operands, shape B's EP/LLEP rows with filled receive
+  buffers (``bench/results/dispatch_fill.json``) and at ``E_p = 1``, it is within 0–2% of the
+  measured forward+backward, their runtime/table ratio at the block rows 3.7–6.2% slow. The unfilled
+  emulated rows of shape B, 11% slow with either, read zero receive buffers, on which GEMMs run
+  faster than on the random operands every calibration GEMM is timed on:
+  ``tests/unit/test_heldout_timing.py``, ``FILLED_RERUN``.)
 - **Sustained GEMMs**: a GEMM stream of ``T`` seconds runs at ``f(T)`` × the GEMM table's time.
   The curve's one GEMM (``sustained``: ``m, n, k``) is timed in the table's short windows and in a
   continuous run; both are read **relative to the table's own time at that GEMM** (the model's base):

@@ -40,10 +40,17 @@ Misses are per-row known gaps (``heldout_gaps.KNOWN_ROW_GAPS``, each with its re
 2026-12-01 coverage run (dispatch kernels at every width, host tables at 10⁹ parameters on the
 CPUOffloadAdamW bench's instance, SCO against plain checkpointing; no rule fitted to these rows),
 with forward expert GEMMs at their role's measured ratio at the block rows and PipelinedLLEP's
-chunk loops at the host's pace block by block: dispatch 75 of 84 (EP/LLEP at shape B 10–12% slow,
-PipelinedLLEP's skewed forward 11–12% fast, its host-bound forward at ``E_p = 1`` +28%), chunk
-curve at shape B 4 of 6 (K = 5: +14%, K = 10: −12%, both host-bound), CPUOffloadAdamW 2 of 2, SCO 2
-of 2.
+chunk loops at the host's pace block by block, and ``dispatch_fill.json``'s seven filled
+configurations in place of their unfilled rows: dispatch 75 of 84 (EP/LLEP at shape B on zero
+receive buffers 11% slow, its filled rows within 0–4%; shape A filled 10–12% fast; PipelinedLLEP's
+skewed forward at A 15% fast, its host-bound forward at ``E_p = 1`` +28%), chunk curve at shape B 4
+of 6 (K = 5: +14%, K = 10: −12%, both host-bound), CPUOffloadAdamW 2 of 2, SCO 2 of 2.
+
+**Emulated receive buffers.** Under the fake process group the all-to-alls are no-ops: an
+``E_p > 1`` row's GEMMs read unwritten receive buffers (zeros when the memory is fresh), which run
+faster than the random operands the calibration timed (``FILLED_RERUN``). A configuration measured
+with filled buffers replaces its unfilled row (named with ``FILLED_TAG``; its prediction adds the
+fill's copies at the ``copy`` class rate).
 
 Until a results file is committed, its test skips naming the missing file. The row layouts are
 read through ``READERS``; dispatch field names go through the ``DISPATCH_FIELDS`` aliases.
@@ -52,6 +59,7 @@ read through ``READERS``; dispatch field names go through the ``DISPATCH_FIELDS`
 from __future__ import annotations
 
 import json
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
@@ -62,6 +70,7 @@ import pytest
 from planner.errors import ProfileGap
 from planner.plans.chunking import num_chunks
 from planner.plans.llep import LlepKnobs
+from planner.timing import kernel_rates as KR
 from planner.timing import ops
 from planner.units import ceil_div
 
@@ -162,16 +171,69 @@ UNCHUNKED_OPS = ("ep", "llep")
 
 
 def current_dispatch_cases(doc: dict, cluster) -> list[Case]:
-    """``dispatch.json``'s PipelinedLLEP rows and ``UNCHUNKED_RERUN``'s EP and LLEP rows."""
+    """``dispatch.json``'s PipelinedLLEP rows and ``UNCHUNKED_RERUN``'s EP and LLEP rows, each
+    replaced by the same configuration measured with filled receive buffers where one is committed
+    (``filled_cases``)."""
     out = dispatch_cases(doc, cluster, skip=UNCHUNKED_OPS)
     for path in sorted((RESULTS / UNCHUNKED_RERUN).glob("*.json")):
         out += dispatch_cases(json.loads(path.read_text()), cluster, dense_grad=True)
+    filled = filled_cases(doc, cluster)
+    return [filled.get(c.name, c) for c in out]
+
+
+FILLED_RERUN = "dispatch_filled"
+"""``bench/dispatch.py --fill`` results (``dispatch_A.json``, ``dispatch_B.json``): the emulated
+ranks timed with every all-to-all output filled from random data. Under the fake process group the
+all-to-alls are no-ops, so without it the operator's GEMMs read unwritten receive buffers, zeros
+when the allocator hands out fresh memory, and GEMMs on zero operands draw less power and hold
+higher clocks than the random operands every calibration GEMM was timed on
+(``bench/results/dispatch_fill.md``: EP at shape B balanced, 76.0 ms unfilled, 84.5 ms filled net of
+the fill's copies; LLEP's unfilled buffers in that process held the EP runs' stale data: 85.2 ms
+unfilled, 83.6 ms filled). A filled row is the measurement of real-data operands; it replaces the
+unfilled row of the same configuration."""
+FILL_PROBE = "dispatch_fill.json"
+"""``bench/dispatch_fill.py``: seven binding-rank configurations timed unfilled and filled in one
+process; its filled rows replace the unfilled rows of ``dispatch.json`` / ``UNCHUNKED_RERUN`` where
+``FILLED_RERUN`` has none (it records the fill's bytes per step only: ``FILL_FWD_SHARE`` of them in
+the forward)."""
+FILL_FWD_SHARE = 0.5
+"""Share of a step's fill bytes in its forward: the forward's two all-to-alls (dispatch, combine)
+mirror the backward's two (``bench/dispatch.py --fill`` records 0.5 on every smoke row)."""
+
+
+def fill_copy_s(cluster, H: int, I: int, k: int, nbytes: float) -> float:
+    """Seconds of the fill's copies (read + write ``nbytes``) at the profile's ``copy`` class rate."""
+    lk = ops._lk(cluster)
+    with KR.at_width(lk, H, I, k):
+        return float(KR.memory_s(lk, {"copy": nbytes}))
+
+
+def filled_cases(dispatch_doc: dict, cluster) -> dict[str, Case]:
+    """Unfilled row name → the case of the same configuration measured filled (``FILLED_RERUN``,
+    else ``FILL_PROBE``'s filled rows, whose shapes are ``dispatch_doc``'s)."""
+    out: dict[str, Case] = {}
+    probe = RESULTS / FILL_PROBE
+    if probe.exists() and "shapes" in dispatch_doc:
+        fill = json.loads(probe.read_text())
+        rows = [dict(r, binding=True, fill_fwd_bytes=FILL_FWD_SHARE * r["fill_bytes"])
+                for r in fill["rows"] if r.get("fill") and not fill.get("smoke")]
+        for c in dispatch_cases({"shapes": dispatch_doc["shapes"], "rows": rows}, cluster, dense_grad=True):
+            out[c.name.removesuffix(FILLED_TAG)] = c
+    for path in sorted((RESULTS / FILLED_RERUN).glob("*.json")):
+        for c in dispatch_cases(json.loads(path.read_text()), cluster, dense_grad=True):
+            if c.name.endswith(FILLED_TAG):
+                out[c.name.removesuffix(FILLED_TAG)] = c
     return out
+
+
+FILLED_TAG = " [filled]"
+"""Appended to the name of a row measured with filled receive buffers."""
 
 
 def dispatch_cases(doc: dict, cluster, skip: tuple = (), dense_grad: bool = False) -> list[Case]:
     """The timed rows of a ``bench/dispatch.py`` document (``skip``: operators left out;
-    ``dense_grad``: the bench's upstream gradient is dense, not ``out.sum()``'s)."""
+    ``dense_grad``: the bench's upstream gradient is dense, not ``out.sum()``'s). A row with
+    ``fill`` (``FILLED_RERUN``) is predicted with the fill's copies and named with ``FILLED_TAG``."""
     out = []
     for r in doc["rows"]:
         if r.get("op") in skip:
@@ -195,8 +257,13 @@ def dispatch_cases(doc: dict, cluster, skip: tuple = (), dense_grad: bool = Fals
         if op == "pipelined_llep" and routing == "balanced" and _on_chunk_curve(cluster, N, H, I, E, k, E_p, c, K):
             why = ""  # the profile's chunk-count curve measured this configuration: a calibration point
         tag = f"{op} {routing} N={N} H={H} I={I} E_p={E_p}" + (f" rank {r['rank']}" if "rank" in r else "")
-        out += [Case(tag + " fwd", _field(r, "fwd_s"), fwd, why),
-                Case(tag + " fwd+bwd", _field(r, "fwdbwd_s"), fb, why)]
+        end = ""
+        if r.get("fill"):
+            fwd += fill_copy_s(cluster, H, I, k, r["fill_fwd_bytes"])
+            fb += fill_copy_s(cluster, H, I, k, r["fill_bytes"])
+            end = FILLED_TAG
+        out += [Case(tag + " fwd" + end, _field(r, "fwd_s"), fwd, why),
+                Case(tag + " fwd+bwd" + end, _field(r, "fwdbwd_s"), fb, why)]
     return out
 
 
@@ -476,3 +543,24 @@ def test_host_rows_compared_only_on_the_bench_host(flat):
     assert host_mismatch({"provenance": {"host_instance": "vm-1"}}, cluster) == ""
     assert "vm-2" in host_mismatch({"provenance": {"host_instance": "vm-2"}}, cluster)
     assert compare([Case("x", 1.0, 2.0, "held out", "")])[0]
+
+
+def test_filled_rows_replace_unfilled(flat, tmp_path, monkeypatch):
+    """A ``bench/dispatch.py --fill`` row is predicted with its fill's copies, named with the tag, and
+    replaces the unfilled row of the same configuration."""
+    row = dict(operator="ep", N=4096, H=1024, I=512, E=16, k=2, E_p=4, routing="balanced", rank=0, fwd_s=1.0,
+               fwdbwd_s=2.0)
+    plain = dispatch_cases({"rows": [row]}, flat, dense_grad=True)
+    filled = dispatch_cases({"rows": [dict(row, fill=True, fill_bytes=4e9, fill_fwd_bytes=2e9)]}, flat,
+                            dense_grad=True)
+    assert [c.name + FILLED_TAG for c in plain] == [c.name for c in filled]
+    extra = [f.predicted_s - p.predicted_s for f, p in zip(filled, plain)]
+    assert extra == pytest.approx([fill_copy_s(flat, 1024, 512, 2, 2e9), fill_copy_s(flat, 1024, 512, 2, 4e9)])
+    assert extra[1] > extra[0] > 0
+    (tmp_path / FILLED_RERUN).mkdir()
+    (tmp_path / FILLED_RERUN / "dispatch_A.json").write_text(json.dumps(
+        {"rows": [dict(row, fill=True, fill_bytes=4e9, fill_fwd_bytes=2e9, fwd_s=3.0), dict(row, routing="80/16")]}))
+    monkeypatch.setattr(sys.modules[__name__], "RESULTS", tmp_path)
+    got = filled_cases({}, flat)
+    assert sorted(got) == sorted(c.name for c in plain)
+    assert got[plain[0].name].measured_s == 3.0 and got[plain[0].name].name.endswith(FILLED_TAG)
