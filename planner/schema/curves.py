@@ -323,6 +323,38 @@ class DispatchKernelsCurve(Curve):
         return self
 
 
+class MemorySizePoint(Frozen):
+    """One memory-bound kernel class timed at one size (``calibration.memory_sizes``)."""
+
+    cls: str
+    """Kernel class (``DISPATCH_KERNEL_CLASSES``)."""
+    kernel: str
+    """What was timed."""
+    model_bytes: float = Field(gt=0)
+    """Bytes the time model counts for that call."""
+    vs_reference: float = Field(gt=0)
+    """Bytes/s over a fused GPU AdamW timed in the same call."""
+    N: int = Field(ge=1)
+    H: int = Field(ge=1)
+    I: int = Field(ge=1)
+    k: int = Field(ge=1)
+
+
+class MemorySizesCurve(Curve):
+    """The dispatch's memory-bound kernel classes timed at several sizes in one process: what the
+    time model scales a class's rate by between the bytes a call moves and the bytes its
+    ``dispatch_kernels`` row was timed at (``planner.timing.memory_sizes``)."""
+
+    points: list[MemorySizePoint]
+
+    @model_validator(mode="after")
+    def _classes(self):
+        bad = sorted({p.cls for p in self.points} - set(DISPATCH_KERNEL_CLASSES))
+        if bad:
+            raise ValueError(f"memory_sizes classes {bad} are not in {DISPATCH_KERNEL_CLASSES}")
+        return self
+
+
 class LongAttentionTable(Curve):
     """Causal attention seconds at long ``S`` for one runtime variant (``bench/calibrate_coverage.py``):
     forward and backward on a grid ``seq_len × heads`` (query heads per rank; ``kv_div`` query heads
@@ -512,6 +544,8 @@ class Curves(Frozen):
     dispatch_kernels_widths: list[DispatchKernelsCurve] = Field(default_factory=list)
     """The same at other ``(H, I, k)`` (each curve's ``widths``): the time model reads the one of the
     layer's widths (``planner.timing.kernel_rates.at_width``)."""
+    memory_sizes: MemorySizesCurve | None = None
+    """Memory-bound dispatch kernels at several sizes (``calibration.memory_sizes``)."""
     attention_long: dict[str, LongAttentionTable] = Field(default_factory=dict)
     """Long-``S`` causal attention by runtime variant (``planner.timing.compute.attention_s``)."""
     sco: SCOCurve | None = None

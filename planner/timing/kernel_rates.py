@@ -59,6 +59,7 @@ import numpy as np
 
 from planner.timing.compute import gemm_s as table_gemm_s
 from planner.timing.compute import hbm_bytes_per_s, host_op_s
+from planner.timing import memory_sizes as sized
 from planner.timing.lookups import Lookups
 
 OTHER = "other"
@@ -145,10 +146,20 @@ def class_rates(lk: Lookups) -> dict:
 
 
 def memory_s(lk: Lookups, nbytes: dict):
-    """Seconds of ``{class: bytes}`` (arrays) of memory-bound kernels."""
+    """Seconds of ``{class: bytes}`` (arrays) of memory-bound kernels, each class at its rate for the
+    bytes of the call (``planner.timing.memory_sizes``: a phase's class bytes are one call's, or a
+    few calls' of a class whose rate the sizes leave flat)."""
     rates = class_rates(lk)
     hbm = hbm_bytes_per_s(lk)
-    return sum(np.asarray(v, dtype=float) / rates.get(c, hbm) for c, v in nbytes.items())
+    cv = curve(lk)
+    sized.note(lk)
+    out = 0.0
+    for c, v in nbytes.items():
+        v = np.asarray(v, dtype=float)
+        row = cv.memory.get(c) if cv is not None else None
+        f = sized.factor(lk, c, v, row.model_bytes if row is not None else None)
+        out = out + v / (rates.get(c, hbm) * f)
+    return out
 
 
 def _layout_points(cv, role: str):
