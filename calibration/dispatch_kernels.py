@@ -292,12 +292,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--smoke", action="store_true", help="tiny shapes (CPU), same code paths")
     ap.add_argument("--convert", metavar="JSON", help="write the fragment of an earlier run's JSON (no measuring)")
     args = ap.parse_args(argv)
-    from calibration.io import command_line, write_measurement, write_yaml_atomic
+    from calibration.io import command_line, read_run, write_measurement, write_yaml_atomic
 
     out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
     if args.convert:
-        doc = json.loads(Path(args.convert).read_text())
+        doc = read_run(args.convert, "dispatch_kernels", ("provenance", "shape", "adamw_ref_bytes_per_s", "memory",
+                                                          "gemm_layouts", "sustained", "host_blocks"))
+        out.mkdir(parents=True, exist_ok=True)
         write_yaml_atomic(out / "dispatch_kernels.yaml", fragment(doc))
         print(f"wrote {out / 'dispatch_kernels.yaml'} from {args.convert}")
         return 0

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from planner.schema.io import dump_yaml, read_structured, write_text_atomic, write_yaml_atomic
 
-__all__ = ["command_line", "dump_yaml", "read_yaml", "write_measurement", "write_text_atomic", "write_yaml_atomic"]
+__all__ = ["command_line", "dump_yaml", "read_run", "read_yaml", "write_measurement", "write_text_atomic", "write_yaml_atomic"]
 
 
 def command_line(launcher: str, argv: list[str] | None) -> str:
@@ -52,3 +52,30 @@ def read_yaml(path: str | os.PathLike) -> dict:
     if not isinstance(data, dict):
         raise InvalidPlan("profile", str(p), "must hold one YAML mapping", "re-run `planner calibrate`")
     return data
+
+
+def read_run(path: str, section: str, required: tuple[str, ...] = ()) -> dict:
+    """An earlier run's JSON document for ``--convert``; a missing, unreadable or malformed file, or
+    one without the ``required`` keys of that section's runs, exits 2 with one line naming it
+    (``SystemExit``, no traceback)."""
+    import json
+    import sys
+
+    p = Path(path)
+    try:
+        doc = json.loads(p.read_text())
+    except FileNotFoundError:
+        why = "no such file"
+    except (OSError, UnicodeDecodeError) as e:
+        why = f"cannot be read ({type(e).__name__})"
+    except json.JSONDecodeError as e:
+        why = f"is not JSON (line {e.lineno}: {e.msg})"
+    else:
+        missing = [k for k in required if k not in doc] if isinstance(doc, dict) else None
+        if missing == []:
+            return doc
+        why = "is not a JSON object" if missing is None else f"has no {', '.join(map(repr, missing))} (not a {section} run)"
+    print(f"calibration.{section}: --convert {path}: {why}; give the {section}.json an earlier run of "
+          f"python3 -m calibration.{section} wrote", file=sys.stderr)
+    raise SystemExit(2)
+

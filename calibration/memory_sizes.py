@@ -81,10 +81,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--smoke", action="store_true", help="tiny sizes (CPU), same code path")
     ap.add_argument("--convert", metavar="JSON", help="write the fragment of an earlier run's JSON (no measuring)")
     args = ap.parse_args(argv)
-    from calibration.io import command_line, write_measurement
+    from calibration.io import command_line, read_run, write_measurement
 
     if args.convert:
-        doc = json.loads(Path(args.convert).read_text())
+        doc = read_run(args.convert, "memory_sizes", ("provenance", "command", "runs"))
         doc.setdefault("wall_s", 0.0)
     else:
         doc = measure(args.smoke, command_line("python3 -m calibration.memory_sizes", argv))
