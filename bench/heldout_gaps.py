@@ -25,7 +25,7 @@ REASONS = [
  (r"^pipelined_llep", "PIPE_OTHER", "PipelinedLLEP: phi(K) from the chunk-count curve's shape used at another shape"),
  (r"^CPUOffloadAdamW", "HOST", "CPUOffloadAdamW is predicted fast: the host AdamW and cast tables in the profile were timed at 3.4e7 parameters, the bench steps 1e9 (state far beyond the last-level cache)"),
  (r"^SCO", "SCO", "SCO: the overlap rule with per-region times split evenly and one measured overhead per byte misses this interior"),
- (r"^chunk-count", "CHUNK", "chunk-count curve at shape B: phi(K) is measured at the profile curve's shape (A) only and carries what the replay misses there; with the memory-bound rates priced for the bytes of each call (calibration.memory_sizes) the replay at shape A's K = 1-3 is slower and phi(1) smaller, which at shape B, whose calls are 4-7 times smaller, makes K = 1 12.6% fast; the host-bound points (K = 5, 10) carry the host of the instance the curve ran on"),
+ (r"^chunk-count", "CHUNK", "chunk-count curve at shape B, K = 1 (E_p = 1) predicted 12.6% fast: phi(1) is measured at the profile curve's shape (A), where the whole operator at K = 1 runs 3% below its replay; at shape B, whose calls are 4-7 times smaller, the replay itself is short by 12% (the same rows at K = 2 and 3 are within 10%). The host-bound points (K = 5, 10, 20 at shape A) are not used for phi (chunk_curve.HOST_BOUND_SHARE)"),
 ]
 rows = []
 for bench,(fname,reader) in sorted(T.READERS.items()):

@@ -16,8 +16,11 @@ the operator's compute at ``K`` chunks is the replay times
 piecewise-linear in ``log K`` between the measured ``K``; above the largest measured ``K`` its last
 ratio (rule, listed in ``assumed``). The ratio is measured at one shape (the curve's ``shape``) and
 used at every shape and for both residue variants (assumed, listed). ``K = 1`` is a measured
-point too: φ(1) carries the whole-operator correction of that shape. Without the curve, φ = 1
-(listed).
+point too: φ(1) carries the whole-operator correction of that shape. A point whose replay is
+host-bound (``HOST_BOUND_SHARE``) is left out (listed): there the replay runs at the profile's
+host calibration and the measurement at the host of the instance the curve ran on, so the ratio is
+the two hosts' pace, which a GPU-bound configuration (PipelinedLLEP at ``E_p = 8``, 16 slots per
+chunk) must not inherit. Without the curve, or without a GPU-bound point, φ = 1 (listed).
 """
 
 from __future__ import annotations
@@ -30,13 +33,20 @@ from planner.timing.lookups import Lookups, shared_memo
 
 SHAPE_KEYS = ("tokens_per_rank", "hidden_size", "expert_ffn", "num_experts", "top_k", "expert_parallel")
 """Keys of ``ChunkCurve.shape`` the replay needs."""
+HOST_BOUND_SHARE = 0.02
+"""A curve point whose replay has more than this share of its seconds in exposed host launches is
+host-bound: its measured/replayed ratio is the curve instance's host pace against the profile's
+host calibration (``dispatch_kernels.host_loops``), not the per-chunk GPU costs φ carries, and it is
+not used (listed). At the H200 curve's shape (E_p = 1, 128 slots per chunk) K = 5, 10 and 20 are:
+0.06, 0.41 and 1.12 s of exposed host in replays of 0.58, 1.02 and 1.93 s."""
 
 
-def ratios(lk: Lookups, replay: Callable[[int, dict], tuple[float, float]]) -> tuple[np.ndarray, np.ndarray] | None:
+def ratios(lk: Lookups, replay: Callable[[int, dict], tuple[float, float, float]]) -> tuple[np.ndarray, np.ndarray] | None:
     """``(K, φ_K)`` at the curve's measured ``K`` (module formula), or None without a usable curve.
 
-    ``replay(K, shape) -> (operator seconds, router-and-loss seconds)`` at the curve's shape (forward
-    + backward, no communication, balanced, ``c = ceil(N/K)``).
+    ``replay(K, shape) -> (operator seconds, router-and-loss seconds, exposed host seconds)`` at the
+    curve's shape (forward + backward, no communication, balanced, ``c = ceil(N/K)``). Host-bound
+    points (``HOST_BOUND_SHARE``) are left out; None when no point is left.
     """
     cc = lk.curves.chunk_count
     if cc is None or any(k not in cc.shape for k in SHAPE_KEYS):
@@ -44,14 +54,21 @@ def ratios(lk: Lookups, replay: Callable[[int, dict], tuple[float, float]]) -> t
     memo = shared_memo(("chunk_curve_ratios", cc))
     hit = memo.get("phi")
     if hit is None:
-        ks = np.asarray(cc.num_chunks, dtype=float)
-        phi = []
+        ks, phi, dropped = [], [], []
         for K, t in zip(cc.num_chunks, cc.time_s):
-            op, rho = replay(int(K), dict(cc.shape))
+            op, rho, host = replay(int(K), dict(cc.shape))
+            if op > 0 and host > HOST_BOUND_SHARE * op:
+                dropped.append(int(K))
+                continue
+            ks.append(float(K))
             phi.append((t - rho) / op if op > 0 else np.nan)
-        hit = (ks, np.asarray(phi, dtype=float))
+        hit = (np.asarray(ks), np.asarray(phi, dtype=float), dropped) if ks else None
         memo["phi"] = hit
-    return hit
+    if hit is not None and hit[2]:
+        lk.assume(f"chunk-count curve points K = {hit[2]} left out of φ(K): their replay is host-bound (exposed host "
+                  f"launches above {HOST_BOUND_SHARE:.0%} of it), so their measured/replayed ratio is the host pace of "
+                  "the curve's instance, not per-chunk GPU costs; φ there is the nearest GPU-bound point's")
+    return hit[:2] if hit is not None else None
 
 
 def factor(lk: Lookups, K, replay) -> np.ndarray | float:

@@ -172,16 +172,17 @@ def _balanced_parts(lk, op, N, E, k, E_p, K, H, I, b, dense_grad, residue) -> di
     return parts
 
 
-def _curve_replay(lk: Lookups, K: int, shape: dict) -> tuple[float, float]:
+def _curve_replay(lk: Lookups, K: int, shape: dict) -> tuple[float, float, float]:
     """The chunk-count curve's measurement replayed (``chunk_curve.ratios``): (operator seconds,
-    router-and-loss seconds) of forward + backward at the curve's shape, rank 0 of the plan, a
-    dense upstream gradient (the calibration hook's ``out.backward(randn_like(out))``)."""
+    router-and-loss seconds, the operator's exposed host seconds) of forward + backward at the
+    curve's shape, rank 0 of the plan, a dense upstream gradient (the calibration hook's
+    ``out.backward(randn_like(out))``)."""
     N, H, I, E, k, E_p = (int(shape[key]) for key in chunk_curve.SHAPE_KEYS)
     r = moe_dispatch_s(lk, "pipelined_llep", N, E, k, E_p, K, H, I, 2, profile="balanced", comm=False, rank=0,
                        dense_grad=True, chunk_costs=False)
     with KR.at_width(lk, H, I, k):
         rl = DK.router_and_loss(lk, N, H, E, k, 2)
-    return float(r["fwd"] + r["bwd"]), float(sum(rl["fwd"]) + sum(rl["bwd"]))
+    return float(r["fwd"] + r["bwd"]), float(sum(rl["fwd"]) + sum(rl["bwd"])), float(r["host_fwd"] + r["host_bwd"])
 
 
 def moe_dispatch_s(lk: Lookups, op: str, N, E: int, k: int, E_p, K, H: int, I: int, b: int, *,
