@@ -23,10 +23,11 @@ from dataclasses import dataclass, field
 KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
 
 GPU_SECTIONS = ("constants", "gemm", "gemm_fp32", "grouped_gemm", "attention", "transfer", "gpu_adamw",
-                "cpu_adamw", "cpu_cast", "fragmentation", "host_copy", "chunk_count", "dispatch_kernels")
+                "cpu_adamw", "cpu_cast", "fragmentation", "host_copy", "chunk_count", "dispatch_kernels",
+                "memory_sizes")
 """Sections of a GPU calibration, in run order (constants first: before anything is cached).
-``dispatch_kernels`` (``calibration.dispatch_kernels``, ~15 s on an H200) runs its own fixed shapes
-(shape-A widths) in every GPU grid."""
+``dispatch_kernels`` (``calibration.dispatch_kernels``, ~15 s on an H200) and ``memory_sizes``
+(``calibration.memory_sizes``, ~40 s, < 60 GB) run their own fixed shapes in every GPU grid."""
 
 CPU_SECTIONS = ("gemm", "cpu_adamw", "cpu_cast", "host_copy")
 """Sections of the CPU-only quick profile."""

@@ -47,18 +47,23 @@ def measure(smoke: bool, command: str) -> dict:
     return doc
 
 
-def fragment(doc: dict) -> dict:
-    """``{"curves": {"memory_sizes": …}}``, validated."""
+def curve_data(doc: dict) -> dict:
+    """The ``curves.memory_sizes`` mapping (``MemorySizesCurve``) of a run's JSON document."""
     from calibration.dispatch_kernels import CLASSES
-    from planner.schema.curves import MemorySizesCurve
 
     pts = [dict(cls=r.get("cls") or CLASSES[r["kernel"]], kernel=r["kernel"], model_bytes=r["model_bytes"],
                 vs_reference=r["bytes_per_s"] / run["adamw_bytes_per_s"], N=run["N"], H=run["H"], I=run["I"],
                 k=run["k"]) for run in doc["runs"] for r in run["rows"]]
     sizes = ", ".join(f"{run['shape']} N={run['N']}" for run in doc["runs"])
-    curve = MemorySizesCurve.model_validate(dict(
-        status="measured", provenance=doc["provenance"], points=pts,
-        note=f"calibration.memory_sizes: the dispatch's memory-bound kernels at {sizes} in one process"))
+    return dict(status="measured", provenance=doc["provenance"], points=pts,
+                note=f"calibration.memory_sizes: the dispatch's memory-bound kernels at {sizes} in one process")
+
+
+def fragment(doc: dict) -> dict:
+    """``{"curves": {"memory_sizes": …}}``, validated."""
+    from planner.schema.curves import MemorySizesCurve
+
+    curve = MemorySizesCurve.model_validate(curve_data(doc))
     return {"curves": {"memory_sizes": curve.model_dump(mode="json")}}
 
 

@@ -33,7 +33,7 @@ margins), ``assumed`` for the rest."""
 
 POLICY = tuple(c.name for c in cluster_constants.CONSTANTS if c.default_status == "policy")
 
-CUDA_ONLY = ("constants", "fragmentation", "dispatch_kernels")
+CUDA_ONLY = ("constants", "fragmentation", "dispatch_kernels", "memory_sizes")
 
 
 @dataclass
@@ -157,6 +157,14 @@ def _section(name: str, grid, device, prov, st: RunState, bar: _Bar) -> None:
         doc = dispatch_kernels.measure(grid.name == "smoke", prov["command"])
         st.curves["dispatch_kernels"] = DispatchKernelsCurve.model_validate(
             {**dispatch_kernels.curve_data(doc), "provenance": {**doc["provenance"], **prov}})
+        tick(1)
+    elif name == "memory_sizes":
+        from calibration import memory_sizes
+        from planner.schema.curves import MemorySizesCurve
+
+        doc = memory_sizes.measure(grid.name == "smoke", prov["command"])
+        st.curves["memory_sizes"] = MemorySizesCurve.model_validate(
+            {**memory_sizes.curve_data(doc), "provenance": {**doc["provenance"], **prov}})
         tick(1)
     else:
         raise AssertionError(f"unknown section {name}")

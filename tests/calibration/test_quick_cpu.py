@@ -132,7 +132,8 @@ def test_smoke_runs_every_section_on_cpu(tmp_path):
                           ("gpu_adamw", "gpu_adamw")):
         fitted = getattr(spec.curves, name) is not None
         assert fitted or any(f.startswith(f"{section}: ") for f in st.failed), name
-    assert {"constants: needs CUDA", "fragmentation: needs CUDA", "dispatch_kernels: needs CUDA"} <= set(st.skipped)
+    assert {"constants: needs CUDA", "fragmentation: needs CUDA", "dispatch_kernels: needs CUDA",
+            "memory_sizes: needs CUDA"} <= set(st.skipped)
 
 
 def test_dispatch_kernels_section_on_cpu_smoke():
@@ -144,6 +145,20 @@ def test_dispatch_kernels_section_on_cpu_smoke():
     cv = st.curves["dispatch_kernels"]
     assert cv.provenance.command == "pytest" and cv.provenance.host_instance == "vm-test"
     assert cv.memory and cv.host_loops and cv.gemm_layouts
+
+
+def test_memory_sizes_section_on_cpu_smoke():
+    """The GPU-only ``memory_sizes`` section's code path (``--sections memory_sizes``) at the smoke
+    sizes on the CPU: every kernel class at each size, with the run's provenance."""
+    from calibration import memory_sizes
+
+    st = runner.RunState()
+    prov = {"device": "cpu", "date": "2026-12-01", "command": "pytest", "host_instance": "vm-test"}
+    runner._section("memory_sizes", config.SMOKE, torch.device("cpu"), prov, st, runner._Bar(False, 1))
+    cv = st.curves["memory_sizes"]
+    assert cv.provenance.command == "pytest" and cv.provenance.host_instance == "vm-test"
+    assert sorted({p.N for p in cv.points}) == sorted(s["N"] for _, s in memory_sizes.SMOKE)
+    assert len({p.cls for p in cv.points}) >= 10
 
 
 def _declared(tmp_path: Path) -> Path:
