@@ -335,9 +335,13 @@ class MemorySizePoint(Frozen):
     vs_reference: float = Field(gt=0)
     """Bytes/s over a fused GPU AdamW timed in the same call."""
     N: int = Field(ge=1)
+    """Tokens of the timed call (``R = k·N`` routed rows)."""
     H: int = Field(ge=1)
+    """Hidden width of the rows."""
     I: int = Field(ge=1)
+    """Expert FFN width (the SiLU / cat classes' rows)."""
     k: int = Field(ge=1)
+    """Routes per token."""
 
 
 class MemorySizesCurve(Curve):
@@ -346,6 +350,7 @@ class MemorySizesCurve(Curve):
     ``dispatch_kernels`` row was timed at (``planner.timing.memory_sizes``)."""
 
     points: list[MemorySizePoint]
+    """Every class at every timed size."""
 
     @model_validator(mode="after")
     def _classes(self):
