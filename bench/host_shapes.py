@@ -1,6 +1,6 @@
 """Does the host's seconds per GEMM launch depend on how many distinct shapes a loop runs?
 
-    python3 bench/host_shapes.py --out "$OUT"       # one H200, ~20 s
+    python3 bench/host_shapes.py --out "$OUT"       # one H200, seconds
     python3 bench/host_shapes.py --smoke --out /tmp/hs
 
 ``calibration.dispatch_kernels.host_blocks`` times the expert loops at one tiny row count, so every

@@ -1,6 +1,6 @@
 """Where a composed W = 1 step's time goes, phase by phase, with its expert loops' host seconds.
 
-    python3 bench/step_phases.py --out "$OUT"              # one H200: the nine W = 1 cases, < 5 min
+    python3 bench/step_phases.py --out "$OUT"              # one H200: the nine W = 1 cases, ~5.5 min
     python3 bench/step_phases.py --smoke --out /tmp/sp     # CPU (gloo), tiny widths, same code paths
 
 Each case is ``bench/validate.py``'s W = 1 composed step (``planner validate``'s own step, 2 layers,

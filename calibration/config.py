@@ -27,7 +27,7 @@ GPU_SECTIONS = ("constants", "gemm", "gemm_fp32", "grouped_gemm", "attention", "
                 "memory_sizes")
 """Sections of a GPU calibration, in run order (constants first: before anything is cached).
 ``dispatch_kernels`` (``calibration.dispatch_kernels``, ~15 s on an H200) and ``memory_sizes``
-(``calibration.memory_sizes``, ~40 s, < 60 GB) run their own fixed shapes in every GPU grid."""
+(``calibration.memory_sizes``) run their own fixed shapes in every GPU grid."""
 
 CPU_SECTIONS = ("gemm", "cpu_adamw", "cpu_cast", "host_copy")
 """Sections of the CPU-only quick profile."""

@@ -28,7 +28,6 @@ host instance: the kernel's ``boot_id``), and the profile fragment ``DIR/dispatc
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import time
@@ -287,12 +286,9 @@ def fragment(doc: dict) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", required=True, help="folder for dispatch_kernels.json / .md / .yaml")
-    ap.add_argument("--smoke", action="store_true", help="tiny shapes (CPU), same code paths")
-    ap.add_argument("--convert", metavar="JSON", help="write the fragment of an earlier run's JSON (no measuring)")
-    args = ap.parse_args(argv)
-    from calibration.io import command_line, read_run, write_measurement, write_yaml_atomic
+    from calibration.io import command_line, read_run, section_parser, write_measurement, write_yaml_atomic
+
+    args = section_parser(__doc__, "dispatch_kernels", "tiny shapes (CPU), same code paths").parse_args(argv)
 
     out = Path(args.out)
     if args.convert:

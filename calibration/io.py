@@ -13,7 +13,7 @@ from pathlib import Path
 
 from planner.schema.io import dump_yaml, read_structured, write_text_atomic, write_yaml_atomic
 
-__all__ = ["command_line", "dump_yaml", "read_run", "read_yaml", "write_measurement", "write_text_atomic", "write_yaml_atomic"]
+__all__ = ["command_line", "dump_yaml", "read_run", "read_yaml", "section_parser", "write_measurement", "write_text_atomic", "write_yaml_atomic"]
 
 
 def command_line(launcher: str, argv: list[str] | None) -> str:
@@ -24,6 +24,19 @@ def command_line(launcher: str, argv: list[str] | None) -> str:
 
     args = sys.argv[1:] if argv is None else argv
     return " ".join([launcher, *(shlex.quote(a) for a in args)])
+
+
+def section_parser(doc: str, stem: str, smoke_help: str, convert: bool = True):
+    """The options of a standalone calibration section: ``--out`` (the folder of ``stem``.json /
+    .md / .yaml), ``--smoke`` and, where the section can re-read an earlier run, ``--convert``."""
+    import argparse
+
+    ap = argparse.ArgumentParser(description=doc.splitlines()[0])
+    ap.add_argument("--out", required=True, help=f"folder for {stem}.json / .md / .yaml")
+    ap.add_argument("--smoke", action="store_true", help=smoke_help)
+    if convert:
+        ap.add_argument("--convert", metavar="JSON", help="write the fragment of an earlier run's JSON (no measuring)")
+    return ap
 
 
 def write_measurement(out: Path, stem: str, doc: dict, markdown: str, fragment: dict) -> None:

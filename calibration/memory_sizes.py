@@ -1,6 +1,7 @@
 """The dispatch's memory-bound kernel classes at several sizes, in one process.
 
-    python3 -m calibration.memory_sizes --out DIR            # one H200: ~1 min, < 60 GB
+    python3 -m calibration.memory_sizes --out DIR            # one H200: under a minute; the largest size
+                                                             # holds R·H rows at N = 65536 (~50 GB)
     python3 -m calibration.memory_sizes --smoke --out DIR    # CPU, tiny sizes, same code path
     python3 -m calibration.memory_sizes --convert JSON --out DIR   # an earlier run → fragment
 
@@ -16,7 +17,6 @@ rate by these points (``planner.timing.memory_sizes``).
 
 from __future__ import annotations
 
-import argparse
 import json
 import time
 from pathlib import Path
@@ -51,7 +51,8 @@ def curve_data(doc: dict) -> dict:
     """The ``curves.memory_sizes`` mapping (``MemorySizesCurve``) of a run's JSON document."""
     from calibration.dispatch_kernels import CLASSES
 
-    pts = [dict(cls=r.get("cls") or CLASSES[r["kernel"]], kernel=r["kernel"], model_bytes=r["model_bytes"],
+    pts = [dict(cls=r.get("cls") or CLASSES[r["kernel"]], kernel=r["kernel"], seconds=r["seconds"],
+                model_bytes=r["model_bytes"], bytes_per_s=r["bytes_per_s"],
                 vs_reference=r["bytes_per_s"] / run["adamw_bytes_per_s"], N=run["N"], H=run["H"], I=run["I"],
                 k=run["k"]) for run in doc["runs"] for r in run["rows"]]
     sizes = ", ".join(f"{run['shape']} N={run['N']}" for run in doc["runs"])
@@ -81,19 +82,21 @@ def markdown(doc: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", required=True, help="folder for memory_sizes.json / .md / .yaml")
-    ap.add_argument("--smoke", action="store_true", help="tiny sizes (CPU), same code path")
-    ap.add_argument("--convert", metavar="JSON", help="write the fragment of an earlier run's JSON (no measuring)")
-    args = ap.parse_args(argv)
-    from calibration.io import command_line, read_run, write_measurement
+    from calibration.io import (command_line, read_run, section_parser, write_measurement, write_text_atomic,
+                                write_yaml_atomic)
 
-    if args.convert:
+    args = section_parser(__doc__, "memory_sizes", "tiny sizes (CPU), same code path").parse_args(argv)
+
+    out = Path(args.out)
+    if args.convert:   # the run's own JSON is left as measured; its summary and fragment are written
         doc = read_run(args.convert, "memory_sizes", ("provenance", "command", "runs"))
-        doc.setdefault("wall_s", 0.0)
-    else:
-        doc = measure(args.smoke, command_line("python3 -m calibration.memory_sizes", argv))
-    write_measurement(Path(args.out), "memory_sizes", doc, markdown(doc), fragment(doc))
+        out.mkdir(parents=True, exist_ok=True)
+        write_text_atomic(out / "memory_sizes.md", markdown(doc))
+        write_yaml_atomic(out / "memory_sizes.yaml", fragment(doc))
+        print(f"wrote {out / 'memory_sizes.yaml'} (and .md) from {args.convert}")
+        return 0
+    doc = measure(args.smoke, command_line("python3 -m calibration.memory_sizes", argv))
+    write_measurement(out, "memory_sizes", doc, markdown(doc), fragment(doc))
     return 0
 
 

@@ -33,7 +33,6 @@ the H200 profiler's kernel count of the same structure, ``bench/results/step_pro
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import sys
 import time
@@ -314,11 +313,10 @@ def markdown(doc: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", required=True, help="folder for step_host.json / .md / .yaml")
-    ap.add_argument("--smoke", action="store_true", help="CPU (gloo), fewer cases and steps, same code paths")
-    args = ap.parse_args(argv)
-    from calibration.io import command_line, write_measurement
+    from calibration.io import command_line, section_parser, write_measurement
+
+    args = section_parser(__doc__, "step_host", "CPU (gloo), fewer cases and steps, same code paths",
+                          convert=False).parse_args(argv)
 
     out = Path(args.out)
     cmd = command_line("python3 -m calibration.step_host", argv)

@@ -47,8 +47,9 @@ first matmul and the backward's), whatever the model."""
 EVERY_PHASE = PHASE_KINDS
 """The allocator never frees a cuBLAS workspace: it is allocated in the optimizer phase and at the
 step start too (the H200 run: optimizer phase 66.5 MiB above a budget that left it out)."""
-LT_SOURCE = ("PyTorch aten/src/ATen/cuda/CublasHandlePool.cpp (pytorch/pytorch@26a3905, the 2.11 line the H200 "
-             "runs) getCUDABlasLtWorkspace (a map of its "
+LT_SOURCE = ("PyTorch aten/src/ATen/cuda/CublasHandlePool.cpp (read at pytorch/pytorch@26a3905, not checked "
+             "against the 2.11 tag the H200 runs; bench/results/blas_workspaces measured the counts below) "
+             "getCUDABlasLtWorkspace (a map of its "
              "own keyed by handle and stream unless TORCH_CUBLASLT_UNIFIED_WORKSPACE=1; each entry "
              "getCUDABlasLtWorkspaceSize() = min(CUBLASLT_WORKSPACE_SIZE, 1024 KiB default, the cuBLAS "
              "workspace)); aten/src/ATen/native/cuda/Blas.cpp isInputCompliesAddmmCudaLt (the Lt path: "

@@ -323,17 +323,12 @@ class DispatchKernelsCurve(Curve):
         return self
 
 
-class MemorySizePoint(Frozen):
-    """One memory-bound kernel class timed at one size (``calibration.memory_sizes``)."""
+class MemorySizePoint(KernelRate):
+    """One memory-bound kernel class timed at one size (``calibration.memory_sizes``); its
+    ``vs_reference`` is over the fused GPU AdamW timed in the same call."""
 
     cls: str
     """Kernel class (``DISPATCH_KERNEL_CLASSES``)."""
-    kernel: str
-    """What was timed."""
-    model_bytes: float = Field(gt=0)
-    """Bytes the time model counts for that call."""
-    vs_reference: float = Field(gt=0)
-    """Bytes/s over a fused GPU AdamW timed in the same call."""
     N: int = Field(ge=1)
     """Tokens of the timed call (``R = k·N`` routed rows)."""
     H: int = Field(ge=1)

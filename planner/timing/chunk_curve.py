@@ -38,7 +38,8 @@ HOST_BOUND_SHARE = 0.02
 host-bound: its measured/replayed ratio is the curve instance's host pace against the profile's
 host calibration (``dispatch_kernels.host_loops``), not the per-chunk GPU costs φ carries, and it is
 not used (listed). At the H200 curve's shape (E_p = 1, 128 slots per chunk) K = 5, 10 and 20 are:
-0.06, 0.41 and 1.12 s of exposed host in replays of 0.58, 1.02 and 1.93 s."""
+0.06, 0.41 and 1.12 s of exposed host in replays of 0.58, 1.02 and 1.93 s, and K = 1-3 none: any
+threshold below 10% splits that curve the same way (a policy, not a measurement)."""
 
 
 def ratios(lk: Lookups, replay: Callable[[int, dict], tuple[float, float, float]]) -> tuple[np.ndarray, np.ndarray] | None:

@@ -140,7 +140,7 @@ def class_rates(lk: Lookups) -> dict:
     w = cv.widths
     lk.assume(f"dispatch memory-bound kernels by class at the measured rate relative to fused AdamW × the "
               f"profile's HBM rate ({hbm / 1e12:.2f} TB/s), measured at H={w.get('H')}, I={w.get('I')}, "
-              f"k={w.get('k')}, {w.get('R')} routes and used at every size; unmeasured kernels "
+              f"k={w.get('k')}, {w.get('R')} routes (other sizes: planner.timing.memory_sizes); unmeasured kernels "
               "(int64 div, router softmax…) at the HBM rate")
     return {c: r.vs_reference * hbm for c, r in cv.memory.items()}
 

@@ -20,29 +20,37 @@ import numpy as np
 from planner.timing.lookups import Lookups
 
 
-def _points(lk: Lookups) -> dict:
+def _points(lk: Lookups) -> tuple[dict, str]:
+    """``({class: (log bytes, ρ)}, the listed rule)`` of the profile's curve, built once per lookup
+    set (``memory_s`` runs on every phase of every candidate)."""
     cv = getattr(lk.curves, "memory_sizes", None)
-    if cv is None:
-        return {}
     hit = getattr(lk, "_memory_size_points", None)
     if hit is not None and hit[0] is cv:
-        return hit[1]
-    by: dict = {}
-    for p in cv.points:
-        by.setdefault(p.cls, []).append((p.model_bytes, p.vs_reference))
-    out = {}
-    for c, pts in by.items():
-        pts.sort()
-        if len(pts) >= 2:
-            out[c] = (np.log([v for v, _ in pts]), np.array([r for _, r in pts]))
-    lk._memory_size_points = (cv, out)
-    return out
+        return hit[1], hit[2]
+    if cv is None:
+        out, rule = {}, ("dispatch memory-bound kernels at the rate of the one size their class was timed at "
+                         "(no memory_sizes curve)")
+    else:
+        by: dict = {}
+        for p in cv.points:
+            by.setdefault(p.cls, []).append((p.model_bytes, p.vs_reference))
+        out = {}
+        for c, pts in by.items():
+            pts.sort()
+            if len(pts) >= 2:
+                out[c] = (np.log([v for v, _ in pts]), np.array([r for _, r in pts]))
+        sizes = sorted({(p.N, p.H) for p in cv.points})
+        rule = ("dispatch memory-bound kernels: each class's rate scaled by its measured rate at the bytes of the "
+                f"call against the bytes it was timed at (memory_sizes, N×H = {sizes}; piecewise-linear in log "
+                "bytes, the nearest measured size outside)")
+    lk._memory_size_points = (cv, out, rule)
+    return out, rule
 
 
 def factor(lk: Lookups, cls: str, nbytes, timed_bytes: float | None):
     """``ρ_c(v) / ρ_c(v_0)`` for the bytes ``nbytes`` (array) of one call of class ``cls``; 1 where the
     class has fewer than two sized points or ``timed_bytes`` is unknown."""
-    pts = _points(lk)
+    pts, _ = _points(lk)
     if cls not in pts or not timed_bytes:
         return 1.0
     x, y = pts[cls]
@@ -51,13 +59,5 @@ def factor(lk: Lookups, cls: str, nbytes, timed_bytes: float | None):
 
 
 def note(lk: Lookups) -> None:
-    """List the rule once per lookup set."""
-    cv = getattr(lk.curves, "memory_sizes", None)
-    if cv is None:
-        lk.assume("dispatch memory-bound kernels at the rate of the one size their class was timed at "
-                  "(no memory_sizes curve)")
-        return
-    sizes = sorted({(p.N, p.H) for p in cv.points})
-    lk.assume("dispatch memory-bound kernels: each class's rate scaled by its measured rate at the bytes of the "
-              f"call against the bytes it was timed at (memory_sizes, N×H = {sizes}; piecewise-linear in log bytes, "
-              "the nearest measured size outside)")
+    """List the rule (``Lookups.assume`` keeps each text once)."""
+    lk.assume(_points(lk)[1])

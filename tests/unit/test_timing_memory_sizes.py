@@ -20,6 +20,9 @@ from planner.timing.lookups import Lookups
 RUN = Path(__file__).resolve().parents[2] / "bench" / "results" / "calibration" / "memory_sizes" / "memory_sizes.json"
 SMALL, LARGE = 16384, 65536
 """Shape A's token counts in the committed run (the calibration's, and the dispatch bench's)."""
+SLOWER_THAN = 0.75
+"""The committed H200 run's bf16 ``index_add_`` at 4× the routes runs below this fraction of its rate
+(0.68 measured): the test fails if a re-run stops showing the slowdown the rule exists for."""
 
 
 @pytest.fixture(scope="module")
@@ -46,7 +49,7 @@ def test_index_add_slows_at_four_times_the_routes(h200):
     lo, hi = _point(cv, "index_add_bf16", SMALL), _point(cv, "index_add_bf16", LARGE)
     f = sized.factor(lk, "index_add_bf16", hi.model_bytes, lo.model_bytes)
     assert f == pytest.approx(hi.vs_reference / lo.vs_reference)
-    assert f < 0.75
+    assert f < SLOWER_THAN
     assert sized.factor(lk, "index_add_bf16", lo.model_bytes, lo.model_bytes) == pytest.approx(1.0)
     # beyond the largest measured size: the nearest point's rate
     assert sized.factor(lk, "index_add_bf16", 100 * hi.model_bytes, lo.model_bytes) == pytest.approx(f)
@@ -60,7 +63,7 @@ def test_memory_seconds_use_the_sized_rate(h200):
     s = KR.memory_s(lk, {"index_add_bf16": v})
     assert s[0] == pytest.approx(timed / rate)
     assert s[1] == pytest.approx(4 * timed / (rate * sized.factor(lk, "index_add_bf16", 4 * timed, timed)))
-    assert s[1] > 4.5 * s[0]                      # slower per byte at the larger size
+    assert s[1] > 4 / SLOWER_THAN * s[0]          # slower per byte at the larger size
     assert any("memory_sizes" in a for a in lk.assumed)
 
 
@@ -75,7 +78,8 @@ def test_without_the_curve_the_factor_is_one(h200):
 def test_unknown_class_is_refused():
     with pytest.raises(ValueError, match="not in"):
         MemorySizesCurve.model_validate(dict(status="assumed", points=[dict(
-            cls="warp_shuffle", kernel="x", model_bytes=1.0, vs_reference=1.0, N=1, H=1, I=1, k=1)]))
+            cls="warp_shuffle", kernel="x", seconds=1.0, model_bytes=1.0, bytes_per_s=1.0, vs_reference=1.0,
+            N=1, H=1, I=1, k=1)]))
 
 
 def test_smoke_run_writes_a_valid_fragment(tmp_path):
@@ -83,3 +87,8 @@ def test_smoke_run_writes_a_valid_fragment(tmp_path):
     doc = json.loads((tmp_path / "memory_sizes.json").read_text())
     assert [r["N"] for r in doc["runs"]] == [s["N"] for _, s in cal.SMOKE]
     assert (tmp_path / "memory_sizes.yaml").exists() and "index_add_" in (tmp_path / "memory_sizes.md").read_text()
+
+
+def test_convert_leaves_the_run_as_measured(tmp_path):
+    assert cal.main(["--convert", str(RUN), "--out", str(tmp_path)]) == 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["memory_sizes.md", "memory_sizes.yaml"]
