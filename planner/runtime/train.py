@@ -117,6 +117,12 @@ def run(plan_path: str, steps: int, *, layers: int | None = None, data: Callable
         raise InvalidPlan("plan.world_size", pf.plan.world_size,
                           f"must equal the launched ranks ({os.environ.get('WORLD_SIZE', '1')})",
                           f"torchrun --nproc_per_node={pf.plan.world_size} (or a plan for this world)")
+    if device_type == "cuda":
+        from planner.runtime import allocator
+
+        line = allocator.configure(torch, pf.cluster.memory.expandable_segments)
+        if int(os.environ.get("RANK", "0")) == 0:
+            log(line)
     device = _init_dist(device_type)
     torch.manual_seed(seed)
     step = build_composed_step(pf, num_layers=layers, device=device, seed=seed, lr=lr or DEFAULT_LR)

@@ -50,6 +50,8 @@ class Measurement:
     """``real`` (every rank runs, communication real) or ``emulated`` (one rank, fake process group)."""
     device: str
     losses: list[float] = field(default_factory=list)
+    allocator: str = ""
+    """The caching allocator's mode the step ran under (``planner.runtime.allocator``)."""
 
 
 @dataclass
@@ -85,6 +87,7 @@ class Outcome:
             "measured_peak_reserved_bytes": max((s.peak_reserved_bytes or 0 for s in meas.samples.values()),
                                                 default=0),
             "step_s": meas.step_s, "predicted_step_s": pred.step_s, "losses": meas.losses,
+            "allocator": meas.allocator,
             "tolerances": {"memory_under": MEMORY_UNDER, "memory_over": MEMORY_OVER,
                            "time": TIME_TOLERANCE, "time_judged": meas.mode == "real"},
             "rows": [r.asdict() for r in self.rows], "phases": phases,
@@ -240,7 +243,10 @@ def measure(planfile, ctx, *, rank: int, steps: int, grad_lifetime: str) -> Meas
     torch = _require_gpu()
     import torch.distributed as dist
 
+    from planner.runtime import allocator
     from planner.runtime.phase_recorder import CudaSource, PhaseRecorder
+
+    alloc_line = allocator.configure(torch, planfile.cluster.memory.expandable_segments)
 
     mode, rank = _world(ctx.world_size, rank, torch)
     try:
@@ -261,7 +267,7 @@ def measure(planfile, ctx, *, rank: int, steps: int, grad_lifetime: str) -> Meas
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
-    return Measurement(samples, start, step_s, mode, name, losses)
+    return Measurement(samples, start, step_s, mode, name, losses, alloc_line)
 
 
 def validate(plan: str, *, layers: int | None = None, steps: int = DEFAULT_STEPS, rank: int | None = None,
@@ -311,6 +317,8 @@ def render(o: Outcome, console) -> None:
            "time not judged)")
     console.print(f"[bold]planner validate[/] on {meas.device}: {how}")
     console.print(f"rank {o.rank} ({o.rank_reason}); gradients {pred.ctx.grad_lifetime}")
+    if meas.allocator:
+        console.print(meas.allocator)
     for c in o.changes:
         console.print(f"  truncated: {c}")
     t = Table(title="predicted vs measured (GiB; allocated, reserved shown beside)")
