@@ -52,6 +52,10 @@ CASES = {
     "fsdp2-qwen3-W8-tp2": ("qwen3-30b-a3b", 8, 16384, {"stack": "fsdp2", "tp": 2}, "freed"),
     "fsdp2-gptoss-W8-tp8": ("gpt-oss-20b", 8, 16384, {"stack": "fsdp2", "tp": 8}, "freed"),
     "fsdp2-dsv2-W1-selective": ("deepseek-v2-lite", 1, 8192, {"stack": "fsdp2", "ac": "selective"}, "freed"),
+    # N = 4096 / 2048: the embedding's backward sub-steps bind backward[1] (validate_expandable.json)
+    "gptoss-W8-S32768": ("gpt-oss-20b", 8, 32768, {}, "freed"),
+    "gptoss-W64-S32768": ("gpt-oss-20b", 64, 32768, {}, "freed"),
+    "dsv2-W64-S32768": ("deepseek-v2-lite", 64, 32768, {}, "freed"),
     "fsdp2-dsv2-W1-S4096": ("deepseek-v2-lite", 1, 4096, {"stack": "fsdp2"}, "freed"),
     "fsdp2-qwen3-W8-cp8": ("qwen3-30b-a3b", 8, 131072,
                            {"stack": "fsdp2", "cp": 8, "cpu_offload": True, "cp_rotate": "allgather"}, "freed"),

@@ -61,16 +61,18 @@ def _samples(result: dict, case: str, carried: int = 0) -> tuple[dict, int]:
 
 
 STEMS = ("validate", "validate_w1", "validate_w1_run3", "validate_w1_run4", "validate_w1_run5", "validate_fsdp2",
-         "validate_fsdp2_run2")
+         "validate_fsdp2_run2", "validate_expandable", "validate_fsdp2_expandable", "validate_w1_expandable")
 """The committed runs: the composed matrix, the composed W = 1 runs at three context lengths (timed
-as the median of steps 2–4), and the FSDP2 baseline's cases."""
+as the median of steps 2–4), and the FSDP2 baseline's cases. The ``*_expandable`` runs ran in the
+cluster file's allocator mode (``planner.runtime.allocator``), the others in PyTorch's default mode."""
 
 
 def _fsdp2(stem: str) -> bool:
     return stem.startswith("validate_fsdp2")
 
 
-FRESH_STEMS = ("validate_w1_run5", "validate_fsdp2_run2")
+FRESH_STEMS = ("validate_w1_run5", "validate_fsdp2_run2", "validate_expandable", "validate_fsdp2_expandable",
+               "validate_w1_expandable")
 """Runs made with each case's cuBLAS workspaces cleared first (``bench/_validate_runner.fresh``):
 nothing carries over between their cases."""
 

@@ -13,19 +13,32 @@ Composed stack:
                                                                 table during region 1's backward
                                                                 (at W = 1 it copies it in later, at
                                                                 the embedding's own pre-backward)
-    embedding grad sub-step    max(0, 2·V·H [+ V·H/W] − A_b)    backward[1]: dense grad + its
-                                                                reduce-scatter input copy (+ its
-                                                                shard, freed gradients)
+    embedding backward         max(0, max(2·V·H + V·H/W·[W>1],  backward[1], after region 1's: the
+    sub-steps                  2·V·H + Θ_1 + N·H + 2·N·H) − A_b) reduce-scatter (dense grad, flat
+                                                                input, new shard), or the kernel
+                                                                (unsharded table, dense grad, fp32
+                                                                segment sums, region 1's held
+                                                                reduce-scatter input, N·H grad)
+    unshard sub-step           max(0, Θ_{r−1} − A_r) if W > 1   forward[r ≥ 2]: region r's unshard
+                                                                copies out of its all-gather output
+                                                                while region r−1's is still held
     head (ZeRO-3, P = 1)       V·H                              head
 
 The embedding runs before region 1's attention (forward) and after it (backward), so its tensors
 and the region's are never live together: phase ``r = 1`` holds the larger of the two sub-steps.
 ``A_f``/``A_b`` are region 1's own bytes in that phase (its gathered weights and grads, boundaries,
-attention; kernel workspaces left out, which errs high); the embedding terms are the excess over
-them.
+attention and its attention kernels' buffers; not the library handles' workspaces, which every phase
+holds); the embedding terms are the excess over them.
 FSDP2's all-gather copies out of its flat output into the unsharded table (both live), and its
 reduce-scatter copies the dense gradient into a flat input (both live): the whole-step trace's
 forward[1] and backward[1] peaks (``tests/trace/test_step_trace.py``).
+
+FSDP2 frees a unit's all-gather output in the forward only once the next unit's all-gather has run
+(``wait_for_unshard`` keeps it in ``all_gather_state`` for overlap), so region ``r``'s unshard holds
+region ``r−1``'s output, its own output and its unsharded parameters, before any of the region's
+activations exist: ``A_r`` is region ``r``'s ``attention``, ``ffn`` and ``dispatch`` bytes in
+``forward[r]``, and the term is the excess over them. It binds where a large unit is followed by a
+region with small activations (DeepSeek-V2-Lite's dense FFN before layer 1's attention at N = 2048).
 
 FSDP2 baseline: ``planner.budget.fsdp2_gathered`` (per FSDP unit; the layer's sub-steps in
 ``planner.budget.fsdp2_layer``).
@@ -46,22 +59,18 @@ SOURCE = "DESIGN §2 MoP layout / FSDP2 layout, §3.2 Gathered"
 
 
 def _region1_bytes(ctx: Ctx, kind: str, own: list[Term]):
-    """Region 1's bytes in ``kind``[1] beyond the persistent state and the kernel workspaces (left
-    out, MLA's efficient-kernel buffers excepted: a FlashAttention workspace freed before the
-    embedding's backward then makes the budget higher by at most its size, never lower, and a fake-tensor trace, blind to workspaces, sees the
-    same excess)."""
-    from planner.budget import attention, boundary_terms
-
-    from planner.budget import attention_mla
+    """Region 1's bytes in ``kind``[1] beyond the persistent state and the library handles'
+    workspaces: its gathered, attention and boundary terms and its attention kernels' buffers."""
+    from planner.budget import attention, boundary_terms, workspace
 
     ph = Phase(kind, 1, ctx.regions[0])
-    ts = [*own, *attention.terms(ctx), *boundary_terms.terms(ctx)]
-    total = sum((np.asarray(t.bytes_in(ph), dtype=np.int64) for t in ts), np.int64(0))
-    # MLA's efficient kernel: its fp32 buffers are as large as the region's tensors, so they count
-    # (the phase holds the larger sub-step, and the kernel's buffers sit in the region's)
-    mla_ws = attention_mla.output_accumulator_excess_bytes(ctx) if kind == "forward" else (
-        attention_mla.backward_workspace_elems(ctx) * 4 if ctx.model.attention == "mla" else 0)
-    return total + np.asarray(mla_ws, dtype=np.int64)
+    # the attention kernels' buffers (MLA's efficient kernel, FlashAttention's and the sliding
+    # window's backward accumulators) sit in the region's own bytes, and the embedding's sub-steps
+    # come after them: the H200 holds none at those sub-steps (gpt-oss-20b W = 8 / 64 backward[1]
+    # without the 134.7 MB sliding-window accumulator); the library handles' workspaces stay apart
+    kernel_ws = [t for t in workspace.terms(ctx) if tuple(t.phases) != tuple(workspace.EVERY_PHASE)]
+    ts = [*own, *attention.terms(ctx), *boundary_terms.terms(ctx), *kernel_ws]
+    return sum((np.asarray(t.bytes_in(ph), dtype=np.int64) for t in ts), np.int64(0))
 
 
 def _embedding_substeps(ctx: Ctx, own: list[Term]) -> list[Term]:
@@ -83,24 +92,33 @@ def _embedding_substeps(ctx: Ctx, own: list[Term]) -> list[Term]:
                     "1's (torch/distributed/fsdp/_fully_shard/_fsdp_param_group.py): qwen3-W1 and "
                     "deepseek-v2-lite-W1 backward[1] hold no table copy")
     own = [*own, prefetch]
-    from planner.budget.persistent import embedding_grad_shard
-
     # no all-gather output at W = 1: the unshard copies the one-rank shard into the unsharded table
     fwd = excess(((1 + multi) * VH + N * H) * b, "forward")
-    # the embedding unit's post-backward (bf16 reduce): its dense gradient and the reduce-scatter
-    # input, and at W > 1 the new shard beside them (the whole-step trace); at W = 1 the phase holds
-    # no third table (the H200: the shard is the input's copy once the gradient is freed)
-    bwd = excess((2 * VH + np.asarray(embedding_grad_shard(ctx)) * multi) * b, "backward")
+    # after region 1's backward, the larger of two sub-steps binds (H200 allocator histories,
+    # bench/results/memory_snapshot/, cluster allocator mode):
+    # - the embedding's backward: the unsharded table, its dense gradient and the kernel's fp32
+    #   per-segment sums (N·H·4 B), beside region 1's held reduce-scatter input and the embedding
+    #   output's gradient (gpt-oss-20b W = 64, N = 4096);
+    # - its post-backward (bf16 reduce): the dense gradient, the reduce-scatter input and, at W > 1,
+    #   the reduce-scatter output (a new shard in either gradient lifetime; gpt-oss-20b W = 8, N = 4096)
+    theta_1 = np.asarray(_unit_params(ctx, np.asarray(ctx.vocab_parallel))[0])
+    rs_out = 0 if ctx.model.tie_embeddings else -(-VH // np.asarray(ctx.world_size))
+    seg_sums = -(-(N * H * 4) // b)
+    bwd = excess(np.maximum(2 * VH + rs_out * multi, 2 * VH + theta_1 + N * H + seg_sums) * b, "backward")
     return [prefetch,
         Term("embedding sub-step: all-gather output + unsharded table + output (excess over region 1)",
              "gathered", fwd, b, "max(0, V·H·(1 + [W > 1]) + N·H − A_f)", ("forward",), first_region_only=True,
              source=SOURCE + "; whole-step trace forward[1]; H200 validate at W = 1 (no all-gather output): "
              "qwen3-30b-a3b and deepseek-v2-lite S16384 forward[1] measured one V·H below 2·V·H + N·H"),
-        Term("embedding grad sub-step: dense grad + reduce-scatter input (excess over region 1)",
-             "gathered", bwd, b, "max(0, 2·V·H [+ ceil(V·H/W), freed, W > 1] − A_b)", ("backward",),
-             first_region_only=True, source=SOURCE + "; whole-step trace backward[1]; H200 allocator history of "
-             "planner validate, gpt-oss-20b W1 S16384 backward[1]: the phase peaks in region 1's attention backward "
-             "(12.31 GiB), below 3·V·H beside the persistent terms"),
+        Term("embedding backward sub-steps: its backward beside the unsharded table, or its reduce-scatter "
+             "(excess over region 1)", "gathered", bwd, b,
+             "max(0, max(2·V·H + ceil(V·H/W)·[W > 1], 2·V·H + Θ_region(1) + N·H + N·H·4/b) − A_b)", ("backward",),
+             first_region_only=True, source=SOURCE + "; H200 allocator histories in the cluster's allocator mode "
+             "(bench/results/memory_snapshot/gptoss-W8-S32768.json, gptoss-W64-S32768.json: "
+             "EmbeddingBackward0's table-sized gradient beside the resized unsharded table at W = 64, beside the "
+             "reduce-scatter input and output at W = 8); planner validate of the same cases "
+             "(bench/results/validate/validate_expandable.json); gpt-oss-20b W1 S16384 backward[1]: the phase "
+             "peaks in region 1's attention backward (12.31 GiB), below both"),
     ]
 
 
@@ -147,6 +165,42 @@ def _region_weights(ctx: Ctx, P) -> list[Term]:
                  "of unsharded parameters), its MoE forward[2] none of region 3's; qwen3-W1 forward[1] 36 MiB "
                  "(no all-gather output at W = 1); gpt-oss-W8 backward[4] holds region 3's 50.6 MiB "
                  "all-gather output")]
+
+
+def _activation_bytes(ctx: Ctx, ph: Phase):
+    """``A_r``: the ``attention``, ``ffn`` and ``dispatch`` bytes of ``ph`` (region ``r``'s own)."""
+    from planner.budget import attention, dispatch, ffn
+
+    ts = [*attention.terms(ctx), *ffn.terms(ctx), *dispatch.terms(ctx)]
+    return sum((np.asarray(t.bytes_in(ph), dtype=np.int64) for t in ts), np.int64(0))
+
+
+def _unshard_substep(ctx: Ctx, P) -> Term:
+    """``forward[r]``, ``r ≥ 2``, ``W > 1``: region ``r−1``'s all-gather output beside region ``r``'s
+    unshard, as the excess over region ``r``'s activations (see the module legend)."""
+    b = ctx.act_bytes
+    units = _unit_params(ctx, P)[:-1]
+    multi = np.where(np.asarray(ctx.world_size) > 1, 1, 0)
+    cnt = [0 * multi]
+    for r in range(2, len(units) + 1):
+        a = _activation_bytes(ctx, Phase("forward", r, ctx.regions[r - 1]))
+        cnt.append(np.maximum(np.asarray(units[r - 2]) * multi * b - a, 0) // b)
+    big = cnt[0]
+    for c in cnt[1:]:
+        big = np.maximum(big, c)
+
+    def at(ph: Phase):
+        v = cnt[ph.region - 1]
+        return int(v) if np.ndim(v) == 0 else v
+
+    return Term("unshard sub-step: region r−1's all-gather output beside region r's (excess over A_r)",
+                "gathered", _int(big), b, "max(0, Θ_region(r−1)·[W > 1] − A_r)  (A_r: region r's attention, ffn, "
+                "dispatch bytes in forward[r])", ("forward",), at=at, provisional=PROVISIONAL,
+                source=SOURCE + "; torch/distributed/fsdp/_fully_shard/_fsdp_param_group.py wait_for_unshard (the "
+                "previous all-gather state is freed after this unit's all-gather); whole-step trace of "
+                "deepseek-v2-lite W = 64 forward[3] (all_gather_copy_in / split_with_sizes_copy at model.py:82); "
+                "H200 validate of the same case: forward[3] held Θ_dense_ffn + 2·Θ_attention beside the "
+                "persistent, boundary and workspace bytes (189.60 MB against 189.54)")
 
 
 def _unreduced_grads(ctx: Ctx, P) -> Term:
@@ -204,6 +258,7 @@ def terms(ctx: Ctx) -> list[Term]:
     out = [
         *_region_weights(ctx, P),
         _unreduced_grads(ctx, P),
+        _unshard_substep(ctx, P),
     ]
     out += _embedding_substeps(ctx, out)
     if ctx.vocab == "dense" or bool(np.any(P == 1)):

@@ -17,19 +17,17 @@ import validate_table  # noqa: E402
 from planner.runtime.validate_compare import MEMORY_UNDER, time_ok  # noqa: E402
 
 UNDER = MEMORY_UNDER
-_PERSISTENT = ("DeepSeek W = 64 step start and optimizer 4.8 MiB (1.5%) under on a 330 MiB rank, not a workspace: the "
-               "2 MiB of cuBLASLt workspace the run carried from gpt-oss cases earlier in its process are taken off "
-               "the measurement (validate_table.carried_workspace_bytes) and DeepSeek-V2-Lite allocates none of "
-               "its own (no biased linear); re-run with each case's workspaces cleared first (bench/results/"
-               "validate/validate_fsdp2_fresh.json) the row is 0.9845 (5.1 MiB). The recorded allocations of "
-               "the H200 allocator history match the inventory to 112 B, so the bytes were not recorded; "
-               "bench/blas_workspaces.py (a fresh process per case) says where they are. The step's peak is 1.000")
+_PERSISTENT = ("DeepSeek-V2-Lite W = 64 step start and optimizer 0.985 (5.1 MiB on a 330 MiB rank) in the runs made "
+               "in PyTorch's default allocator mode (validate_fsdp2, validate_fsdp2_run2): the 11 MiB expert shards "
+               "sit in unsplit 12 MiB blocks there (bench/results/allocator_modes: allocated − requested 5.08 MiB "
+               "at step start). In the cluster file's mode, which planner validate now sets "
+               "(validate_fsdp2_expandable), the case is 0.9999-1.0002 and allocated − requested is 0.02 MiB")
 KNOWN_UNDER = {
     # (stack, case, W, S, lifetime): reason
     ("fsdp2", "dsv2-W64-full", 64, 32768, "accumulate"): _PERSISTENT,
 }
 """Phases below the measurement by more than ``UNDER`` today, each with its reason. No composed
-case is here: every phase of the 41 composed cases is at least 0.996 of the H200."""
+case is here."""
 
 
 @pytest.fixture(scope="module")
@@ -74,7 +72,11 @@ _QWEN3_FSDP2_HOST = ("Qwen3-30B-A3B FSDP2 at W = 1, 16k: 0.35 s on the calibrati
                      "0.54 s on the instance of validate_fsdp2_run2.json against 0.34 s predicted; that instance's own "
                      "calibration.step_host rows are within 10% of the profile's (bench/results/calibration/"
                      "instance_c275be5e), and its other eight W = 1 steps are within 15%")
+_DSV2_FSDP2_SHORT = ("DeepSeek-V2-Lite FSDP2 at W = 1, 4k, the shortest step: 0.103-0.109 s on four H200 instances "
+                     "(validate_fsdp2, _run2, _fresh, _expandable) against 0.121 s predicted (1.11-1.18); "
+                     "over-priced, so the search errs against the baseline's speed here")
 KNOWN_SLOW = {
+    ("fsdp2", "dsv2-W1-S4096", 1, 4096, "freed"): _DSV2_FSDP2_SHORT,
     ("composed", "qwen3-30b-a3b", 1, 65536, "freed"): _QWEN3_HOST,
     ("composed", "qwen3-30b-a3b", 1, 32768, "freed"): _QWEN3_HOST,
     ("composed", "gpt-oss-20b", 1, 16384, "freed"): _SLOW_INSTANCE,
@@ -93,3 +95,44 @@ def test_w1_step_time_within_tolerance(records):
     off = {_key(r) for r in timed if not time_ok(r["step_s_predicted"], r["step_s_measured"])}
     assert sorted(off - set(KNOWN_SLOW)) == []
     assert sorted(set(KNOWN_SLOW) - off) == []
+
+
+CLUSTER_MODE_STEMS = tuple(s for s in validate_table.STEMS if s.endswith("_expandable"))
+"""The runs made in the cluster file's allocator mode (``planner.runtime.allocator``): there every
+judged memory row is held to both bounds, −``MEMORY_UNDER`` / +``MEMORY_OVER``."""
+_GQA_SINK_BWD = ("gpt-oss-20b composed W = 64, N = 4096, backward[3] (the global attention layer's backward): 1.023-1.025, "
+                 "27.7 MiB over; the FlashAttention backward buffers (dq_accum, the GQA dk/dv expansion and the sinks' "
+                 "contiguous copies) are summed with attention_norm's backward sub-step, and the H200 does not hold "
+                 "them all at once. Over, so conservative; W = 8 at the same N is 1.014-1.017")
+KNOWN_OVER = {
+    ("composed", "gpt-oss-20b", 64, 32768, "freed", "backward[3]"): _GQA_SINK_BWD,
+    ("composed", "gpt-oss-20b", 64, 32768, "accumulate", "backward[3]"): _GQA_SINK_BWD,
+}
+
+
+@pytest.fixture(scope="module")
+def cluster_mode_rows():
+    from planner.runtime.validate import COMPARED_BOUND
+    from planner.runtime.validate_compare import compare
+    from planner.runtime.validate_plan import predict
+
+    out = []
+    for stem in CLUSTER_MODE_STEMS:
+        for c, pf in validate_table.cases(stem):
+            pred = predict(pf, c["lifetime"], timing=False, dispatch_bound=COMPARED_BOUND)
+            samples, start = validate_table._samples(c["result"], c.get("name") or c["model"])
+            stack = "fsdp2" if validate_table._fsdp2(stem) else "composed"
+            for r in compare(pred, samples, start, judge_time=False):
+                if r.unit == "bytes" and r.judged and r.measured:
+                    out.append(((stack, c.get("name") or c["model"], c["W"], c["S"], c["lifetime"], r.phase), r))
+    return out
+
+
+def test_every_row_within_both_bounds_in_the_cluster_mode(cluster_mode_rows):
+    from planner.runtime.validate_compare import memory_ok
+
+    assert len(CLUSTER_MODE_STEMS) == 3 and len(cluster_mode_rows) > 700
+    off = {k: round(r.ratio, 4) for k, r in cluster_mode_rows if not memory_ok(int(r.predicted), int(r.measured))}
+    assert {k: v for k, v in off.items() if k not in KNOWN_OVER} == {}
+    assert sorted(k for k in KNOWN_OVER if k not in off) == []
+    assert all(v > 1 for v in off.values())   # the listed ones are over: conservative
