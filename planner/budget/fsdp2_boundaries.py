@@ -52,7 +52,7 @@ def saved_layer(ctx: Ctx, kind: str, selective: bool, local: bool) -> tuple:
     from planner.budget.fsdp2_saved import attention_saved_counts, routed_rows_excess, sac_saved_counts
 
     if selective:
-        return sac_saved_counts(ctx, kind)
+        return sac_saved_counts(ctx, kind, local)
     N_sp = ceil_div(ctx.tokens_per_rank, ctx.tp)
     cb, cf = attention_saved_counts(ctx, selective, local)
     eb, ef = boundaries.saved_per_token(ctx, kind, selective)
