@@ -137,13 +137,16 @@ def _substeps(ctx: Ctx, kind: str, rkind: str, local: bool) -> tuple[dict[str, l
                _cp_kv(ctx, N, hkv, d_qk, d_v),
                Item("gathered", "layer all-gather output held (dense part)", th_d * (F > 1), b, "Θ^d·[F>1]")]
         if ctx.ac == "selective":
-            keep = [Item("attention", f"this layer's {n}", c, b if eb is None else eb, f, SAC_SOURCE)
-                    for n, c, eb, f in sac_saved_parts(ctx, rkind, local, current=True)]
+            def sac(current: bool) -> list[Item]:   # current: beside D, which counts the top-k values
+                return [Item("attention", f"this layer's {n}", c, b if eb is None else eb, f, SAC_SOURCE)
+                        for n, c, eb, f in sac_saved_parts(ctx, rkind, local, current)]
+
+            keep, keep_beside_d = sac(False), sac(True)
         else:
-            keep = attention_saved(ctx, False, local) if saved_regime else []
+            keep = keep_beside_d = attention_saved(ctx, False, local) if saved_regime else []
         if moe:
-            ffn = mid + keep + [Item("gathered", "experts' all-gather output held", th_e * (Fe > 1), b,
-                                     "Θ^e·[F·tp/ep>1]")]
+            ffn = mid + keep_beside_d + [Item("gathered", "experts' all-gather output held", th_e * (Fe > 1),
+                                              b, "Θ^e·[F·tp/ep>1]")]
             out = {"ffn": ffn, "attention": att}
             extra = fsdp2_reduce.experts_unshard_extra(ctx, rkind)
             if np.any(extra):
