@@ -43,7 +43,7 @@ INPUT_BATCH = "input batch: tokens and targets (int64)"
 def saved_layer(ctx: Ctx, kind: str, selective: bool, local: bool) -> tuple:
     """Saved activations of one baseline layer, ``(b-byte, fp32)`` elements: its attention's
     (``fsdp2_layer.attention_saved_counts``, with QK-norm, MLA, sinks, sliding blocks) and its FFN's
-    (``boundaries.saved_per_token`` × ``N_sp``); under SAC ``fsdp2_layer.sac_saved_counts`` (no
+    (``boundaries.saved_per_token`` × ``N_sp``); under SAC ``fsdp2_saved.sac_saved_counts`` (no
     routed rows). A MoE layer's received rows follow the routing: the per-token inventory counts
     ``N·k`` of them; the busiest rank receives ``Q`` (``fsdp2_saved.routed_rows``), and each row
     beyond ``N·k`` adds the slot-major row ``H``, the grouped MLP's saved gate, up, silu and product
@@ -52,7 +52,7 @@ def saved_layer(ctx: Ctx, kind: str, selective: bool, local: bool) -> tuple:
     from planner.budget.fsdp2_saved import attention_saved_counts, routed_rows_excess, sac_saved_counts
 
     if selective:
-        return sac_saved_counts(ctx, kind)
+        return sac_saved_counts(ctx, kind, local)
     N_sp = ceil_div(ctx.tokens_per_rank, ctx.tp)
     cb, cf = attention_saved_counts(ctx, selective, local)
     eb, ef = boundaries.saved_per_token(ctx, kind, selective)

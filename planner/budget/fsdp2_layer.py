@@ -30,7 +30,8 @@ forward[r]
                    all-gather output V·H/tp·[F>1] (FSDP2's pre-forward of the final norm runs
                    before the head phase starts), less the resharded layer's Θ_L; without
                    checkpointing the last layer's saved tensors too
-    ac = selective keeps, instead of A, torchtitan's SAC outputs (``sac_saved_counts``)
+    ac = selective keeps, instead of A, torchtitan's SAC outputs (``fsdp2_saved.sac_saved_parts``:
+                   every addmm, every second mm, the router's top-k, the SDPA output and lse)
 
 backward[r] (ac = full recomputes the whole layer first, so A and the FFN's saved tensors exist
 again; ac = none keeps them from the forward)
@@ -70,7 +71,7 @@ import numpy as np
 
 from planner.budget import dispatch, fsdp2_gathered as fg, fsdp2_reduce, regions
 from planner.context.ctx import Ctx
-from planner.budget.fsdp2_saved import dims, attention_saved_counts, local_layers, sac_saved_counts
+from planner.budget.fsdp2_saved import SAC_SOURCE, attention_saved_counts, dims, local_layers, sac_saved_parts
 from planner.budget.terms import Phase, Term
 from planner.units import ceil_div
 
@@ -85,6 +86,8 @@ class Item:
     count: Any
     elem_bytes: int
     formula: str
+    source: str = ""
+    """The evidence, where it is narrower than the module's ``SOURCE``."""
 
     @property
     def nbytes(self):
@@ -134,14 +137,16 @@ def _substeps(ctx: Ctx, kind: str, rkind: str, local: bool) -> tuple[dict[str, l
                _cp_kv(ctx, N, hkv, d_qk, d_v),
                Item("gathered", "layer all-gather output held (dense part)", th_d * (F > 1), b, "Θ^d·[F>1]")]
         if ctx.ac == "selective":
-            cb, cf = sac_saved_counts(ctx, rkind)
-            keep = [Item("attention", "this layer's SAC-saved matmul and SDPA outputs", cb, b, "s_SAC·N"),
-                    Item("attention", "this layer's SAC-saved lse (fp32)", cf, 4, "N·h_q")]
+            def sac(current: bool) -> list[Item]:   # current: beside D, which counts the top-k values
+                return [Item("attention", f"this layer's {n}", c, b if eb is None else eb, f, SAC_SOURCE)
+                        for n, c, eb, f in sac_saved_parts(ctx, rkind, local, current)]
+
+            keep, keep_beside_d = sac(False), sac(True)
         else:
-            keep = attention_saved(ctx, False, local) if saved_regime else []
+            keep = keep_beside_d = attention_saved(ctx, False, local) if saved_regime else []
         if moe:
-            ffn = mid + keep + [Item("gathered", "experts' all-gather output held", th_e * (Fe > 1), b,
-                                     "Θ^e·[F·tp/ep>1]")]
+            ffn = mid + keep_beside_d + [Item("gathered", "experts' all-gather output held", th_e * (Fe > 1),
+                                              b, "Θ^e·[F·tp/ep>1]")]
             out = {"ffn": ffn, "attention": att}
             extra = fsdp2_reduce.experts_unshard_extra(ctx, rkind)
             if np.any(extra):
@@ -256,7 +261,7 @@ def terms(ctx: Ctx) -> list[Term]:
                 count, at = _pick(i.count, il.count, local)
                 out.append(Term(i.name, i.live_set, count, i.elem_bytes,
                                 f"{i.formula}  [{kind}, {ref} sub-step" + (" beside D]" if rkind == "moe" else "]"),
-                                (kind,), regions=reg, at=at, source=SOURCE))
+                                (kind,), regions=reg, at=at, source=i.source or SOURCE))
 
             def ends(r: int) -> dict:
                 if kind == "backward":

@@ -118,25 +118,92 @@ def attention_saved_counts(ctx: Ctx, selective: bool, local: bool):
     return cb, cf
 
 
-def sac_saved_counts(ctx: Ctx, kind: str):
-    """``(b-byte, fp32)`` elements op-level SAC keeps of one layer (``planner.runtime.fsdp2_layout
-    .sac_policy``, torchtitan's): the SDPA output ``N·h_q·d_v`` and its lse ``N·h_q`` (fp32), and
-    the outputs of the odd-numbered matmuls of the layer in order, the router's excluded and the
-    routed experts' grouped MLP not an ``aten.mm`` (GQA: q, v of ``q, k, v, o``; MLA: the first and
-    third of ``[q_a,] q(_b), kv_a, kv_b, o``; then the dense FFN's or shared experts' ``gate, up,
-    down``). The checkpoint input is counted apart. Qwen3 W8 selective forward[2]: per layer
-    ``attention.py`` q 128 and v 16 MiB, ``sdpa.py`` 128 + 2 MiB, no k, o-proj or expert rows."""
+SAC_SOURCE = (
+    "planner.runtime.fsdp2_layout.sac_policy (addmm, topk and the SDPA kernels in its save list; only mm/linear "
+    "alternate); CPU whole-step trace (tests/trace/test_fsdp2_trace.py, gpt-oss case: every addmm output of "
+    "q, k, v, o and the router, and topk, saved); H200 allocator marks of planner validate's step, gpt-oss-20b "
+    "W8 S8192 ac = selective (bench/results/allocator_modes/fsdp2-gptoss-W8-selective-expandable.json): the "
+    "forward[2] − forward[1] start marks exceed the budget that alternated the biased projections by "
+    "64880640 B = 7920 B/token = k 1024 + o-proj 5760 + sink-padded SDPA output 1024 + router logits 64 + "
+    "top-k 48; Qwen3 W8 selective forward[2]: attention.py q 128 and v 16 MiB, sdpa.py 128 + 2 MiB")
+
+
+def sac_saved_parts(ctx: Ctx, kind: str, local: bool = False, current: bool = False) -> list[tuple]:
+    """``[(name, count, elem_bytes, formula)]`` (``elem_bytes`` None: ``b``): what op-level SAC
+    keeps of one layer (``planner.runtime.fsdp2_layout.sac_policy``, torchtitan's; ``SAC_SOURCE``).
+
+    - the matmul outputs: a biased projection is an ``addmm``, always saved (q, k, v, o under
+      ``attention_bias``, MLA's are bias-free); the bias-free ones are ``mm``s, of which every second
+      is saved, counted in layer order over ``[q_a,] q(_b), kv_a, kv_b, o`` (MLA) or ``q, k, v, o``
+      (GQA), then the dense FFN's or shared experts' ``gate, up, down`` and the shared-expert gate
+      (width 1); the router's bias-free ``mm`` is recomputed and the routed experts' grouped MLP
+      (``mm.out``) is not in the list;
+    - the router's ``addmm`` logits ``N_sp·E`` under ``router_bias`` (DeepSeek-V3's ``router_bias``
+      is a selection correction after a bias-free linear: booked too, erring high) and its ``topk``:
+      values ``N_sp·k`` (fp32 probabilities) and ids ``N_sp·k`` (int64); the group-limited router's
+      two group top-ks are not counted; ``current``: the layer whose dispatch is running, whose
+      top-k values ``D`` already counts (``ROUTER_WEIGHTS``), so they are left out;
+    - the SDPA output and its lse (fp32) over the kernel's rows: ``N`` (global), ``N + B`` with
+      sinks (the dummy query row), ``B·n_b·w`` on a sliding-window layer (lse rows rounded up to 32
+      per block, the memory-efficient kernel's), each row ``h_q·d_o`` wide, ``d_o = d_qk + SINK_PAD``
+      with sinks (v is padded to q's width), else ``d_v``.
+
+    The checkpoint input is counted apart (``planner.budget.fsdp2_boundaries``)."""
     m = ctx.model
     N, H = ctx.tokens_per_rank, ctx.hidden_size
+    N_sp = ceil_div(N, ctx.tp)
     hq, hkv, d_qk, d_v = dims(ctx)
+    biased = bool(m.attention_bias) and m.attention != "mla"
     if m.attention == "mla" and m.mla is not None:
         a = m.mla
-        mms = ([ceil_div(a.q_lora_rank, ctx.tp)] if a.q_lora_rank else []) + [
-            hq * d_qk, a.kv_lora_rank + a.qk_rope_head_dim, hq * (a.qk_nope_head_dim + d_v), H]
+        mms = ([("q_a", ceil_div(a.q_lora_rank, ctx.tp))] if a.q_lora_rank else []) + [
+            ("q", hq * d_qk), ("kv_a", a.kv_lora_rank + a.qk_rope_head_dim),
+            ("kv_b", hq * (a.qk_nope_head_dim + d_v)), ("o", H)]
     else:
-        mms = [hq * d_qk, hkv * d_qk, hkv * d_v, H]
+        mms = [("q", hq * d_qk), ("k", hkv * d_qk), ("v", hkv * d_v), ("o", H)]
+    mms = [(n, w, biased) for n, w in mms]
     I = ceil_div(ctx.dense_ffn, ctx.tp) if kind == "dense_mlp" else ceil_div(m.shared_expert_ffn or 0, ctx.tp)
     if I:
-        mms += [I, I, H]
-    kept = sum(w for j, w in enumerate(mms) if j % 2 == 0)
-    return N * (kept + hq * d_v), N * hq
+        mms += [("gate", I, False), ("up", I, False), ("down", H, False)]
+        if kind == "moe" and m.shared_expert_gate:
+            mms.append(("shared gate", 1, False))
+    kept, j = [], 0
+    for n, w, bias in mms:
+        if bias or j % 2 == 0:
+            kept.append((n, w))
+        j += 0 if bias else 1
+    out = [("SAC-saved matmul outputs (" + ", ".join(n for n, _ in kept) + ")", N * sum(w for _, w in kept),
+            None, "N·(" + " + ".join(n for n, _ in kept) + " widths) (addmm every one, mm every second)")]
+    if kind == "moe":
+        E, k = ctx.num_experts, ctx.top_k
+        if m.router_bias:
+            out.append(("SAC-saved router logits (addmm)", N_sp * E, None, "N_sp·E [router_bias]"))
+        if not current:
+            out.append(("SAC-saved top-k values (fp32)", N_sp * k, 4, "N_sp·k"))
+        out.append(("SAC-saved top-k ids (int64)", N_sp * k, 8, "N_sp·k"))
+    sink = bool(m.attention_sinks)
+    d_o = d_qk + SINK_PAD if sink else d_v
+    if local and m.sliding_window:
+        w, B = int(m.sliding_window), ctx.seqs_per_microbatch
+        nb = -(-(np.asarray(N) // B) // w)
+        rows, lse_rows = B * nb * w, B * nb * (-(-w // 32) * 32)
+        how, how_l = "B·n_b·w", "B·n_b·⌈w/32⌉·32"
+    else:
+        rows = N + ctx.seqs_per_microbatch * sink
+        lse_rows, how = rows, "N + B·[sinks]"
+        how_l = how
+    out += [("SAC-saved SDPA output", rows * hq * d_o, None,
+             f"{how}·h_q·" + ("(d_qk + SINK_PAD)" if sink else "d_v")),
+            ("SAC-saved SDPA lse (fp32)", lse_rows * hq, 4, f"{how_l}·h_q")]
+    return out
+
+
+def sac_saved_counts(ctx: Ctx, kind: str, local: bool = False, current: bool = False):
+    """``(b-byte, fp32)`` elements of ``sac_saved_parts`` (an int64 counts as two fp32)."""
+    cb = cf = 0
+    for _, count, eb, _ in sac_saved_parts(ctx, kind, local, current):
+        if eb is None:
+            cb = cb + count
+        else:
+            cf = cf + count * (eb // 4)
+    return cb, cf

@@ -137,14 +137,16 @@ def build_meshes(layout: Layout, device_type: str) -> Meshes:
 
 def sac_save_ops() -> set:
     """Ops whose outputs torchtitan's op-level selective AC saves: the partitioner's
-    compute-intensive ops, every SDPA variant, ``linear``, ``max``, ``topk``, and the
+    compute-intensive ops, every SDPA variant (the CPU flash kernel too, so that the CPU trace
+    keeps what the CUDA step keeps), ``linear``, ``max``, ``topk``, and the
     ``reduce_scatter_tensor`` / ``all_to_all_single`` functional collectives."""
     from torch._functorch.partitioners import get_default_op_list
 
     aten = torch.ops.aten
     ops = {op.default for op in get_default_op_list().compute_intensive_ops}
     for name in ("_scaled_dot_product_cudnn_attention", "_scaled_dot_product_attention_math",
-                 "_scaled_dot_product_fused_attention_overrideable", "max", "linear", "topk"):
+                 "_scaled_dot_product_fused_attention_overrideable", "_scaled_dot_product_flash_attention_for_cpu",
+                 "max", "linear", "topk"):
         if hasattr(aten, name):
             ops.add(getattr(aten, name).default)
     c10d = torch.ops._c10d_functional

@@ -36,6 +36,10 @@ SEQ = 512
 MOE = dict(name="trace-moe", num_layers=2, hidden_size=128, vocab_size=2048, num_heads=8, num_kv_heads=4,
            head_dim=16, num_experts=16, top_k=2, expert_ffn=64)
 SHARED = {"dense_layers": (0,), "dense_ffn": 96, "shared_expert_ffn": 64}
+GPTOSS = dict(model_type="gpt_oss", attention_bias=True, attention_sinks=True, sliding_window=64, local_layers=(0,),
+              expert_bias=True, router_bias=True)
+"""gpt-oss's layer: biased projections (``addmm``, which SAC always saves) and router, sinks, a sliding-window
+first layer (8 blocks of 64 at ``SEQ``)."""
 # name: model overrides, baseline knobs, gradient lifetime, plan dtype (bf16: bf16 compute over fp32
 # parameters, as on the GPU; fp32: everything fp32)
 CASES = {
@@ -55,6 +59,8 @@ CASES = {
     "bf16_dp8_ep8_none_freed": ({}, {"ac": "none"}, "freed", "bf16"),
     "bf16_w1_full_freed": ({}, {"ac": "full"}, "freed", "bf16"),
     "bf16_tp4_ep1_w4": ({}, {"ac": "full", "tp": 4, "ep": 1}, "freed", "bf16"),
+    "gptoss_selective": (GPTOSS, {"ac": "selective", "ep": 4}, "freed", "fp32"),
+    "bf16_gptoss_selective": (GPTOSS, {"ac": "selective", "ep": 4}, "freed", "bf16"),
 }
 WORLD = {"bf16_w1_full_freed": 1, "bf16_tp4_ep1_w4": 4}
 """World sizes other than ``W``: every FSDP mesh of one rank (``dp_shard·cp = 1``)."""
@@ -63,7 +69,7 @@ _FWD_HEAD_OPT = ("forward[1]", "forward[2]", "head", "optimizer")
 AGREES: dict[str, tuple[str, ...]] = {
     "dp8_ep8_full_freed": _FWD_HEAD_OPT,
     "dp8_ep8_full_accumulate": _FWD_HEAD_OPT,
-    "dp8_ep4_selective": ("optimizer",),
+    "dp8_ep4_selective": _FWD_HEAD_OPT,
     "dp8_ep2_none_accumulate": ("head", "backward[2]", "optimizer"),
     "hsdp2x4_ep4": _FWD_HEAD_OPT,
     "tp2_loss_parallel": ("head", "optimizer"),
@@ -77,10 +83,15 @@ AGREES: dict[str, tuple[str, ...]] = {
     "bf16_dp8_ep8_none_freed": _FWD_HEAD_OPT + ("backward[2]", "backward[1]"),
     "bf16_w1_full_freed": _FWD_HEAD_OPT + ("backward[2]", "backward[1]"),
     "bf16_tp4_ep1_w4": ("head", "optimizer"),
+    "gptoss_selective": _FWD_HEAD_OPT,
+    "bf16_gptoss_selective": _FWD_HEAD_OPT + ("backward[2]", "backward[1]"),
 }
 """Phases whose total the formula matches within ``FORMULA_VS_TRACE`` from above as well: under full
 AC every forward phase (the larger of the attention and FFN sub-steps), the head, the optimizer; in
-bf16 the backward of full-AC MoE layers and the chunked head; without checkpointing at the default
+bf16 the backward of full-AC MoE layers and the chunked head; under selective AC the forward
+phases (every ``addmm`` output saved: gpt-oss's q, k, v, o and router logits, its top-k, its
+sink-padded SDPA output; ``planner.budget.fsdp2_saved.sac_saved_parts``), and in bf16 gpt-oss's
+backward; without checkpointing at the default
 skew over eight expert ranks every phase (the earlier layers' saved rows at the busiest rank's
 received rows ``Q``: 0.71 at the head while they were counted at ``N·k``); at W = 1 every phase
 (the one-rank reductions' quotient copy and the unshard's cast copy, ``planner.budget.fsdp2_reduce``)."""
