@@ -42,7 +42,9 @@ def configure(torch, expandable_segments: bool) -> str:
         raise InvalidPlan("memory.expandable_segments", expandable_segments, "must be true or false",
                           "write expandable_segments: true in the cluster file")
     text = setting(expandable_segments)
-    set_fn = getattr(torch.cuda.memory, "_set_allocator_settings", None)
+    # torch ≥ 2.10 names the setter in torch._C (the torch.cuda.memory one warns that it is deprecated)
+    set_fn = (getattr(torch._C, "_accelerator_setAllocatorSettings", None) if hasattr(torch, "_C") else None) or \
+        getattr(torch.cuda.memory, "_set_allocator_settings", None)
     if set_fn is None:
         raise InvalidPlan("torch", torch.__version__, "cannot set the CUDA allocator's options at run time",
                           "install torch>=2.11 (the runtime extra)")

@@ -17,9 +17,19 @@ ROUNDING_BYTES = 512
 """With ``expandable_segments:True`` a tensor holds at most its size rounded up to 512 B."""
 
 
-def _torch(calls: list, with_setter: bool = True):
-    mem = types.SimpleNamespace(**({"_set_allocator_settings": calls.append} if with_setter else {}))
-    return types.SimpleNamespace(cuda=types.SimpleNamespace(memory=mem), __version__="x")
+def _torch(calls: list, with_setter: bool = True, new_api: bool = False):
+    setter = {"_set_allocator_settings": calls.append} if with_setter and not new_api else {}
+    c = types.SimpleNamespace(**({"_accelerator_setAllocatorSettings": calls.append} if new_api else {}))
+    return types.SimpleNamespace(cuda=types.SimpleNamespace(memory=types.SimpleNamespace(**setter)), _C=c,
+                                 __version__="x")
+
+
+def test_the_torch_c_setter_is_preferred(monkeypatch):
+    for v in allocator.ENV_VARS:
+        monkeypatch.delenv(v, raising=False)
+    calls: list = []
+    allocator.configure(_torch(calls, new_api=True), True)
+    assert calls == ["expandable_segments:True"]
 
 
 @pytest.mark.parametrize("on", [True, False])

@@ -45,12 +45,11 @@ QKN = ("QK-norm attention backward: the formula's QK-norm sub-step (q's fp32 RMS
        "attention_norm's saved tensors) is 1.01-1.02 of the fake-tensor trace; the H200 allocator history holds "
        "exactly that inventory (qwen3-W64 backward[3]: PowBackward0 3 x 512, MulBackward0, MeanBackward1, "
        "model_layers.py:72 512, :72/:74 256 + 2 x 128 MiB; phase 1.005 there): over, conservative")
-MLA64 = ("deepseek-v2-lite at W = 64 (D = 16, N = 2048: the attention's activations are small beside the "
-         "weights): forward[3] 0.92 and backward[1] 0.95 of the fake-tensor trace, whose peaks are FSDP2 "
-         "unshard sub-steps, not the attention's interior: forward[3] at region 3's all_gather_copy_in / "
-         "split_with_sizes_copy (model.py:82), backward[1] at the embedding's backward all-gather copy-out "
-         "(split_with_sizes_copy on the autograd thread); not yet modelled as gathered sub-steps. The MLA "
-         "backward itself (kernel / recompute sub-steps) agrees: backward[3] 1.001")
+SUBSTEP_WS = ("backward[1] of gpt-oss at W = 8, N = 4096: the embedding's reduce-scatter sub-step binds, and the "
+              "formula books it as the excess over region 1's bytes including the sliding-window kernel's 134.7 MB "
+              "accumulator, a workspace term that this comparison leaves out with the workspace live set; the "
+              "trace plus the 69.2 MB of cuBLAS workspaces is the H200 measurement to 0.1 MB (3787.9 MB; "
+              "validate_expandable.json: 1.0001)")
 SHARED64 = ("MoE region backward at W = 64 with shared experts: 1.02 of the trace; the held shared-expert input "
             "gradient (N·H) is in the H200 allocator history (deepseek-v2-lite W = 64 backward[4] 0.998-0.999 "
             "with it)")
@@ -70,14 +69,13 @@ def _moe(*phases):
 
 _OPT_ROWS = {("optimizer", T): OPT, ("optimizer", O): OPT, ("head", T): HEAD}
 KNOWN_GAPS = {
-    ("gpt-oss-20b", 8): {**_moe("forward[2]", "forward[4]"), **_OPT_ROWS},
+    ("gpt-oss-20b", 8): {**_moe("forward[2]", "forward[4]"), **_OPT_ROWS, ("backward[1]", T): SUBSTEP_WS},
     ("gpt-oss-20b", 64): {**_moe("backward[4]", "backward[2]"), **_OPT_ROWS, ("backward[1]", T): SLIDE},
     ("qwen3-30b-a3b", 8): {**_MOE_ROWS, **_OPT_ROWS, ("backward[3]", T): QKN, ("backward[1]", T): QKN},
     ("qwen3-30b-a3b", 64): {**_moe("backward[4]", "backward[2]"), **_OPT_ROWS, ("backward[3]", T): QKN,
                             ("backward[1]", T): QKN},
     ("deepseek-v2-lite", 8): {("forward[4]", T): MOE, **_OPT_ROWS},
-    ("deepseek-v2-lite", 64): {("backward[4]", T): SHARED64, **_OPT_ROWS,
-                               ("forward[3]", T): MLA64, ("backward[1]", T): MLA64},
+    ("deepseek-v2-lite", 64): {("backward[4]", T): SHARED64, **_OPT_ROWS},
 }
 """Per traced case, the rows (phase, what) known to miss ``FORMULA_VS_TRACE``, with the reason. A row
 outside the list that misses fails the test; a listed row that comes within tolerance fails it too
