@@ -61,18 +61,24 @@ def _samples(result: dict, case: str, carried: int = 0) -> tuple[dict, int]:
 
 
 STEMS = ("validate", "validate_w1", "validate_w1_run3", "validate_w1_run4", "validate_w1_run5", "validate_fsdp2",
-         "validate_fsdp2_run2", "validate_expandable", "validate_fsdp2_expandable", "validate_w1_expandable")
+         "validate_fsdp2_run2", "validate_expandable", "validate_fsdp2_expandable", "validate_w1_expandable",
+         "validate_heldout", "validate_heldout_r2")
 """The committed runs: the composed matrix, the composed W = 1 runs at three context lengths (timed
-as the median of steps 2–4), and the FSDP2 baseline's cases. The ``*_expandable`` runs ran in the
-cluster file's allocator mode (``planner.runtime.allocator``), the others in PyTorch's default mode."""
+as the median of steps 2–4), the FSDP2 baseline's cases, and held-out cases of both stacks run
+through the CLI (``validate_heldout``, one process each). The ``*_expandable`` and held-out runs ran
+in the cluster file's allocator mode (``planner.runtime.allocator``), the others in PyTorch's
+default mode."""
 
 
-def _fsdp2(stem: str) -> bool:
+def _fsdp2(stem: str, c: dict | None = None) -> bool:
+    """A case of the FSDP2 baseline: its own ``stack`` (``validate_heldout``), else its run's."""
+    if c is not None and "stack" in c:
+        return c["stack"] == "fsdp2"
     return stem.startswith("validate_fsdp2")
 
 
 FRESH_STEMS = ("validate_w1_run5", "validate_fsdp2_run2", "validate_expandable", "validate_fsdp2_expandable",
-               "validate_w1_expandable")
+               "validate_w1_expandable", "validate_heldout", "validate_heldout_r2")
 """Runs made with each case's cuBLAS workspaces cleared first (``bench/_validate_runner.fresh``):
 nothing carries over between their cases."""
 
@@ -93,7 +99,7 @@ def cases(stem: str):
     for c in doc["cases"]:
         if c.get("status") != "ran":
             continue
-        ov = {"stack": "fsdp2", **c.get("knobs", {})} if _fsdp2(stem) else None
+        ov = {"stack": "fsdp2", **c.get("knobs", {})} if _fsdp2(stem, c) else None
         pf = truncate(build_planfile(model=c["model"], gpus=c["W"], seq_len=c["S"], overrides=ov),
                       c["layers"]).planfile
         own = blaslt_bytes(make_context(pf.model, pf.cluster, pf.workload, pf.plan))
@@ -113,7 +119,7 @@ def row(stem: str, c: dict, pf) -> dict:
     lo = min(rows, key=lambda r: r.ratio)
     hi = max(rows, key=lambda r: r.ratio)
     meas_peak = int(res["measured_peak_bytes"]) - carried
-    return {"stack": "fsdp2" if _fsdp2(stem) else "composed", "case": c.get("name") or c["model"],
+    return {"stack": "fsdp2" if _fsdp2(stem, c) else "composed", "case": c.get("name") or c["model"],
             "model": c["model"], "W": c["W"], "S": c["S"], "lifetime": c["lifetime"],
             "peak_predicted": pred.peak_bytes, "peak_measured": meas_peak,
             "peak_ok_conservative": pred.peak_bytes >= meas_peak * 0.99,

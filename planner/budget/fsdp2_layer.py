@@ -137,20 +137,20 @@ def _substeps(ctx: Ctx, kind: str, rkind: str, local: bool) -> tuple[dict[str, l
                _cp_kv(ctx, N, hkv, d_qk, d_v),
                Item("gathered", "layer all-gather output held (dense part)", th_d * (F > 1), b, "Θ^d·[F>1]")]
         if ctx.ac == "selective":
-            def sac(current: bool) -> list[Item]:   # current: beside D, which counts the top-k values
+            def sac(current: bool, stage: str) -> list[Item]:   # current: beside D, which counts the top-k values
                 return [Item("attention", f"this layer's {n}", c, b if eb is None else eb, f, SAC_SOURCE)
-                        for n, c, eb, f in sac_saved_parts(ctx, rkind, local, current)]
+                        for n, c, eb, f in sac_saved_parts(ctx, rkind, local, current, stage)]
 
-            keep, keep_beside_d = sac(False), sac(True)
+            keep, keep_beside_d, keep_routed = sac(False, "mlp"), sac(True, "dispatch"), sac(False, "dispatch")
         else:
-            keep = keep_beside_d = attention_saved(ctx, False, local) if saved_regime else []
+            keep = keep_beside_d = keep_routed = attention_saved(ctx, False, local) if saved_regime else []
         if moe:
             ffn = mid + keep_beside_d + [Item("gathered", "experts' all-gather output held", th_e * (Fe > 1),
                                               b, "Θ^e·[F·tp/ep>1]")]
             out = {"ffn": ffn, "attention": att}
             extra = fsdp2_reduce.experts_unshard_extra(ctx, rkind)
             if np.any(extra):
-                out["experts' unshard (one-rank mesh)"] = mid + keep + [
+                out["experts' unshard (one-rank mesh)"] = mid + keep_routed + [
                     Item("gathered", "gate|up stack's b-byte copy (fp32 shard cast)", extra, 1,
                          "n·H·2I·b [F_e = 1] (bytes)")]
             if I_s:

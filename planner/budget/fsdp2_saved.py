@@ -128,7 +128,13 @@ SAC_SOURCE = (
     "top-k 48; Qwen3 W8 selective forward[2]: attention.py q 128 and v 16 MiB, sdpa.py 128 + 2 MiB")
 
 
-def sac_saved_parts(ctx: Ctx, kind: str, local: bool = False, current: bool = False) -> list[tuple]:
+FFN_MMS = ("gate", "up", "down", "shared gate")
+"""The FFN's matmuls in layer order (dense FFN or shared experts): ``stage`` leaves out the ones a
+sub-step runs before."""
+
+
+def sac_saved_parts(ctx: Ctx, kind: str, local: bool = False, current: bool = False,
+                    stage: str | None = None) -> list[tuple]:
     """``[(name, count, elem_bytes, formula)]`` (``elem_bytes`` None: ``b``): what op-level SAC
     keeps of one layer (``planner.runtime.fsdp2_layout.sac_policy``, torchtitan's; ``SAC_SOURCE``).
 
@@ -147,6 +153,14 @@ def sac_saved_parts(ctx: Ctx, kind: str, local: bool = False, current: bool = Fa
       sinks (the dummy query row), ``B·n_b·w`` on a sliding-window layer (lse rows rounded up to 32
       per block, the memory-efficient kernel's), each row ``h_q·d_o`` wide, ``d_o = d_qk + SINK_PAD``
       with sinks (v is padded to q's width), else ``d_v``.
+
+    ``stage``: the current layer's sub-step, before which its FFN's later matmul outputs do not exist
+    yet: ``"dispatch"`` (the routed experts run before the shared experts: none of theirs),
+    ``"mlp"`` (inside the gated MLP: its gate and up, not its down projection nor the shared gate).
+    H200 allocator history (``bench/results/memory_snapshot/fsdp2-dsv2-W1-selective.json``,
+    forward[1] inside layer 0's dense FFN: q, kv_b, the SDPA output, four ``N·I_d`` blocks and no
+    ``N·H`` down output) and the held-out DeepSeek-V2-Lite runs (``validate_heldout.json``:
+    forward[1] was ``N·H·b`` over, forward[2] ``N·(I_s + H)·b`` over).
 
     The checkpoint input is counted apart (``planner.budget.fsdp2_boundaries``)."""
     m = ctx.model
@@ -167,9 +181,10 @@ def sac_saved_parts(ctx: Ctx, kind: str, local: bool = False, current: bool = Fa
         mms += [("gate", I, False), ("up", I, False), ("down", H, False)]
         if kind == "moe" and m.shared_expert_gate:
             mms.append(("shared gate", 1, False))
+    later = {"dispatch": set(FFN_MMS), "mlp": {"down", "shared gate"}}.get(stage, set())
     kept, j = [], 0
     for n, w, bias in mms:
-        if bias or j % 2 == 0:
+        if (bias or j % 2 == 0) and n not in later:
             kept.append((n, w))
         j += 0 if bias else 1
     out = [("SAC-saved matmul outputs (" + ", ".join(n for n, _ in kept) + ")", N * sum(w for _, w in kept),

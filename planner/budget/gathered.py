@@ -207,6 +207,26 @@ def _unshard_substep(ctx: Ctx, P) -> Term:
                 "persistent, boundary and workspace bytes (189.60 MB against 189.54)")
 
 
+def _qkv_grads_not_yet_made(ctx: Ctx):
+    """Elements of a global GQA/MHA layer's q, k, v projection gradients (weights and biases) that
+    do not exist yet when its backward peaks in FlashAttention's backward or QK-norm's (they come
+    from the projections' backward, after both, before attention_norm's): ``min(Θ_qkv, lead)``,
+    ``lead`` the kernel's (with its workspace) or QK-norm's sub-step over attention_norm's, so the
+    phase holds ``max(kernel + workspace − Θ_qkv, qk_norm − Θ_qkv, end) + Θ_region``
+    (``planner.budget.attention_backward``; H200 allocator history of gpt-oss-20b W = 64 at 32k,
+    bench/results/memory_snapshot/gptoss-W64-S32768.json: backward[3]'s peak is inside
+    ScaledDotProductFlashAttentionBackward0 with wo's gradient and none of wq, wk, wv's)."""
+    from planner.budget import attention_backward
+
+    m, H, b = ctx.model, ctx.hidden_size, ctx.act_bytes
+    width = m.num_heads * m.head_dim + m.num_kv_heads * (m.head_dim + m.v_dim)
+    qkv = width * H + (width if m.attention_bias else 0)
+    s = attention_backward.substeps(ctx)
+    ws = sum(np.asarray(s[n]) for n in ("accum", "expansion", "copies"))
+    lead = np.maximum(np.maximum(np.asarray(s["kernel"]) + ws, np.asarray(s["qk_norm"])) - np.asarray(s["end"]), 0)
+    return np.minimum(qkv, lead // b)
+
+
 def _unreduced_grads(ctx: Ctx, P) -> Term:
     """``backward[r]``: region ``r``'s unsharded gradients, and the reduce-scatter input of the unit
     whose backward ran before it (region ``r+1``; after the last region the ``[norm, head]`` unit),
@@ -215,20 +235,28 @@ def _unreduced_grads(ctx: Ctx, P) -> Term:
     A dense FFN region's backward peaks at its gated MLP's backward (6·N·I_d live: the saved gate,
     silu and up, the gradients of silu·up, silu and up) with only w_down's gradient made: w_up's
     and w_gate's come after three of the six are freed, a sub-step that holds at most
-    3·N·I_d + 2·H·I_d + N·H, below the peak when ``N ≥ H``; so region ``r``'s own count there is
-    ``Θ_region(r) − 2·H·I_d`` (deepseek-v2-lite-W1 backward[2]: MmBackward0's 42.75 MiB w_down
-    gradient, no w_gate/w_up gradient at the peak)."""
+    3·N·I_d + 2·H·I_d + N·H, below the peak's 6·N·I_d + H·I_d when ``N·(3·I_d − H) > H·I_d``; so
+    region ``r``'s own count there is ``Θ_region(r) − 2·H·I_d`` (deepseek-v2-lite-W1 backward[2]:
+    MmBackward0's 42.75 MiB w_down gradient, no w_gate/w_up gradient at the peak; W = 16 at
+    N = 1024 < H, bench/results/validate/validate_heldout.json: none either, 89.7 MB, where
+    ``N ≥ H`` had booked them)."""
     units = _unit_params(ctx, P)
     own = list(units[:-1])
     if "dense_mlp" in set(ctx.regions):    # the gated FFN's backward peaks before w_gate's, w_up's grads
-        HI = ctx.hidden_size * ctx.dense_ffn
-        late = np.where(np.asarray(ctx.tokens_per_rank) >= ctx.hidden_size, 2 * HI, 0)
+        H, I_d = ctx.hidden_size, ctx.dense_ffn
+        late = np.where(np.asarray(ctx.tokens_per_rank) * (3 * I_d - H) > H * I_d, 2 * H * I_d, 0)
         own = [np.asarray(u) - late if k == "dense_mlp" else u for u, k in zip(own, ctx.regions)]
     if ctx.model.attention == "mla" and ctx.model.mla is not None:   # not made yet at the recompute
         from planner.budget import attention_mla
 
         rec = attention_mla.recompute_binds(ctx)
         own = [np.where(rec, 0, u) if k == "attention" else u for u, k in zip(own, ctx.regions)]
+    elif "attention" in set(ctx.regions):   # a global layer's q, k, v grads come after its kernel
+        from planner.budget.attention_sliding import local_regions
+
+        local, early = set(local_regions(ctx)), _qkv_grads_not_yet_made(ctx)
+        own = [np.asarray(u) - early if k == "attention" and r not in local else u
+               for r, (u, k) in enumerate(zip(own, ctx.regions), 1)]
     cnt = [np.asarray(own[r - 1]) + np.asarray(units[r]) for r in range(1, len(units))]
     big = cnt[0]
     for c in cnt[1:]:
@@ -241,7 +269,8 @@ def _unreduced_grads(ctx: Ctx, P) -> Term:
     return Term("unreduced grads: region r's, and the held reduce-scatter input of region r+1 (bf16)",
                 "gathered", int(big) if np.ndim(big) == 0 else big, ctx.act_bytes,
                 "Θ_region(r) + Θ_unit(r+1)  (unit L_b+1: final norm [+ V·H when the head is ZeRO-3]; dense FFN "
-                "region r: − 2·H·I_d if N ≥ H; MLA attention region r whose recompute sub-step binds: − Θ_region(r))", ("backward",), at=at, provisional=PROVISIONAL,
+                "region r: − 2·H·I_d if N·(3·I_d − H) > H·I_d; MLA attention region r whose recompute sub-step binds: − Θ_region(r); "
+                "global GQA attention region r: − min(Θ_qkv, the kernel's or QK-norm's sub-step's lead over attention_norm's))", ("backward",), at=at, provisional=PROVISIONAL,
                 source=SOURCE + "; H200 allocator history of planner validate: qwen3-W1 backward[4] holds "
                 "2 × V·H·b (the [norm, head] unit's reduce-scatter input and output), gpt-oss-W8 backward[2] "
                 "holds region 3's 50.6 MiB reduce-scatter input beside region 1's all-gather buffer; whole-step trace "

@@ -275,7 +275,7 @@ def validate(plan: str, *, layers: int | None = None, steps: int = DEFAULT_STEPS
     """Truncate, predict, measure, compare (``measure_fn`` replaces the GPU run, e.g. by a trace).
 
     Raises:
-        InvalidPlan: bad arguments, a plan that is not the composed stack, or no GPU.
+        InvalidPlan: bad arguments, a bad plan file, or no GPU.
     """
     from planner.schema.io import load_planfile
 

@@ -97,17 +97,22 @@ def test_w1_step_time_within_tolerance(records):
     assert sorted(set(KNOWN_SLOW) - off) == []
 
 
-CLUSTER_MODE_STEMS = tuple(s for s in validate_table.STEMS if s.endswith("_expandable"))
+CLUSTER_MODE_STEMS = tuple(s for s in validate_table.STEMS if s.endswith("_expandable") or s.startswith("validate_heldout"))
 """The runs made in the cluster file's allocator mode (``planner.runtime.allocator``): there every
 judged memory row is held to both bounds, −``MEMORY_UNDER`` / +``MEMORY_OVER``."""
-_GQA_SINK_BWD = ("gpt-oss-20b composed W = 64, N = 4096, backward[3] (the global attention layer's backward): 1.023-1.025, "
-                 "27.7 MiB over; the FlashAttention backward buffers (dq_accum, the GQA dk/dv expansion and the sinks' "
-                 "contiguous copies) are summed with attention_norm's backward sub-step, and the H200 does not hold "
-                 "them all at once. Over, so conservative; W = 8 at the same N is 1.014-1.017")
+_TINY_N = ("DeepSeek-V2-Lite composed at W = 16, S = 8192: N = 512 tokens per rank, the smallest measured. "
+            "forward[4] (the MoE region) 1.094: the expected dispatch bound books one imported expert's weights "
+            "(33 MiB) that this step's integer plan did not import; backward[2] (the dense FFN) 1.071: at "
+            "N·(3·I_d − H) ≤ H·I_d the budget books w_gate's and w_up's gradients beside the gated MLP's "
+            "activations, and the H200 holds 48 MiB less. Both over, so conservative "
+            "(validate_heldout_r2.json)")
 KNOWN_OVER = {
-    ("composed", "gpt-oss-20b", 64, 32768, "freed", "backward[3]"): _GQA_SINK_BWD,
-    ("composed", "gpt-oss-20b", 64, 32768, "accumulate", "backward[3]"): _GQA_SINK_BWD,
+    ("composed", "r2-dsv2-W16-S8192", 16, 8192, "freed", "forward[4]"): _TINY_N,
+    ("composed", "r2-dsv2-W16-S8192", 16, 8192, "freed", "backward[2]"): _TINY_N,
 }
+"""Rows of the cluster-mode runs above ``MEMORY_OVER`` today, each with its reason. (gpt-oss-20b
+W = 16 / 64's global-attention backward was 1.021-1.030 before the q, k, v gradients were booked
+after FlashAttention's backward, ``planner.budget.gathered._qkv_grads_not_yet_made``.)"""
 
 
 @pytest.fixture(scope="module")
@@ -121,7 +126,7 @@ def cluster_mode_rows():
         for c, pf in validate_table.cases(stem):
             pred = predict(pf, c["lifetime"], timing=False, dispatch_bound=COMPARED_BOUND)
             samples, start = validate_table._samples(c["result"], c.get("name") or c["model"])
-            stack = "fsdp2" if validate_table._fsdp2(stem) else "composed"
+            stack = "fsdp2" if validate_table._fsdp2(stem, c) else "composed"
             for r in compare(pred, samples, start, judge_time=False):
                 if r.unit == "bytes" and r.judged and r.measured:
                     out.append(((stack, c.get("name") or c["model"], c["W"], c["S"], c["lifetime"], r.phase), r))
@@ -131,8 +136,8 @@ def cluster_mode_rows():
 def test_every_row_within_both_bounds_in_the_cluster_mode(cluster_mode_rows):
     from planner.runtime.validate_compare import memory_ok
 
-    assert len(CLUSTER_MODE_STEMS) == 3 and len(cluster_mode_rows) > 700
+    assert len(CLUSTER_MODE_STEMS) == 5 and len(cluster_mode_rows) > 700
     off = {k: round(r.ratio, 4) for k, r in cluster_mode_rows if not memory_ok(int(r.predicted), int(r.measured))}
     assert {k: v for k, v in off.items() if k not in KNOWN_OVER} == {}
     assert sorted(k for k in KNOWN_OVER if k not in off) == []
-    assert all(v > 1 for v in off.values())   # the listed ones are over: conservative
+    assert all(v > 1 for k, v in off.items() if k in KNOWN_OVER)   # the listed ones are over: conservative
