@@ -45,7 +45,7 @@ def validate(
     layers: Annotated[Optional[int], typer.Option(help="Truncate to N decoder layers (widths, N and degrees kept).")] = None,
     steps: Annotated[int, typer.Option(help="Steps to run; the last one is compared.")] = 3,
     rank: Annotated[Optional[int], typer.Option(help="Rank to run (default: the rank class that binds).")] = None,
-    grad_lifetime: Annotated[GradLifetimeC, typer.Option(help="freed: zero_grad(set_to_none=True) between steps; accumulate: gradients kept.")] = GradLifetimeC.freed,
+    grad_lifetime: Annotated[Optional[GradLifetimeC], typer.Option(help="freed: zero_grad(set_to_none=True) between steps; accumulate: gradients kept. Default: an FSDP2 plan's baseline.grad_lifetime, freed for the composed stack.")] = None,
     json_out: Json = False,
 ) -> None:
     """Run the plan's own step on this GPU and print predicted beside measured memory per phase (needs torch and a GPU)."""
@@ -59,8 +59,9 @@ def validate(
         raise InvalidPlan("PLAN", plan, "is a model name, not a plan file",
                           f"write a plan first: planner search {plan} --gpus W --seq-len S --out plan.yaml")
     if importlib.util.find_spec("torch") is None:
-        raise InvalidPlan("planner validate", "torch", "is not installed (it needs the runtime extra)",
-                          "pip install 'moe-planner[runtime]' on a machine with a GPU")
+        raise InvalidPlan("planner validate", "torch", "needs torch, which is not installed",
+                          "install the runtime extra on a machine with a GPU: pip install 'moe-planner[runtime]' "
+                          "(torch>=2.11 with CUDA)")
     runner = importlib.import_module("planner.runtime.validate")  # torch-side; loaded only here
     raise typer.Exit(runner.main(plan, layers=layers, steps=steps, rank=rank, grad_lifetime=value(grad_lifetime),
                                  json_out=json_out, console=out))

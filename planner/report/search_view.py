@@ -42,7 +42,10 @@ def summarize_assumed(items: list[str], width: int = 150) -> list[str]:
     for rule, where in rules.items():
         line = f"collectives {', '.join(sorted(set(where)))}: {rule}"
         out.append(line if len(line) <= width else line[: width - 1] + "…")
-    return out
+    seen: dict[str, int] = {}
+    for line in out:   # rules that differ only past the shortened width read as one line
+        seen[line] = seen.get(line, 0) + 1
+    return [line if n == 1 else f"{line} (×{n}, --json lists each)" for line, n in seen.items()]
 
 
 def render_search(rep, console: Console) -> None:

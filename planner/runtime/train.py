@@ -109,8 +109,10 @@ def run(plan_path: str, steps: int, *, layers: int | None = None, data: Callable
                           "write the plan with `planner search MODEL --gpus W --seq-len S --stack composed --out "
                           "plan.yaml`; `planner validate plan.yaml` runs an FSDP2 plan's own step")
     device_type = device_type or ("cuda" if torch.cuda.is_available() else "cpu")
-    if device_type not in ("cuda", "cpu") or (device_type == "cuda" and not torch.cuda.is_available()):
-        raise InvalidPlan("--device", device_type, "must be cuda (with a GPU) or cpu", "drop --device")
+    if device_type not in ("cuda", "cpu"):
+        raise InvalidPlan("--device", device_type, "must be cuda or cpu", "drop --device (cuda when a GPU is present)")
+    if device_type == "cuda" and not torch.cuda.is_available():
+        raise InvalidPlan("--device", device_type, "needs a CUDA GPU, and this machine has none", "use --device cpu")
     import torch.distributed as dist
 
     if int(os.environ.get("WORLD_SIZE", "1")) != pf.plan.world_size:
@@ -159,7 +161,7 @@ app = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
 def main(plan: str = typer.Option(..., "--plan", help="Plan file (planner search --out)."),
          steps: int = typer.Option(10, "--steps", help="Optimizer steps."),
          layers: Optional[int] = typer.Option(None, "--layers", help="Truncate the depth to L layers."),
-         data: Optional[str] = typer.Option(None, "--data", help="module:fn data loader (see docs)."),
+         data: Optional[str] = typer.Option(None, "--data", help="module:fn returning the batches of a DataShard (README: Training step and planner.train)."),
          device: Optional[str] = typer.Option(None, "--device", help="cuda or cpu [default: cuda if present]."),
          lr: Optional[float] = typer.Option(None, "--lr", help="AdamW learning rate."),
          seed: int = typer.Option(0, "--seed", help="Initialisation and synthetic-data seed.")) -> None:

@@ -270,8 +270,15 @@ def measure(planfile, ctx, *, rank: int, steps: int, grad_lifetime: str) -> Meas
     return Measurement(samples, start, step_s, mode, name, losses, alloc_line)
 
 
+def plan_grad_lifetime(pf) -> str:
+    """The gradient lifetime a plan file runs with when ``--grad-lifetime`` is not given: an FSDP2
+    plan's ``baseline.grad_lifetime``, ``freed`` for the composed stack (``planner.train`` frees
+    the gradients after every optimizer step)."""
+    return pf.plan.baseline.grad_lifetime if pf.plan.stack == "fsdp2" else "freed"
+
+
 def validate(plan: str, *, layers: int | None = None, steps: int = DEFAULT_STEPS, rank: int | None = None,
-             grad_lifetime: str = "freed", measure_fn=None) -> Outcome:
+             grad_lifetime: str | None = None, measure_fn=None) -> Outcome:
     """Truncate, predict, measure, compare (``measure_fn`` replaces the GPU run, e.g. by a trace).
 
     Raises:
@@ -282,6 +289,7 @@ def validate(plan: str, *, layers: int | None = None, steps: int = DEFAULT_STEPS
     if steps < 1:
         raise InvalidPlan("--steps", steps, "must be >= 1", "give --steps 3 (the last step is compared)")
     pf = load_planfile(plan) if isinstance(plan, (str, os.PathLike)) else plan
+    grad_lifetime = grad_lifetime or plan_grad_lifetime(pf)
     tr = truncate(pf, layers)
     pred = predict(tr.planfile, grad_lifetime, dispatch_bound=COMPARED_BOUND)
     ctx = pred.ctx
@@ -340,9 +348,9 @@ def render(o: Outcome, console) -> None:
 
 
 def main(plan: str, *, layers: int | None = None, steps: int = DEFAULT_STEPS, rank: int | None = None,
-         grad_lifetime: str = "freed", json_out: bool = False, console=None) -> int:
+         grad_lifetime: str | None = None, json_out: bool = False, console=None) -> int:
     """``planner validate``: returns the exit code (0 within tolerance, 1 not)."""
-    if grad_lifetime not in GRAD_LIFETIMES:
+    if grad_lifetime is not None and grad_lifetime not in GRAD_LIFETIMES:
         raise InvalidPlan("--grad-lifetime", grad_lifetime, f"must be one of {', '.join(GRAD_LIFETIMES)}",
                           "use --grad-lifetime freed or accumulate")
     o = validate(plan, layers=layers, steps=steps, rank=rank, grad_lifetime=grad_lifetime)

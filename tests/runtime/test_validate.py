@@ -170,3 +170,27 @@ def test_composed_step_runs_the_planned_pipelined_variant(residue, cls_name):
     make = _dispatcher("pipelined_llep", tiny_moe(), SimpleNamespace(expert=None), knobs, torch.device("meta"),
                        torch.bfloat16)
     assert type(make(0)).__name__ == cls_name
+
+
+@pytest.mark.parametrize("stack,knob,want", [("fsdp2", "accumulate", "accumulate"), ("fsdp2", "freed", "freed"),
+                                             ("composed", None, "freed")])
+def test_default_gradient_lifetime_is_the_plans(stack, knob, want):
+    """Without ``--grad-lifetime`` an FSDP2 plan runs (and is predicted) with its own
+    ``baseline.grad_lifetime``; the composed stack with freed gradients, as ``planner.train`` runs it."""
+    from planner.runtime import validate as v
+
+    ov = {"stack": "fsdp2", "grad_lifetime": knob} if stack == "fsdp2" else None
+    pf = build_planfile(model="qwen3-30b-a3b", gpus=8, seq_len=8192, overrides=ov)
+    assert v.plan_grad_lifetime(pf) == want
+    seen = {}
+
+    def fake_measure(planfile, ctx, *, rank, steps, grad_lifetime):
+        seen.update(lifetime=grad_lifetime, ctx=ctx.grad_lifetime)
+        raise RuntimeError("stop")
+
+    with pytest.raises(RuntimeError, match="stop"):
+        v.validate(pf, layers=2, measure_fn=fake_measure)
+    assert seen == {"lifetime": want, "ctx": want}
+    with pytest.raises(RuntimeError, match="stop"):
+        v.validate(pf, layers=2, grad_lifetime="accumulate", measure_fn=fake_measure)
+    assert seen["lifetime"] == "accumulate"
