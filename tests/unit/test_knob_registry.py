@@ -30,7 +30,6 @@ DELIBERATE = {
     ("planner/runtime/fsdp2_layout.py", "ep"): "a layout's neutral degree (resolved plans set it)",
     ("planner/runtime/fsdp2_trace.py", "grad_lifetime"): "validate runs steps with set_to_none (DESIGN §2)",
     ("planner/runtime/step_trace.py", "grad_lifetime"): "validate runs steps with set_to_none (DESIGN §2)",
-    ("planner/runtime/validate.py", "grad_lifetime"): "validate runs steps with set_to_none (DESIGN §2)",
     ("planner/runtime/model.py", "checkpoint"): "a bare Decoder checkpoints nothing unless asked",
     ("planner/runtime/model.py", "head"): "the Decoder's head module kind, not the baseline's head knob",
     ("planner/runtime/vocab_trace.py", "dtype"): "the vocab trace's fp32 reference",
