@@ -26,8 +26,10 @@ from planner.runtime.measure import device_used_bytes, extra_allocated_bytes, pr
 
 
 def allocator_conf() -> str:
-    """The caching allocator's settings from the environment (``PYTORCH_CUDA_ALLOC_CONF``)."""
-    return os.environ.get("PYTORCH_ALLOC_CONF", "") or os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "")
+    """The caching allocator's settings from the environment (``planner.runtime.allocator.env_settings``)."""
+    from planner.runtime.allocator import env_settings
+
+    return env_settings()
 
 
 def outside_allocator_bytes() -> tuple[int, str]:

@@ -1,4 +1,5 @@
-"""Whole-process timing of ``planner`` commands for the speed benches."""
+"""Child processes of the benches: whole-process timing of ``planner`` commands, and one case per
+fresh process with a time limit (``run_child``)."""
 
 from __future__ import annotations
 
@@ -29,3 +30,13 @@ def timed_runs(argv: list[str], runs: int) -> list[tuple[float, str]]:
         if i:
             out.append((wall, res.stdout))
     return out
+
+
+def run_child(argv: list[str], timeout_s: float) -> tuple[str, subprocess.CompletedProcess | None]:
+    """Run ``argv`` with a time limit: ``("ok", process)`` on exit 0, else a one-line status (the
+    exit code and the tail of stderr, or the time-out) and the process (``None`` on a time-out)."""
+    try:
+        p = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        return f"error: timed out after {timeout_s:g} s", None
+    return ("ok" if p.returncode == 0 else f"error rc={p.returncode}: {' '.join(p.stderr.split()[-40:])}"), p

@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -23,6 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import blas_workspaces as bw  # noqa: E402
+from _process import run_child  # noqa: E402
 
 from planner.schema.io import write_text_atomic  # noqa: E402
 
@@ -130,11 +130,7 @@ def main(argv=None) -> int:
                 results.append({"case": n, "mode": mode, "status": "skipped (time budget)"})
                 continue
             cmd = [sys.executable, str(Path(__file__).resolve()), "--child", n, mode, "--out", str(out)]
-            try:
-                p = subprocess.run(cmd, capture_output=True, text=True, timeout=CHILD_TIMEOUT_S)
-                status = "ok" if p.returncode == 0 else f"error rc={p.returncode}: {' '.join(p.stderr.split()[-40:])}"
-            except subprocess.TimeoutExpired:
-                status = f"error: timed out after {CHILD_TIMEOUT_S} s"
+            status, _ = run_child(cmd, CHILD_TIMEOUT_S)
             f = out / f"{n}-{mode}.json"
             results.append(json.loads(f.read_text()) if status == "ok" and f.exists()
                            else {"case": n, "mode": mode, "status": status})

@@ -33,13 +33,14 @@ import argparse
 import gc
 import json
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from _process import run_child  # noqa: E402
 
 from planner.api import build_planfile  # noqa: E402
 from planner.budget import workspace  # noqa: E402
@@ -268,11 +269,7 @@ def main(argv=None) -> int:
             continue
         cmd = [sys.executable, str(Path(__file__).resolve()), "--child", n, "--out", str(out)] + (
             ["--smoke"] if args.smoke else [])
-        try:
-            p = subprocess.run(cmd, capture_output=True, text=True, timeout=CHILD_TIMEOUT_S)
-            status = "ok" if p.returncode == 0 else f"error rc={p.returncode}: {' '.join(p.stderr.split()[-40:])}"
-        except subprocess.TimeoutExpired:
-            status = f"error: timed out after {CHILD_TIMEOUT_S} s"
+        status, _ = run_child(cmd, CHILD_TIMEOUT_S)
         f = out / f"{n}.json"
         r = json.loads(f.read_text()) if status == "ok" and f.exists() else {"case": n, "budget": budget(n),
                                                                            "status": status}

@@ -15,7 +15,6 @@ from. ``--round 2`` runs new shapes after the fixes round 1 led to. Writes ``pla
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -23,6 +22,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from _process import planner_argv, run_child  # noqa: E402
 from _validate_runner import parser, write_plan  # noqa: E402
 
 from planner.api import build_planfile  # noqa: E402
@@ -85,15 +85,13 @@ def main(argv=None) -> int:
             c["status"] = "skipped (time budget)"
         else:
             t1 = time.perf_counter()
-            argv_ = [sys.executable, "-m", "planner.cli", "validate", str(out / "plans" / f"{name}.yaml"),
-                     "--steps", str(args.steps), "--grad-lifetime", lifetime, "--json"]
-            try:
-                p = subprocess.run(argv_, capture_output=True, text=True, timeout=CHILD_TIMEOUT_S)
-                res = json.loads(p.stdout) if p.stdout.strip().startswith("{") else None
-                c.update(status="ran", exit_code=p.returncode, result=res) if res and "rows" in res else \
-                    c.update(status=f"error rc={p.returncode}: {' '.join((p.stdout + p.stderr).split())[-300:]}")
-            except subprocess.TimeoutExpired:
-                c["status"] = f"error: timed out after {CHILD_TIMEOUT_S} s"
+            status, p = run_child(planner_argv("validate", str(out / "plans" / f"{name}.yaml"), "--steps",
+                                               str(args.steps), "--grad-lifetime", lifetime, "--json"), CHILD_TIMEOUT_S)
+            res = json.loads(p.stdout) if p is not None and p.stdout.strip().startswith("{") else None
+            if res and "rows" in res:   # exit 1 (a phase outside tolerance) is a result too
+                c.update(status="ran", exit_code=p.returncode, result=res)
+            else:
+                c["status"] = status
             c["wall_s"] = time.perf_counter() - t1
         results.append(c)
         print(f"{name}: {c['status']} (predicted peak {pred.peak_bytes / GiB:.2f} GiB)", flush=True)

@@ -20,23 +20,21 @@ All need CUDA except the host RSS. Each returns ``{field of MemoryConstants: (va
 
 from __future__ import annotations
 
-import os
 import random
 import time
 
 import torch
 
 from calibration.config import GiB, Grid
+from planner.runtime.allocator import env_settings
 from planner.runtime.measure import device_used_bytes, extra_allocated_bytes, host_rss_bytes, sync
-
-ALLOC_CONF = "PYTORCH_CUDA_ALLOC_CONF"
 
 
 def allocator_settings() -> str:
     """The allocator settings in effect (torch's own view when it offers one, else the environment)."""
     get = getattr(torch._C, "_accelerator_getAllocatorSettings", None)
     text = get() if get is not None else ""
-    return text or os.environ.get("PYTORCH_ALLOC_CONF", "") or os.environ.get(ALLOC_CONF, "")
+    return text or env_settings()
 
 
 def expandable_segments() -> bool:

@@ -126,6 +126,15 @@ def _int(v):
     return int(v) if np.ndim(v) == 0 else v
 
 
+def _by_region(cnt: list):
+    """A per-region count list as a term's ``(count, at)``: the largest over regions (the term's
+    size), and region ``r``'s in ``Phase r``."""
+    big = cnt[0]
+    for c in cnt[1:]:
+        big = np.maximum(big, c)
+    return _int(big), lambda ph: _int(cnt[ph.region - 1])
+
+
 def _unit_params(ctx: Ctx, P) -> list:
     """Dense parameters of the FSDP2 unit of each region (forward order), then of the unit after the
     last region: ``[norm, head]`` when the head is ZeRO-3 (``P = 1`` or a dense head), else the norm."""
@@ -178,27 +187,27 @@ def _unshard_substep(ctx: Ctx, P) -> Term:
     multi = np.where(np.asarray(ctx.world_size) > 1, 1, 0)
     from planner.budget.attention_sliding import local_regions
 
-    acts = [*attention.terms(ctx), *ffn.terms(ctx), *dispatch.terms(ctx)]
+    acts, disp = [*attention.terms(ctx), *ffn.terms(ctx)], []
+
+    def a_r(ph, terms):
+        return sum((np.asarray(t.bytes_in(ph), dtype=np.int64) for t in terms), np.int64(0))
+
     kinds, local = ctx.regions, set(local_regions(ctx))
     cnt = [0 * multi]
     seen: dict = {}   # A_r depends on the region's kind and window only (tests/unit/test_gathered_unshard.py)
     for r in range(2, len(units) + 1):
         key = (kinds[r - 2], kinds[r - 1], r in local)
         if key not in seen:
-            a = sum((np.asarray(t.bytes_in(Phase("forward", r, kinds[r - 1])), dtype=np.int64) for t in acts),
-                    np.int64(0))
-            seen[key] = np.maximum(np.asarray(units[r - 2]) * multi * b - a, 0) // b
+            ph, held = Phase("forward", r, kinds[r - 1]), np.asarray(units[r - 2]) * multi * b
+            a = a_r(ph, acts)
+            if np.any(held > a):   # the dispatch terms (costly to build) only where they can matter
+                disp = disp or dispatch.terms(ctx)
+                a = a + a_r(ph, disp)
+            seen[key] = np.maximum(held - a, 0) // b
         cnt.append(seen[key])
-    big = cnt[0]
-    for c in cnt[1:]:
-        big = np.maximum(big, c)
-
-    def at(ph: Phase):
-        v = cnt[ph.region - 1]
-        return int(v) if np.ndim(v) == 0 else v
-
+    big, at = _by_region(cnt)
     return Term("unshard sub-step: region r−1's all-gather output beside region r's (excess over A_r)",
-                "gathered", _int(big), b, "max(0, Θ_region(r−1)·[W > 1] − A_r)  (A_r: region r's attention, ffn, "
+                "gathered", big, b, "max(0, Θ_region(r−1)·[W > 1] − A_r)  (A_r: region r's attention, ffn, "
                 "dispatch bytes in forward[r])", ("forward",), at=at, provisional=False,
                 source=SOURCE + "; torch/distributed/fsdp/_fully_shard/_fsdp_param_group.py wait_for_unshard (the "
                 "previous all-gather state is freed after this unit's all-gather); whole-step trace of "
@@ -258,16 +267,9 @@ def _unreduced_grads(ctx: Ctx, P) -> Term:
         own = [np.asarray(u) - early if k == "attention" and r not in local else u
                for r, (u, k) in enumerate(zip(own, ctx.regions), 1)]
     cnt = [np.asarray(own[r - 1]) + np.asarray(units[r]) for r in range(1, len(units))]
-    big = cnt[0]
-    for c in cnt[1:]:
-        big = np.maximum(big, c)
-
-    def at(ph: Phase):
-        v = cnt[ph.region - 1]
-        return int(v) if np.ndim(v) == 0 else v
-
+    big, at = _by_region(cnt)
     return Term("unreduced grads: region r's, and the held reduce-scatter input of region r+1 (bf16)",
-                "gathered", int(big) if np.ndim(big) == 0 else big, ctx.act_bytes,
+                "gathered", big, ctx.act_bytes,
                 "Θ_region(r) + Θ_unit(r+1)  (unit L_b+1: final norm [+ V·H when the head is ZeRO-3]; dense FFN "
                 "region r: − 2·H·I_d if N·(3·I_d − H) > H·I_d; MLA attention region r whose recompute sub-step binds: − Θ_region(r); "
                 "global GQA attention region r: − min(Θ_qkv, the kernel's or QK-norm's sub-step's lead over attention_norm's))", ("backward",), at=at, provisional=PROVISIONAL,

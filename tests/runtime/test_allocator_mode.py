@@ -13,8 +13,10 @@ from planner.errors import InvalidPlan
 from planner.runtime import allocator
 
 RESULTS = Path(__file__).resolve().parents[2] / "bench" / "results" / "allocator_modes"
-ROUNDING_BYTES = 512
-"""With ``expandable_segments:True`` a tensor holds at most its size rounded up to 512 B."""
+LARGE_POOL_SPLIT_BYTES = 2 ** 20
+"""``kSmallSize`` of ``c10/cuda/CUDACachingAllocator.cpp``: in the default mode a large-pool block is
+split only when more than this would remain, so one tensor can hold up to this much beyond its
+request; with ``expandable_segments:True`` a block is split whenever 512 B remain."""
 
 
 def _torch(calls: list, with_setter: bool = True, new_api: bool = False):
@@ -69,8 +71,8 @@ def test_expandable_mode_holds_what_the_tensors_request():
     for (case, mode), d in runs.items():
         gaps = [m["allocated"] - m["requested"] for m in d["marks"].values()]
         assert min(gaps) >= 0, case
-        if mode == "expandable":
-            assert max(gaps) < 200 * ROUNDING_BYTES, (case, max(gaps))
+        if mode == "expandable":   # rounding remainders only: together less than one unsplit block's
+            assert max(gaps) < LARGE_POOL_SPLIT_BYTES, (case, max(gaps))
     ss = runs[("fsdp2-dsv2-W64-full", "default")]["marks"]["step start"]
-    assert ss["allocated"] - ss["requested"] > 4 * 2 ** 20
+    assert ss["allocated"] - ss["requested"] > LARGE_POOL_SPLIT_BYTES   # several unsplit blocks
     assert runs[("fsdp2-dsv2-W64-full", "expandable")]["worst_row"]["ratio"] > 0.999

@@ -73,3 +73,16 @@ def test_counts_sum_the_parts(local):
     assert cb == sum(c for _, c, eb, _ in parts if eb is None)
     assert cf == sum(c * eb // 4 for _, c, eb, _ in parts if eb is not None)
     assert all(f for *_, f in parts)   # every part carries its formula text
+
+
+def test_a_running_sub_step_holds_only_the_matmul_outputs_before_it():
+    """The current layer's FFN outputs after the running sub-step do not exist yet: none of the
+    shared experts' while the routed experts run, not the down projection inside the gated MLP."""
+    pf = build_planfile(model="deepseek-v2-lite", gpus=W, seq_len=S, overrides={"stack": "fsdp2", "ac": "selective"})
+    ctx = make_context(pf.model, pf.cluster, pf.workload, pf.plan)
+    names = lambda kind, stage: next(n for n, *_ in sac_saved_parts(ctx, kind, stage=stage)  # noqa: E731
+                                     if n.startswith("SAC-saved matmul"))
+    assert names("dense_mlp", None).endswith("(q, kv_b, gate, down)")
+    assert names("dense_mlp", "mlp").endswith("(q, kv_b, gate)")
+    assert names("moe", None).endswith("(q, kv_b, gate, down)")     # the shared experts' gate and down
+    assert names("moe", "dispatch").endswith("(q, kv_b)")

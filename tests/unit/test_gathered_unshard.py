@@ -48,8 +48,8 @@ def test_binds_after_deepseek_dense_ffn_only_beyond_one_rank():
     ctx = _ctx("deepseek-v2-lite", 64, 32768, layers=2)
     t = _term(ctx)
     ph = Phase("forward", 3, "attention")
-    dense = regions.dense_region_params(ctx.model)
-    assert dense == 3 * 2048 * 10944 + 2048   # w_gate, w_up, w_down and ffn_norm
+    dense, H = regions.dense_region_params(ctx.model), ctx.hidden_size
+    assert dense == 3 * H * ctx.dense_ffn + H   # w_gate, w_up, w_down and ffn_norm
     a = sum(int(x.bytes_in(ph)) for x in attention.terms(ctx))
     assert t.count_in(ph) * ctx.act_bytes == dense * ctx.act_bytes - a > 0
     assert t.count_in(Phase("forward", 2, "dense_mlp")) == 0
