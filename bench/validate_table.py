@@ -110,7 +110,8 @@ def cases(stem: str):
 
 def row(stem: str, c: dict, pf) -> dict:
     res = c["result"]
-    pred = predict(pf, c["lifetime"], timing=c["W"] == 1, dispatch_bound=COMPARED_BOUND)  # as validate compares
+    pred = predict(pf, c["lifetime"], timing=c["W"] == 1, dispatch_bound=COMPARED_BOUND,   # as validate compares
+                   rank=c["result"].get("rank", 0))
     carried = int(c.get("carried_bytes", 0))
     samples, start = _samples(res, c.get("name") or c["model"], carried)
     rows = [r for r in compare(pred, samples, start, step_s=res.get("step_s"), judge_time=c["W"] == 1)

@@ -105,8 +105,9 @@ def phase_moments(mom: dict, regime: str) -> dict[str, list[dict]]:
 @lru_cache(maxsize=4096)
 def expected(op: str, profile: str, N: int, H: int, I: int, E: int, k: int, b: int, E_p: int,
              c: int, K_max: int, alpha: float, m: int, lam: float, n_imp: int, regime: str,
-             standalone: bool = False, num_chunks: int | None = None) -> dict:
-    """Binding moment per phase, maximised over the ranks of the plan on ``profile``;
+             standalone: bool = False, num_chunks: int | None = None, rank: int | None = None) -> dict:
+    """Binding moment per phase, maximised over the ranks of the plan on ``profile`` (``rank``: of
+    that expert-group rank alone, the one ``planner validate`` runs);
     ``num_chunks`` is PipelinedLLEP's ``K`` (``Ctx.num_chunks``; ``None``: from ``N``, ``c``,
     ``K_max``, as the operator computes it)."""
     counts = routing.profile_counts(profile, N, E, k, E_p)
@@ -116,7 +117,7 @@ def expected(op: str, profile: str, N: int, H: int, I: int, E: int, k: int, b: i
                                      max_imports=n_imp, residue=residue, num_chunks=num_chunks)
     shape = inv.Shape(N, H, I, E, k, b)
     out: dict = {}
-    for d in plan.rank_classes():
+    for d in (plan.rank_classes() if rank is None else [rank]):
         ph = phase_moments(moments(op, shape, rank_sizes(plan, d), E // E_p, standalone=standalone),
                            regime)
         for kind, ms in ph.items():
@@ -248,7 +249,8 @@ def _expected_components(ctx: Ctx, op: str, reg: str) -> dict:
                        ctx.num_experts, ctx.top_k, ctx.act_bytes, int(kw["expert_parallel"]),
                        int(kw["token_budget"]), int(kw["max_chunks"]), float(kw["llep_alpha"]),
                        int(kw["llep_min_tokens"]), float(kw["llep_lambda"]), int(kw["max_imports"]),
-                       reg, num_chunks=int(kw["num_chunks"]) if op in ("pipelined_llep", SOURCE_OP) else None)
+                       reg, num_chunks=int(kw["num_chunks"]) if op in ("pipelined_llep", SOURCE_OP) else None,
+                       rank=ctx.dispatch_rank)
         for kind, (_, mom, _) in res.items():
             comp = per_phase.setdefault(kind, {})
             for key, c in mom.items():
@@ -325,7 +327,8 @@ def terms(ctx: Ctx) -> list[Term]:
             "X ≤ n_import_max")
     else:
         comps, how = _expected_components(ctx, op, reg), (
-            f"expected: the {OPERATOR_NAMES[op]} plan on routing {profile_of(ctx)}, binding rank")
+            f"expected: the {OPERATOR_NAMES[op]} plan on routing {profile_of(ctx)}, "
+            + ("binding rank" if ctx.dispatch_rank is None else f"expert-group rank {ctx.dispatch_rank}"))
     out = []
     for kind in ("forward", "backward"):
         for (buf, eb), count in sorted(comps.get(kind, {}).items()):

@@ -8,7 +8,9 @@ inside a non-reentrant region checkpoint:
 
     forward[r]   normed input x N·H, gate(x), silu(gate(x)), up(x): 3·N·I        (b)
     backward[r]  saved gate, silu, up and the gradients of silu·up, silu and up: 6·N·I  (b)
-                 (the recomputed normed input takes the place of the region input)
+                 (the recomputed normed input takes the place of the region input); a dense
+                 FFN's later moments hold less activation beside more weight gradients, and
+                 the larger binds (``dense_backward_moment``)
 
 Every MLP-side region's backward first recomputes its input RMSNorm with grad, which saves the
 fp32 input ``x.float()`` ``N·H`` (fp32) and the cast ``y.to(b)`` ``N·H`` (b) for the norm's
@@ -72,6 +74,32 @@ MOE_NORM_BWD = ("; H200 allocator histories of planner validate (qwen3-W1-S65536
                 "prefetch); no second gradient and no restored region input")
 
 
+DENSE_LATE = ("; at small N a later moment binds: DeepSeek-V2-Lite W = 16, S = 8192 (N = 512) backward[2] "
+              "measured 675.1 MiB on the H200 (validate_heldout_r2.json) and in the whole-step trace, where "
+              "6·N·I_d beside all three weight gradients had booked 723.2")
+DENSE_BWD_FORMULA = ("the larger moment of the backward (activations + the weight gradients made then): "
+                     "6·N·I_d + H·I_d (mul's backward: gate, silu, up and the gradients of silu·up, silu, up; "
+                     "w_down's gradient) or N·H + N·max(I_d, H) + 3·H·I_d (gate's backward: the gradient of "
+                     "gate and the two input gradients, then their sum; all three weight gradients); the "
+                     "activations of the binding one here, its gradients in gathered")
+
+
+def dense_backward_moment(ctx: Ctx):
+    """The gated MLP backward's binding moment (``down(silu(gate(x)) ⊙ up(x))``; autograd runs down,
+    mul, up, silu, gate): its activations beyond the booked incoming gradient, and the weight
+    gradients not yet made then, in elements (``DENSE_BWD_FORMULA``). The incoming gradient
+    (``boundaries``) is freed after down's backward and up's input gradient takes its place; gate's
+    input gradient and then their sum (gate's own gradient freed) follow it; up's
+    own moment (``3·N·I_d + 2·H·I_d``) is never the larger of the two: above mul's it needs
+    ``H > 3·N``, above gate's ``2·N·I_d > H·(N + I_d)``, which ``H > 3·N`` rules out."""
+    N = np.asarray(ctx.tokens_per_rank)
+    H, I = ctx.hidden_size, ctx.dense_ffn
+    late = N * H + N * max(I, H)             # gate's backward, or the sum of the two input gradients
+    gate = late + 2 * H * I > 6 * N * I      # above mul's moment (ties: mul's)
+    act, missing = np.where(gate, late, 6 * N * I), np.where(gate, 0, 2 * H * I)
+    return (act, missing) if N.ndim else (int(act), int(missing))
+
+
 def terms(ctx: Ctx) -> list[Term]:
     """FFN working-set terms of one rank (composed stack, checkpointed regions)."""
     if ctx.stack == "fsdp2":   # the baseline's FFN sub-steps: planner.budget.fsdp2_layer
@@ -94,8 +122,9 @@ def terms(ctx: Ctx) -> list[Term]:
         out += [
             Term("dense FFN forward: normed input, gate, silu, up", "ffn", N * (H + 3 * I_d), b,
                  "N·(H + 3·I_d)", ("forward",), regions=("dense_mlp",), source=SOURCE),
-            Term("dense FFN backward: saved gate, silu, up and the gradients of silu·up, silu, up", "ffn",
-                 6 * N * I_d, b, "6·N·I_d", ("backward",), regions=("dense_mlp",), source=SOURCE + GATED_BWD),
+            Term("dense FFN backward: the gated MLP's binding moment (activations beside the gradients made)",
+                 "ffn", dense_backward_moment(ctx)[0], b, DENSE_BWD_FORMULA, ("backward",), regions=("dense_mlp",),
+                 source=SOURCE + GATED_BWD + DENSE_LATE),
             Term("ffn_norm recompute: saved normed output (gate and up's input)", "ffn", N * H, b, "N·H",
                  ("backward",), regions=("dense_mlp",), source=NORM_SOURCE + DENSE_NORMED),
         ]

@@ -241,19 +241,18 @@ def _unreduced_grads(ctx: Ctx, P) -> Term:
     whose backward ran before it (region ``r+1``; after the last region the ``[norm, head]`` unit),
     which FSDP2 keeps until the next reduce-scatter (``reduce_scatter_max_input_buffers``).
 
-    A dense FFN region's backward peaks at its gated MLP's backward (6·N·I_d live: the saved gate,
-    silu and up, the gradients of silu·up, silu and up) with only w_down's gradient made: w_up's
-    and w_gate's come after three of the six are freed, a sub-step that holds at most
-    3·N·I_d + 2·H·I_d + N·H, below the peak's 6·N·I_d + H·I_d when ``N·(3·I_d − H) > H·I_d``; so
-    region ``r``'s own count there is ``Θ_region(r) − 2·H·I_d`` (deepseek-v2-lite-W1 backward[2]:
-    MmBackward0's 42.75 MiB w_down gradient, no w_gate/w_up gradient at the peak; W = 16 at
-    N = 1024 < H, bench/results/validate/validate_heldout.json: none either, 89.7 MB, where
-    ``N ≥ H`` had booked them)."""
+    A dense FFN region's own count is ``Θ_region(r)`` less the weight gradients its gated MLP's
+    binding backward moment has not made yet (``ffn.dense_backward_moment``): at large ``N`` mul's
+    backward binds with only w_down's gradient made (deepseek-v2-lite-W1 backward[2]: MmBackward0's
+    42.75 MiB w_down gradient, no w_gate/w_up gradient at the peak; W = 16 at N = 1024,
+    bench/results/validate/validate_heldout.json: none either), at small ``N`` gate's backward with
+    all three (W = 16 at N = 512, validate_heldout_r2.json)."""
     units = _unit_params(ctx, P)
     own = list(units[:-1])
     if "dense_mlp" in set(ctx.regions):    # the gated FFN's backward peaks before w_gate's, w_up's grads
-        H, I_d = ctx.hidden_size, ctx.dense_ffn
-        late = np.where(np.asarray(ctx.tokens_per_rank) * (3 * I_d - H) > H * I_d, 2 * H * I_d, 0)
+        from planner.budget.ffn import dense_backward_moment
+
+        late = dense_backward_moment(ctx)[1]
         own = [np.asarray(u) - late if k == "dense_mlp" else u for u, k in zip(own, ctx.regions)]
     if ctx.model.attention == "mla" and ctx.model.mla is not None:   # not made yet at the recompute
         from planner.budget import attention_mla
@@ -271,7 +270,7 @@ def _unreduced_grads(ctx: Ctx, P) -> Term:
     return Term("unreduced grads: region r's, and the held reduce-scatter input of region r+1 (bf16)",
                 "gathered", big, ctx.act_bytes,
                 "Θ_region(r) + Θ_unit(r+1)  (unit L_b+1: final norm [+ V·H when the head is ZeRO-3]; dense FFN "
-                "region r: − 2·H·I_d if N·(3·I_d − H) > H·I_d; MLA attention region r whose recompute sub-step binds: − Θ_region(r); "
+                "region r: − the weight gradients not yet made at its binding moment (ffn.dense_backward_moment); MLA attention region r whose recompute sub-step binds: − Θ_region(r); "
                 "global GQA attention region r: − min(Θ_qkv, the kernel's or QK-norm's sub-step's lead over attention_norm's))", ("backward",), at=at, provisional=PROVISIONAL,
                 source=SOURCE + "; H200 allocator history of planner validate: qwen3-W1 backward[4] holds "
                 "2 × V·H·b (the [norm, head] unit's reduce-scatter input and output), gpt-oss-W8 backward[2] "

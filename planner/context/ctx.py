@@ -58,6 +58,7 @@ class Ctx:
     routing_hot_experts: int       # h of R/H
     routing_text: str
     dispatch_bound: str            # "guarantee" | "expected"
+    dispatch_rank: int | None = None  # expected size on this expert-group rank's plan (planner validate); None: the largest over ranks
     grad_lifetime: str = knob_default("grad_lifetime")  # "accumulate" (kept across micro-steps) | "freed" (set_to_none)
     # -- plan: composed ------------------------------------------------------------------------
     dispatch: str = knob_default("dispatch")

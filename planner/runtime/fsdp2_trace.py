@@ -31,7 +31,7 @@ def trace_fsdp2(planfile, *, rank: int = 0, grad_lifetime: str = "freed", steps:
 
     from planner.runtime.fsdp2 import build_from_planfile
 
-    pred = predict(planfile, grad_lifetime, timing=False, dispatch_bound="expected")
+    pred = predict(planfile, grad_lifetime, timing=False, dispatch_bound="expected", rank=rank)
     W = pred.ctx.world_size
     if dist.is_initialized():
         dist.destroy_process_group()

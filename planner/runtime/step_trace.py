@@ -129,7 +129,7 @@ def trace_step(planfile, *, num_layers: int | None = None, rank: int = 0, grad_l
     from planner.runtime.mop import build_composed_step, resolve_layout
     from planner.runtime.trace_sdpa import cuda_like_sdpa
 
-    pred = predict(planfile, grad_lifetime, timing=False, dispatch_bound="expected")
+    pred = predict(planfile, grad_lifetime, timing=False, dispatch_bound="expected", rank=rank)
     W = pred.ctx.world_size
     if dist.is_initialized():
         if dist.get_backend() != "fake":

@@ -117,15 +117,19 @@ class Prediction:
 
 
 def predict(pf: PlanFile, grad_lifetime: str = knob_default("grad_lifetime"), *, timing: bool = True,
-            dispatch_bound: str | None = None) -> Prediction:
+            dispatch_bound: str | None = None, rank: int | None = None) -> Prediction:
     """Evaluate ``pf`` at every phase under ``grad_lifetime`` (and ``dispatch_bound``, default the
-    plan's own)."""
+    plan's own). ``rank``: the global rank a run measures; the expected dispatch buffers are then
+    that rank's (its expert-group rank's plan, ``expert_group_rank``) rather than the largest over
+    ranks, which the verdict takes: one rank's step is compared with that rank's formula."""
     if grad_lifetime not in GRAD_LIFETIMES:
         raise InvalidPlan("--grad-lifetime", grad_lifetime, f"must be one of {', '.join(GRAD_LIFETIMES)}",
                           "use --grad-lifetime freed or accumulate")
     plan = pf.plan if dispatch_bound is None else pf.plan.model_copy(update={"dispatch_bound": dispatch_bound})
     ctx = make_context(pf.model, pf.cluster, pf.workload, plan)
     ctx = dataclasses.replace(ctx, grad_lifetime=grad_lifetime)
+    if rank is not None and ctx.model.is_moe:
+        ctx = dataclasses.replace(ctx, dispatch_rank=expert_group_rank(ctx, rank))
     step_s = components = None
     if timing:
         from planner.timing.step import step_time
@@ -135,6 +139,15 @@ def predict(pf: PlanFile, grad_lifetime: str = knob_default("grad_lifetime"), *,
         step_s = None if not np.isfinite(v) else v
         components = {k: float(np.asarray(c).reshape(-1)[0]) for k, c in st.components.items()}
     return Prediction(ctx, evaluate(ctx), capacity_bytes(ctx), step_s, components)
+
+
+def expert_group_rank(ctx: Ctx, rank: int) -> int:
+    """Global ``rank``'s index in its expert-parallel group: consecutive blocks of ``E_p`` ranks in
+    the composed layout (``planner.runtime.mop_groups``), and in the FSDP2 layout ``ep`` consecutive
+    in the data-parallel shard after ``tp`` (``planner.runtime.fsdp2_layout.build_meshes``)."""
+    if ctx.stack == "fsdp2":
+        return rank // int(ctx.tp) % int(ctx.ep)
+    return rank % int(ctx.expert_parallel)
 
 
 def binding_rank(ctx: Ctx) -> tuple[int, str]:
