@@ -56,7 +56,19 @@ CASES_2 = [   # after the fixes the first round showed (gathered's q, k, v grads
     ("r2-fsdp2-dsv2-W16-S32768-selective", "deepseek-v2-lite", 16, 32768, {"ac": "selective"}, "freed"),
     ("r2-fsdp2-qwen3-W8-S32768-selective", "qwen3-30b-a3b", 8, 32768, {"ac": "selective"}, "freed"),
 ]
-ROUNDS = {1: CASES, 2: CASES_2}
+CASES_3 = [   # the measured rank's own dispatch plan (ranks other than the binding one) and the dense FFN's
+    # gate moment (N below 851 tokens per rank, planner.budget.ffn.dense_backward_moment); the last field: --rank
+    ("r3-dsv2-W16-S8192-rank12", "deepseek-v2-lite", 16, 8192, None, "freed", 12),
+    ("r3-dsv2-W16-S8192-rank1", "deepseek-v2-lite", 16, 8192, None, "accumulate", 1),
+    ("r3-dsv2-W16-S12288", "deepseek-v2-lite", 16, 12288, None, "freed", None),
+    ("r3-dsv2-W32-S4096-rank23", "deepseek-v2-lite", 32, 4096, None, "freed", 23),
+    ("r3-dsv2-W32-S8192-rank23", "deepseek-v2-lite", 32, 8192, None, "accumulate", 23),
+    ("r3-dsv2-W64-S16384-rank41", "deepseek-v2-lite", 64, 16384, None, "freed", 41),
+    ("r3-gptoss-W32-S16384-rank23", "gpt-oss-20b", 32, 16384, None, "freed", 23),
+    ("r3-gptoss-W32-S16384-rank9", "gpt-oss-20b", 32, 16384, None, "accumulate", 9),
+    ("r3-qwen3-W32-S16384-rank0", "qwen3-30b-a3b", 32, 16384, None, "freed", 0),
+]
+ROUNDS = {1: CASES, 2: CASES_2, 3: CASES_3}
 
 
 def planfile(model: str, W: int, S: int, knobs: dict | None):
@@ -67,16 +79,18 @@ def planfile(model: str, W: int, S: int, knobs: dict | None):
 def main(argv=None) -> int:
     ap = parser(__doc__, "/tmp/validate_heldout", BUDGET_S, STEPS)
     ap.add_argument("--round", type=int, choices=sorted(ROUNDS), default=1,
-                    help="1: the first held-out cases; 2: new shapes after the fixes round 1 led to")
+                    help="1: the first held-out cases; 2: new shapes after the fixes round 1 led to; 3: ranks "
+                         "other than the binding one, and the dense FFN's gate moment")
     args = ap.parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     t0, results = time.perf_counter(), []
-    for name, model, W, S, knobs, lifetime in ROUNDS[args.round]:
+    for name, model, W, S, knobs, lifetime, *rank in ROUNDS[args.round]:
+        rank = rank[0] if rank else None
         pf = planfile(model, W, S, knobs)
-        pred = predict(pf, lifetime, timing=False, dispatch_bound="expected")
-        cmd = write_plan(out, name, pf, lifetime, args.steps)
-        c = {"name": name, "model": model, "W": W, "S": S, "layers": LAYERS, "lifetime": lifetime,
+        pred = predict(pf, lifetime, timing=False, dispatch_bound="expected", rank=rank)
+        cmd = write_plan(out, name, pf, lifetime, args.steps) + (f" --rank {rank}" if rank is not None else "")
+        c = {"name": name, "model": model, "W": W, "S": S, "layers": LAYERS, "lifetime": lifetime, "rank": rank,
              "stack": "fsdp2" if knobs is not None else "composed", "knobs": knobs or {}, "command": cmd,
              "predicted_peak_bytes": pred.peak_bytes}
         if args.dry_run:
@@ -86,7 +100,8 @@ def main(argv=None) -> int:
         else:
             t1 = time.perf_counter()
             status, p = run_child(planner_argv("validate", str(out / "plans" / f"{name}.yaml"), "--steps",
-                                               str(args.steps), "--grad-lifetime", lifetime, "--json"), CHILD_TIMEOUT_S)
+                                               str(args.steps), "--grad-lifetime", lifetime, "--json",
+                                               *(("--rank", str(rank)) if rank is not None else ())), CHILD_TIMEOUT_S)
             res = json.loads(p.stdout) if p is not None and p.stdout.strip().startswith("{") else None
             if res and "rows" in res:   # exit 1 (a phase outside tolerance) is a result too
                 c.update(status="ran", exit_code=p.returncode, result=res)
