@@ -61,8 +61,9 @@ def test_no_new_false_fit_against_the_h200(records):
 _QWEN3_HOST = ("Qwen3-30B-A3B composed at W = 1 (128 experts: 51k-140k kernel launches per 2-layer step, the GPU "
                "idle about half of it, bench/results/step_profile): host-bound, and the host's speed differs "
                "between H200 instances; 64k measured 4.47 (bench/results/step_phases), 4.85, 5.04, 5.33, 5.66 and "
-               "5.94 s against 4.91 s predicted (0.83-1.10), 32k 2.85, 3.19, 3.49, 3.67 and 3.68 s against 3.09 s "
-               "(0.84-1.08). On the instance of validate_w1_run5 the tiny-width host calibrations "
+               "5.94 s against 4.91 s predicted (0.83-1.10), 32k 2.85, 3.19, 3.49, 3.67, 3.68 and 2.61 s against 3.09 s "
+               "(0.84-1.18; 2.61 s on instance 9fd232e7, validate_w1_run6_expandable, where the FSDP2 steps were the "
+               "slowest measured: the spread is not one speed per instance). On the instance of validate_w1_run5 the tiny-width host calibrations "
                "(bench/results/calibration/instance_c275be5e) measured the chunk loops at 175 / 42 / 464 us per "
                "block against the profile's 165 / 35 / 519: the slowdown is not in what the calibration measures")
 _SLOW_INSTANCE = ("gpt-oss-20b composed at W = 1, 16k: 1.46 s on the instance of validate_w1_run5 (c275be5e), where "
@@ -72,8 +73,13 @@ _QWEN3_FSDP2_HOST = ("Qwen3-30B-A3B FSDP2 at W = 1, 16k: 0.35 s on the calibrati
                      "0.54 s on the instance of validate_fsdp2_run2.json against 0.34 s predicted; that instance's own "
                      "calibration.step_host rows are within 10% of the profile's (bench/results/calibration/"
                      "instance_c275be5e), and its other eight W = 1 steps are within 15%")
+_GPTOSS_FSDP2_SHORT = ("gpt-oss-20b FSDP2 at W = 1, 4k: 0.181 s on instance 9fd232e7 (validate_fsdp2_run3_expandable) "
+                       "against 0.145 s predicted (0.80); 0.151-0.166 s on the four other instances (0.88-0.96). On "
+                       "the same instance the composed Qwen3 32k step was the fastest measured (2.61 s): the host-bound "
+                       "steps' spread between runs is not one speed per machine")
 _DSV2_FSDP2_SHORT = ("DeepSeek-V2-Lite FSDP2 at W = 1, 4k, the shortest step: 0.103-0.109 s on four H200 instances "
-                     "(validate_fsdp2, _run2, _fresh, _expandable) against 0.121 s predicted (1.11-1.18); "
+                     "(validate_fsdp2, _run2, _fresh, _expandable) against 0.121 s predicted (1.11-1.18; 0.121 s, 1.01, on a "
+                     "fifth, validate_fsdp2_run3_expandable); "
                      "over-priced, so the search errs against the baseline's speed here")
 KNOWN_SLOW = {
     ("fsdp2", "dsv2-W1-S4096", 1, 4096, "freed"): _DSV2_FSDP2_SHORT,
@@ -81,6 +87,7 @@ KNOWN_SLOW = {
     ("composed", "qwen3-30b-a3b", 1, 32768, "freed"): _QWEN3_HOST,
     ("composed", "gpt-oss-20b", 1, 16384, "freed"): _SLOW_INSTANCE,
     ("fsdp2", "qwen3-W1-S16384", 1, 16384, "freed"): _QWEN3_FSDP2_HOST,
+    ("fsdp2", "gptoss-W1-S4096", 1, 4096, "freed"): _GPTOSS_FSDP2_SHORT,
 }
 """W = 1 step times outside ``TIME_TOLERANCE`` today (on any run of the key), each with its reason. The
 nine FSDP2 W = 1 steps are 0.90-1.14 of the calibrating instance (``planner.timing.baseline_host``)."""
@@ -131,7 +138,7 @@ def cluster_mode_rows():
 def test_every_row_within_both_bounds_in_the_cluster_mode(cluster_mode_rows):
     from planner.runtime.validate_compare import memory_ok
 
-    assert len(CLUSTER_MODE_STEMS) == 5 and len(cluster_mode_rows) > 700
+    assert len(CLUSTER_MODE_STEMS) == 8 and len(cluster_mode_rows) > 700
     off = {k: round(r.ratio, 4) for k, r in cluster_mode_rows if not memory_ok(int(r.predicted), int(r.measured))}
     assert {k: v for k, v in off.items() if k not in KNOWN_OVER} == {}
     assert sorted(k for k in KNOWN_OVER if k not in off) == []
