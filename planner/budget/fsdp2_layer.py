@@ -26,10 +26,16 @@ forward[r]
                    Θ^d held [F>1] (the 309 MiB of its 11 blocks = 2·Θ^d)
     shared experts the two N·H, the routed output N·H, the shared experts' 3·N·I_s/tp (they run
                    after the routed experts, whose rows are freed by then)
+    attention RoPE the normed input N·H, q, k, v before the rotation, the cos/sin tables N·d_rot
+                   (fp32), the rotation's fp32 copy [b<4] and four half-width fp32 products
+                   (``model_layers.py`` apply_rope: N·h_q·d_rot·(8+4[b<4]) bytes at the queries'),
+                   Θ^d held [F>1] (binds where the FFN is narrow: CPU trace, dense first layer)
     head gather    (r = L) the last layer's output, the head unit's unsharded weight and its held
                    all-gather output V·H/tp·[F>1] (FSDP2's pre-forward of the final norm runs
-                   before the head phase starts), less the resharded layer's Θ_L; without
-                   checkpointing the last layer's saved tensors too
+                   before the head phase starts), the last layer's last all-gather output (the
+                   experts' Θ^e [F·tp/ep>1]), which the head's ``wait_for_unshard`` keeps in a local
+                   until it returns, less the resharded layer's Θ_L; without checkpointing the last
+                   layer's saved tensors too
     ac = selective keeps, instead of A, torchtitan's SAC outputs (``fsdp2_saved.sac_saved_parts``:
                    every addmm, every second mm, the router's top-k, the SDPA output and lse)
 
@@ -45,6 +51,9 @@ again; ac = none keeps them from the forward)
                    gradients of the product, gate and up 3·N·I_d/tp and the down projection's weight
                    gradient H·I_d/tp (DeepSeek W64 backward[1]: MulBackward0 2 × 684, MmBackward0 684
                    + 42.8 MiB)
+    FFN norm bwd   (dense) A, the FFN norm's fp32 copy, RMSNorm's fp32 backward temporaries
+                   5·N_sp·H·4 (``NORM_BWD_SOURCE``), the FFN's and the norm's weight gradients
+                   3·H·I_d/tp + H (binds where the FFN is narrow: CPU trace, dense first layer)
     attention      A, the gradients of q, k, v and o, the context-parallel K/V buffers, the
                    attention-region gradient N_sp·H, the
                    attention's weight gradients Θ_attn/tp, FlashAttention's dq_accum/softmax_d
@@ -59,7 +68,9 @@ The reference sub-step (ffn) is counted term by term (D stays in ``dispatch``); 
 sub-step adds its excess over the reference, ``max(0, T_s − T_ffn)``, so a phase holds
 ``max_s T_s`` (a sub-step may list a phase-wide term that is not live at its moment with a
 negative count: only its total is used). Not read off an allocator history yet: ``tp > 1`` (the
-MoE block's tokens and expert sharding under TP) and the CPU trace's dense first layer.
+MoE block's tokens and expert sharding under TP); the attention RoPE and FFN norm backward sub-steps
+are read off the CPU whole-step trace (``tests/trace/test_fsdp2_trace.py``), the same eager ops the
+GPU runs, which bind only where the FFN is narrow beside the attention.
 """
 
 from __future__ import annotations
@@ -71,7 +82,8 @@ import numpy as np
 
 from planner.budget import dispatch, fsdp2_gathered as fg, fsdp2_reduce, regions
 from planner.context.ctx import Ctx
-from planner.budget.fsdp2_saved import SAC_SOURCE, attention_saved_counts, dims, local_layers, sac_saved_parts
+from planner.budget.fsdp2_saved import (SAC_SOURCE, rot_dim, attention_saved_counts, dims, local_layers,
+                                        sac_saved_parts)
 from planner.budget.terms import Phase, Term
 from planner.units import ceil_div
 
@@ -112,6 +124,29 @@ def _cp_kv(ctx: Ctx, N, hkv, d_qk, d_v) -> Item:
                 ("cp" if ctx.cp_rotate == "allgather" else "2") + "·N·h_kv·(d_qk+d_v) if cp > 1")
 
 
+def _rope(ctx: Ctx, N, hq, hkv, d_qk, b: int) -> list[Item]:
+    """The forward's RoPE moment (``model_layers.py`` apply_rope, in fp32): its cos/sin tables and the
+    working set of one rotation beyond its input. Rotating ``x`` of ``n`` elements holds its fp32
+    copy ``4n`` [b<4] (``x.float()`` returns ``x`` itself in fp32) and, at ``x2·c + x1·s``, four
+    half-width fp32 products (``x1·c − x2·s`` and the three of the sum), ``8n``; ``cat`` and the
+    cast back hold no more. The queries' rotation, or the keys' beside the rotated queries ``N·h_q·d_qk·b``
+    (MLA rotates one shared ``d_rope`` key head)."""
+    m = ctx.model
+    d_rot = rot_dim(ctx)
+    h_kr = 1 if m.attention == "mla" else hkv
+    per = 8 + 4 * (np.asarray(b) < 4)
+    ws = np.maximum(N * hq * d_rot * per, N * hq * d_qk * b + N * h_kr * d_rot * per)
+    return [Item("attention", "RoPE cos/sin tables (fp32)", N * d_rot, 4, "N·d_rot"),
+            Item("attention", "RoPE working set: fp32 copy, half-width products (fp32)", ws, 1,
+                 "max(N·h_q·d_rot·ρ, N·h_q·d_qk·b + N·h_kv·d_rot·ρ), ρ = 8 + 4·[b<4] (bytes; MLA: one key "
+                 "head)", ROPE_SOURCE)]
+
+
+ROPE_SOURCE = ("tensor inventory of planner/runtime/model_layers.py apply_rope; CPU whole-step trace "
+               "(tests/trace/test_fsdp2_trace.py, dense first layer, bf16: the forward[1] peak at the queries' "
+               "x2·c + x1·s, their fp32 copy 262144 B and four 131072 B products, 0.837 without it)")
+
+
 def _substeps(ctx: Ctx, kind: str, rkind: str, local: bool) -> tuple[dict[str, list[Item]], str]:
     """``({sub-step: items}, reference)`` of a ``kind`` phase of a ``rkind`` layer."""
     N, H, b = ctx.tokens_per_rank, ctx.hidden_size, ctx.act_bytes
@@ -144,10 +179,11 @@ def _substeps(ctx: Ctx, kind: str, rkind: str, local: bool) -> tuple[dict[str, l
             keep, keep_beside_d, keep_routed = sac(False, "mlp"), sac(True, "dispatch"), sac(False, "dispatch")
         else:
             keep = keep_beside_d = keep_routed = attention_saved(ctx, False, local) if saved_regime else []
+        rope = att[:2] + _rope(ctx, N, hq, hkv, d_qk, b) + att[-1:]
         if moe:
             ffn = mid + keep_beside_d + [Item("gathered", "experts' all-gather output held", th_e * (Fe > 1),
                                               b, "Θ^e·[F·tp/ep>1]")]
-            out = {"ffn": ffn, "attention": att}
+            out = {"ffn": ffn, "attention": att, "attention RoPE": rope}
             extra = fsdp2_reduce.experts_unshard_extra(ctx, rkind)
             if np.any(extra):
                 out["experts' unshard (one-rank mesh)"] = mid + keep_routed + [
@@ -160,7 +196,7 @@ def _substeps(ctx: Ctx, kind: str, rkind: str, local: bool) -> tuple[dict[str, l
             return out, "ffn"
         ffn = mid + keep + [Item("ffn", "dense FFN: gate, silu, up", 3 * N * I_d, b, "3·N·I_d/tp"),
                             Item("gathered", "layer all-gather output held", th_d * (F > 1), b, "Θ^d·[F>1]")]
-        return {"ffn": ffn, "attention": att}, "ffn"
+        return {"ffn": ffn, "attention": att, "attention RoPE": rope}, "ffn"
     A = attention_saved(ctx, local=local)
     norm = [Item("ffn", "FFN norm: saved fp32 copy", N_sp * H, 4, "N_sp·H"),
             Item("ffn", "FFN norm: saved normed input and its weighted copy", 2 * N * H, b, "2·N·H")]
@@ -191,8 +227,19 @@ def _substeps(ctx: Ctx, kind: str, rkind: str, local: bool) -> tuple[dict[str, l
                                "3·N·I_d/tp"),
                           Item("ffn", "dense FFN: down-projection weight gradient", ctx.hidden_size * I_d, b,
                                "H·I_d/tp")]
+        out["FFN norm backward"] = A + norm[:1] + [
+            Item("ffn", "FFN norm backward: fp32 gradients", 5 * N_sp * H, 4, "5·N_sp·H", NORM_BWD_SOURCE),
+            Item("ffn", "dense FFN: weight gradients, and the norm's", 3 * H * I_d + H, b, "3·H·I_d/tp + H")]
     out.update({"ffn": ffn, "attention": att})
     return out, "ffn"
+
+
+NORM_BWD_SOURCE = (
+    "autograd's formulas for model_layers.py RMSNorm (x32 · rsqrt(mean(x32²) + eps), fp32): at PowBackward0 "
+    "(pow_backward: grad · (2 · x32.pow(1))) the mul branch's input gradient grad·rsqrt, MeanBackward0's "
+    "expanded quotient, x32.pow(1), 2·x32.pow(1) and their product are live, 5·N_sp·H fp32, beside the saved "
+    "x32 and the finished FFN's weight gradients (the attention's recomputed tensors not yet used); CPU "
+    "whole-step trace, dense first layer in bf16: backward[1] 0.960 without it")
 
 
 def _dispatch_bytes(ctx: Ctx, kind: str):
@@ -224,13 +271,32 @@ def _head_gather(ctx: Ctx, rkind: str, local: bool) -> list[Item]:
     """forward[L] ends with the ``[norm, head]`` unit's all-gather (FSDP2's pre-forward hook of the
     final norm runs before the head phase starts): the last layer's output, the head's unsharded
     weight and its all-gather output, which FSDP2 holds [F>1] (Qwen3 W8 ac = none forward[2]:
-    ``fsdp2.py`` norm call, 2 × 593.5 MiB); without checkpointing the last layer's saved tensors too."""
+    ``fsdp2.py`` norm call, 2 × 593.5 MiB); without checkpointing the last layer's saved tensors too.
+
+    The last layer's last all-gather output is still live: the head's ``wait_for_unshard``
+    (``torch/distributed/fsdp/_fully_shard/_fsdp_param_group.py``) drops ``comm_ctx.all_gather_state``
+    before its copy-out, but its local ``prev_all_gather_state`` (the walrus in ``if
+    prev_all_gather_state := self.comm_ctx.all_gather_state``) keeps the ``AllGatherResult`` until it
+    returns, after the head's unsharded weight is filled. That output is the routed experts' ``Θ^e``
+    when their mesh has several ranks (they unshard last in a MoE layer), else nothing (a one-rank
+    unshard clears the state and keeps none); in a dense last layer the layer unit's ``Θ^d`` [F>1],
+    unless QK-norm units unshard after it (tp > 1). CPU whole-step trace, W8 ep2 ac = none: the
+    experts' 393216 B (bf16) buffer freed at the return of the head's ``wait_for_unshard`` (forward[2]
+    0.990 without it); Qwen3 W8 (ep = 8: a one-rank expert mesh) holds none."""
     b, N_sp = ctx.act_bytes, ceil_div(ctx.tokens_per_rank, ctx.tp)
     VH_tp = ceil_div(ctx.vocab_size * ctx.hidden_size, ctx.tp)
+    F = fg.fsdp_degree(ctx)
+    if rkind == "moe":
+        last = fg.layer_expert_params(ctx, rkind) * (fg.expert_degree(ctx) > 1)
+        last_f = "Θ^e_L·[F·tp/ep>1]"
+    else:
+        last = fg.layer_dense_params(ctx, rkind) * (F > 1) * ~fg.prefetch_in_attention(ctx)
+        last_f = "Θ^d_L·[F>1] (no QK-norm unit after it)"
     out = [Item("boundaries", "last layer output", N_sp * ctx.hidden_size, b, "N_sp·H"),
            Item("gathered", "head unit, unsharded", VH_tp, b, "V·H/tp"),
-           Item("gathered", "head unit all-gather output held", VH_tp * (fg.fsdp_degree(ctx) > 1), b,
-                "V·H/tp·[F>1]")]
+           Item("gathered", "head unit all-gather output held", VH_tp * (F > 1), b, "V·H/tp·[F>1]"),
+           Item("gathered", "last layer's last all-gather output (held by the head's wait_for_unshard)", last, b,
+                last_f)]
     # by then the last layer is resharded, and without checkpointing its input is gone: the phase's
     # common terms that are not live at this moment (Qwen3 W8 ac = none forward[2]: no layer block)
     out += [Item("gathered", "last layer's params, resharded by then (not live)", -fg.layer_params(ctx, rkind), b,

@@ -129,19 +129,26 @@ def embedding_steps(ctx: Ctx, kind1: str, item) -> dict:
 
 
 def embedding_unshard(ctx: Ctx, kind1: str, item) -> list:
-    """Sub-step of forward[1]: the embedding unit's unshard before layer 1's, its unsharded table
-    ``V·H/tp`` beside its source, the ``b``-byte cast of the fp32 shard on a one-rank mesh or the
-    all-gather output on a larger one (DeepSeek-V2-Lite W = 1 S = 4096: the step's peak sits in
-    ``h = embed(tokens)``, two 400 MiB blocks above the step start, forward[1] 0.974 without it).
-    Layer 1 is not yet unsharded and its input not yet made."""
+    """Sub-step of forward[1]: the embedding unit's unshard and forward before layer 1's unshard, its
+    unsharded table ``V·H/tp`` beside its source (DeepSeek-V2-Lite W = 1 S = 4096: the step's peak
+    sits in ``h = embed(tokens)``, two 400 MiB blocks above the step start, forward[1] 0.974 without
+    it). On a mesh of several ranks the source is the all-gather output, which FSDP2 holds
+    (``AllGatherState``) until layer 1's unshard, so the embedding's output, layer 1's input
+    ``N_sp·H``, is made beside both tables (CPU whole-step trace, dense first layer in fp32: the
+    peak at ``aten.embedding``, 2 × V·H·4 + N·H·4); on a one-rank mesh the source is the ``b``-byte
+    cast of the fp32 shard, a local of ``FSDPParamGroup.wait_for_unshard`` freed when it returns,
+    before the embedding's forward: ``max(2·V·H, V·H + N_sp·H)``. Layer 1 is not yet unsharded."""
     b, N_sp = ctx.act_bytes, ceil_div(ctx.tokens_per_rank, ctx.tp)
     VH = ceil_div(ctx.vocab_size * ctx.hidden_size, ctx.tp)
+    one = np.asarray(fg.fsdp_degree(ctx)) == 1
     return [item("gathered", "embedding table, unsharded", VH, b, "V·H/tp"),
             item("gathered", "embedding table's source: the fp32 shard's cast [F=1] or the all-gather output",
                  VH, b, "V·H/tp"),
             item("gathered", "layer 1's params, not yet unsharded (not live)", -fg.layer_params(ctx, kind1), b,
                  "−Θ_1"),
-            item("boundaries", "layer 1's input, not yet made (not live)", -N_sp * ctx.hidden_size, b, "−N_sp·H")]
+            item("boundaries", "layer 1's input: beside both tables [F>1]; on a one-rank mesh made after the "
+                 "cast copy is freed (not live beside it)", -np.minimum(N_sp * ctx.hidden_size, VH) * one, b,
+                 "−min(N_sp·H, V·H/tp)·[F=1]")]
 
 
 def previous_unshard(ctx: Ctx, r: int, kind: str, item) -> list:

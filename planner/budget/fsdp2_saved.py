@@ -27,7 +27,8 @@ def dims(ctx: Ctx):
     return ceil_div(m.num_heads, ctx.tp), ceil_div(n_kv, ctx.tp), m.head_dim, m.v_dim
 
 
-def _rot_dim(ctx: Ctx) -> int:
+def rot_dim(ctx: Ctx) -> int:
+    """``d_rot``: the channels RoPE rotates per head (MLA's ``qk_rope_head_dim``, else the head width)."""
     m = ctx.model
     return m.mla.qk_rope_head_dim if m.attention == "mla" and m.mla is not None else m.head_dim
 
@@ -91,7 +92,7 @@ def attention_saved_counts(ctx: Ctx, selective: bool, local: bool):
     N, N_sp = ctx.tokens_per_rank, ceil_div(ctx.tokens_per_rank, ctx.tp)
     hq, hkv, d_qk, d_v = dims(ctx)
     eb, ef = boundaries.saved_per_token(ctx, "attention", selective)
-    cb, cf = eb * N_sp, ef * N_sp + N * _rot_dim(ctx)
+    cb, cf = eb * N_sp, ef * N_sp + N * rot_dim(ctx)
     if selective:
         return cb, cf
     if m.qk_norm:
