@@ -68,10 +68,33 @@ CASES_3 = [   # the measured rank's own dispatch plan (ranks other than the bind
     ("r3-gptoss-W32-S16384-rank9", "gpt-oss-20b", 32, 16384, None, "accumulate", 9),
     ("r3-qwen3-W32-S16384-rank0", "qwen3-30b-a3b", 32, 16384, None, "freed", 0),
 ]
-ROUNDS = {1: CASES, 2: CASES_2, 3: CASES_3}
+C = {"stack": "composed"}
+CASES_4 = [   # operator choices other than the defaults (composed), and HSDP (FSDP2)
+    ("r4-qwen3-W8-S32768-llep", "qwen3-30b-a3b", 8, 32768, {**C, "dispatch": "llep"}, "freed", None),
+    ("r4-gptoss-W8-S16384-ep", "gpt-oss-20b", 8, 16384, {**C, "dispatch": "ep"}, "accumulate", None),
+    ("r4-dsv2-W16-S16384-destination", "deepseek-v2-lite", 16, 16384, {**C, "dispatch_residue": "destination"},
+     "freed", None),
+    ("r4-qwen3-W8-S32768-vocab-parallel", "qwen3-30b-a3b", 8, 32768, {**C, "vocab": "vocab_parallel"}, "freed", None),
+    ("r4-gptoss-W8-S16384-dense-head", "gpt-oss-20b", 8, 16384, {**C, "vocab": "dense"}, "freed", None),
+    ("r4-dsv2-W8-S16384-cpu-offload", "deepseek-v2-lite", 8, 16384, {**C, "optimizer": "cpu_offload"}, "accumulate",
+     None),
+    ("r4-qwen3-W16-S16384-gpu-adamw", "qwen3-30b-a3b", 16, 16384, {**C, "optimizer": "gpu"}, "freed", None),
+    ("r4-gptoss-W16-S32768-per-layer", "gpt-oss-20b", 16, 32768, {**C, "checkpoint": "per_layer"}, "freed", None),
+    ("r4-dsv2-W8-S8192-no-checkpoint", "deepseek-v2-lite", 8, 8192, {**C, "checkpoint": "none"}, "freed", None),
+    ("r4-qwen3-W1-S16384-per-layer-gpu", "qwen3-30b-a3b", 1, 16384, {**C, "checkpoint": "per_layer", "optimizer": "gpu"},
+     "freed", None),
+    ("r4-fsdp2-qwen3-W16-S16384-hsdp2", "qwen3-30b-a3b", 16, 16384, {"dp_replicate": 2}, "freed", None),
+    ("r4-fsdp2-gptoss-W32-S32768-hsdp4-selective", "gpt-oss-20b", 32, 32768,
+     {"dp_replicate": 4, "ac": "selective"}, "accumulate", None),
+    ("r4-fsdp2-dsv2-W16-S16384-hsdp2-none", "deepseek-v2-lite", 16, 16384, {"dp_replicate": 2, "ac": "none"}, "freed",
+     None),
+]
+ROUNDS = {1: CASES, 2: CASES_2, 3: CASES_3, 4: CASES_4}
 
 
 def planfile(model: str, W: int, S: int, knobs: dict | None):
+    """``knobs``: None for the composed stack's defaults, else overrides of the FSDP2 baseline's (or
+    of the stack they name with ``stack``)."""
     ov = {"stack": "fsdp2", **knobs} if knobs is not None else None
     return truncate(build_planfile(model=model, gpus=W, seq_len=S, overrides=ov), LAYERS).planfile
 
@@ -80,7 +103,8 @@ def main(argv=None) -> int:
     ap = parser(__doc__, "/tmp/validate_heldout", BUDGET_S, STEPS)
     ap.add_argument("--round", type=int, choices=sorted(ROUNDS), default=1,
                     help="1: the first held-out cases; 2: new shapes after the fixes round 1 led to; 3: ranks "
-                         "other than the binding one, and the dense FFN's gate moment")
+                         "other than the binding one, and the dense FFN's gate moment; 4: the composed stack's "
+                         "other operator choices, and HSDP")
     args = ap.parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -91,7 +115,7 @@ def main(argv=None) -> int:
         pred = predict(pf, lifetime, timing=False, dispatch_bound="expected", rank=rank)
         cmd = write_plan(out, name, pf, lifetime, args.steps) + (f" --rank {rank}" if rank is not None else "")
         c = {"name": name, "model": model, "W": W, "S": S, "layers": LAYERS, "lifetime": lifetime, "rank": rank,
-             "stack": "fsdp2" if knobs is not None else "composed", "knobs": knobs or {}, "command": cmd,
+             "stack": pf.plan.stack, "knobs": knobs or {}, "command": cmd,
              "predicted_peak_bytes": pred.peak_bytes}
         if args.dry_run:
             c["status"] = "dry run"
