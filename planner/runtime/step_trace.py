@@ -7,7 +7,9 @@ its rank map with ``tolist``, and FSDP2's ``to_empty`` cannot swap meta paramete
 the weights and the optimizer's host state are real, one rank's share. Then ``FakeTensorMode``
 (real inputs allowed: the weights) with the shim's trace mode and CUDA-like SDPA allocations
 (``trace_sdpa``), and ``MemTracker`` inside it with the model, the optimizer and the batch
-registered through ``track_external``. Every MoE layer's dispatcher gets the integer plan of the
+registered through ``track_external``: a ``RealInputsTracker``, which counts the fake conversion of
+a real weight, shard view or optimizer state as that real storage (the GPU allocates nothing for
+it). Every MoE layer's dispatcher gets the integer plan of the
 plan's routing profile and the Ring-DTP head its ``N_max`` (trace mode cannot read real counts).
 
 Per phase: the step's ``on_phase`` hook drives a ``PhaseRecorder`` over ``MemTracker``'s current
@@ -122,11 +124,11 @@ def trace_step(planfile, *, num_layers: int | None = None, rank: int = 0, grad_l
     check_positive_ints(steps=steps)
     check_int_range("rank", rank, 0, planfile.plan.world_size - 1)
     from torch._subclasses.fake_tensor import FakeTensorMode
-    from torch.distributed._tools.mem_tracker import MemTracker
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
     from planner.runtime import mop_groups
     from planner.runtime.mop import build_composed_step, resolve_layout
+    from planner.runtime.real_inputs_tracker import RealInputsTracker
     from planner.runtime.trace_sdpa import cuda_like_sdpa
 
     pred = predict(planfile, grad_lifetime, timing=False, dispatch_bound="expected", rank=rank)
@@ -146,9 +148,12 @@ def trace_step(planfile, *, num_layers: int | None = None, rank: int = 0, grad_l
             composed = build_composed_step(planfile, device=DEVICE, set_to_none=grad_lifetime == "freed")
         plan_dispatch(composed.model, pred.ctx)
         _attach_without_pointer_check(composed.dense)
-        with FakeTensorMode(allow_non_fake_inputs=True), shim.tracing(), cuda_like_sdpa():
+        fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
+        # the real tensors' fake conversions count as the real storages, not as new allocations
+        mt = RealInputsTracker(fake_mode, composed.model, composed.optimizer, composed.dense.proxies,
+                               composed.replicated.proxies)
+        with fake_mode, shim.tracing(), cuda_like_sdpa():
             tokens, targets = synthetic_batch(pred.ctx, DEVICE, torch)
-            mt = MemTracker()
             mt.track_external(composed.model, composed.optimizer, tokens, targets)
             with mt:
                 rec = PhaseRecorder(TrackerSource(mt, DEVICE.type))
