@@ -22,6 +22,9 @@ Composed stack:
     unshard sub-step           max(0, Θ_{r−1} − A_r) if W > 1   forward[r ≥ 2]: region r's unshard
                                                                 copies out of its all-gather output
                                                                 while region r−1's is still held
+    backward unshard sub-step  max(0, Θ_r − Θ_{r−1} − own grads  backward[r]: region r's unshard
+                               − A_r) if W > 1                  before its gradients and the prefetch
+                                                                (``gathered_unshard``)
     head (ZeRO-3, P = 1)       V·H                              head
 
 The embedding runs before region 1's attention (forward) and after it (backward), so its tensors
@@ -48,14 +51,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from planner.budget import regions
-from planner.context.ctx import Ctx
+from planner.budget import gathered_unshard
+from planner.budget.gathered_units import PROVISIONAL, SOURCE
+from planner.budget.gathered_units import as_int as _int, by_region as _by_region, unit_params as _unit_params
 from planner.budget.terms import FWD_BWD, Phase, Term
-
-PROVISIONAL = True
-"""Not yet traced against an operator: the composed step (attention region, ZeRO-3 gathers) has no
-runtime here yet, so these counts come from the layouts alone."""
-SOURCE = "DESIGN §2 MoP layout / FSDP2 layout, §3.2 Gathered"
+from planner.context.ctx import Ctx
 
 
 def _region1_bytes(ctx: Ctx, kind: str, own: list[Term]):
@@ -122,30 +122,6 @@ def _embedding_substeps(ctx: Ctx, own: list[Term]) -> list[Term]:
     ]
 
 
-def _int(v):
-    return int(v) if np.ndim(v) == 0 else v
-
-
-def _by_region(cnt: list):
-    """A per-region count list as a term's ``(count, at)``: the largest over regions (the term's
-    size), and region ``r``'s in ``Phase r``."""
-    big = cnt[0]
-    for c in cnt[1:]:
-        big = np.maximum(big, c)
-    return _int(big), lambda ph: _int(cnt[ph.region - 1])
-
-
-def _unit_params(ctx: Ctx, P) -> list:
-    """Dense parameters of the FSDP2 unit of each region (forward order), then of the unit after the
-    last region: ``[norm, head]`` when the head is ZeRO-3 (``P = 1`` or a dense head), else the norm."""
-    m = ctx.model
-    per = {"attention": regions.attention_region_params(m), "moe": regions.moe_region_dense_params(m),
-           "dense_mlp": regions.dense_region_params(m) if m.num_dense_layers else 0}
-    VH = ctx.vocab_size * ctx.hidden_size
-    head = VH if ctx.vocab == "dense" else np.where(P == 1, VH, 0)
-    return [per[k] for k in ctx.regions] + [ctx.hidden_size + head]
-
-
 def _region_weights(ctx: Ctx, P) -> list[Term]:
     """Gathered region weights. ``forward[r]``: region ``r``'s unsharded parameters and, when
     ``W > 1``, the all-gather output they were copied out of, which FSDP2 keeps until the next
@@ -174,46 +150,6 @@ def _region_weights(ctx: Ctx, P) -> list[Term]:
                  "of unsharded parameters), its MoE forward[2] none of region 3's; qwen3-W1 forward[1] 36 MiB "
                  "(no all-gather output at W = 1); gpt-oss-W8 backward[4] holds region 3's 50.6 MiB "
                  "all-gather output")]
-
-
-def _unshard_substep(ctx: Ctx, P) -> Term:
-    """``forward[r]``, ``r ≥ 2``, ``W > 1``: region ``r−1``'s all-gather output beside region ``r``'s
-    unshard, as the excess over ``A_r``, region ``r``'s ``attention``, ``ffn`` and ``dispatch``
-    bytes in ``forward[r]`` (see the module legend)."""
-    from planner.budget import attention, dispatch, ffn
-
-    b = ctx.act_bytes
-    units = _unit_params(ctx, P)[:-1]
-    multi = np.where(np.asarray(ctx.world_size) > 1, 1, 0)
-    from planner.budget.attention_sliding import local_regions
-
-    acts, disp = [*attention.terms(ctx), *ffn.terms(ctx)], []
-
-    def a_r(ph, terms):
-        return sum((np.asarray(t.bytes_in(ph), dtype=np.int64) for t in terms), np.int64(0))
-
-    kinds, local = ctx.regions, set(local_regions(ctx))
-    cnt = [0 * multi]
-    seen: dict = {}   # A_r depends on the region's kind and window only (tests/unit/test_gathered_unshard.py)
-    for r in range(2, len(units) + 1):
-        key = (kinds[r - 2], kinds[r - 1], r in local)
-        if key not in seen:
-            ph, held = Phase("forward", r, kinds[r - 1]), np.asarray(units[r - 2]) * multi * b
-            a = a_r(ph, acts)
-            if np.any(held > a):   # the dispatch terms (costly to build) only where they can matter
-                disp = disp or dispatch.terms(ctx)
-                a = a + a_r(ph, disp)
-            seen[key] = np.maximum(held - a, 0) // b
-        cnt.append(seen[key])
-    big, at = _by_region(cnt)
-    return Term("unshard sub-step: region r−1's all-gather output beside region r's (excess over A_r)",
-                "gathered", big, b, "max(0, Θ_region(r−1)·[W > 1] − A_r)  (A_r: region r's attention, ffn, "
-                "dispatch bytes in forward[r])", ("forward",), at=at, provisional=False,
-                source=SOURCE + "; torch/distributed/fsdp/_fully_shard/_fsdp_param_group.py wait_for_unshard (the "
-                "previous all-gather state is freed after this unit's all-gather); whole-step trace of "
-                "deepseek-v2-lite W = 64 forward[3] (all_gather_copy_in / split_with_sizes_copy at model.py:82); "
-                "H200 validate of the same case: forward[3] held Θ_dense_ffn + 2·Θ_attention beside the "
-                "persistent, boundary and workspace bytes (189.60 MB against 189.54)")
 
 
 def _qkv_grads_not_yet_made(ctx: Ctx):
@@ -284,16 +220,15 @@ def terms(ctx: Ctx) -> list[Term]:
         from planner.budget import fsdp2_gathered
 
         return fsdp2_gathered.terms(ctx)
-    m, b = ctx.model, ctx.act_bytes
+    b = ctx.act_bytes
     VH = ctx.vocab_size * ctx.hidden_size
-    attn = regions.attention_region_params(m)
-    mlp = regions.mlp_region_dense_params(m)
     P = np.asarray(ctx.vocab_parallel)
     out = [
         *_region_weights(ctx, P),
         _unreduced_grads(ctx, P),
-        _unshard_substep(ctx, P),
+        gathered_unshard.forward_substep(ctx, P),
     ]
+    out.append(gathered_unshard.backward_substep(ctx, P, out))
     out += _embedding_substeps(ctx, out)
     if ctx.vocab == "dense" or bool(np.any(P == 1)):
         rows = VH if ctx.vocab == "dense" else np.where(P == 1, VH, 0)

@@ -22,12 +22,29 @@ _PERSISTENT = ("DeepSeek-V2-Lite W = 64 step start and optimizer 0.985 (5.1 MiB 
                "sit in unsplit 12 MiB blocks there (bench/results/allocator_modes: allocated − requested 5.08 MiB "
                "at step start). In the cluster file's mode, which planner validate now sets "
                "(validate_fsdp2_expandable), the case is 0.9999-1.0002 and allocated − requested is 0.02 MiB")
+_NONE_DENSE = ("composed checkpoint = none, DeepSeek-V2-Lite W = 8 S = 8192, backward[2] (the dense FFN) 0.981: the "
+               "peak is the FFN unit's backward unshard (gathered_unshard.backward_substep, 0.918 without it); there "
+               "the whole-step trace holds 22.3 MiB more saved activations than the per-token inventory books "
+               "(145.8 MiB against 123.6, about N·I_d), not yet located (validate_heldout_r4.json; the trace "
+               "equals the H200 to 0.02 MiB)")
+_PER_LAYER = ("composed checkpoint = per_layer, gpt-oss-20b W = 16 S = 32768, the MoE regions' backward[4] and [2] "
+              "0.988-0.989: 22.4 MiB (one N·H·b) more than booked, in the H200 run and in the whole-step trace "
+              "alike; the MoE norm-backward sub-step does not bind there, so it is not the retained region input "
+              "at that moment; not yet located (validate_heldout_r4.json, the first per_layer run)")
+_HSDP_SAC = ("FSDP2 HSDP 4 × 8, selective AC, gpt-oss-20b W = 32 S = 32768, accumulate: backward[1] 0.987 (662 MiB "
+             "on 49.6 GiB); the same layout without replication is within (fsdp2-gptoss-W32-S32768-selective, "
+             "validate_heldout.json), so the replicate dimension's reduction holds more at the embedding's "
+             "backward than fsdp2_reduce books; not yet read off an allocator history (validate_heldout_r4.json)")
 KNOWN_UNDER = {
     # (stack, case, W, S, lifetime): reason
     ("fsdp2", "dsv2-W64-full", 64, 32768, "accumulate"): _PERSISTENT,
+    ("composed", "r4-dsv2-W8-S8192-no-checkpoint", 8, 8192, "freed"): _NONE_DENSE,
+    ("composed", "r4-gptoss-W16-S32768-per-layer", 16, 32768, "freed"): _PER_LAYER,
+    ("fsdp2", "r4-fsdp2-gptoss-W32-S32768-hsdp4-selective", 32, 32768, "accumulate"): _HSDP_SAC,
 }
-"""Phases below the measurement by more than ``UNDER`` today, each with its reason. No composed
-case is here."""
+"""Phases below the measurement by more than ``UNDER`` today, each with its reason: the default
+allocator mode's DeepSeek W = 64 FSDP2 rows, and three layouts first run in held-out round 4
+(``checkpoint = none`` and ``per_layer`` on the composed stack, HSDP with selective AC)."""
 
 
 @pytest.fixture(scope="module")
@@ -107,13 +124,36 @@ def test_w1_step_time_within_tolerance(records):
 CLUSTER_MODE_STEMS = tuple(s for s in validate_table.STEMS if s.endswith("_expandable") or s.startswith("validate_heldout"))
 """The runs made in the cluster file's allocator mode (``planner.runtime.allocator``): there every
 judged memory row is held to both bounds, −``MEMORY_UNDER`` / +``MEMORY_OVER``."""
-KNOWN_OVER: dict = {}
-"""Rows of the cluster-mode runs above ``MEMORY_OVER`` today, each with its reason: none. (gpt-oss-20b
+_LLEP = ("composed dispatch = llep, Qwen3-30B-A3B W = 8 S = 32768: the MoE regions 1.021 (forward) and 1.065-1.070 "
+         "(backward); the whole-step trace agrees with the H200 (backward[4] 2434.9 MiB traced against 2611.5 "
+         "booked), so LLEP's backward inventory (planner.budget.dispatch_inventory) books about 176 MiB the step "
+         "does not hold; over, so conservative (validate_heldout_r4.json, the first LLEP whole step)")
+_NONE_MOE = ("composed checkpoint = none, DeepSeek-V2-Lite W = 8 S = 8192: the MoE region forward[4] 1.125, backward[4] "
+             "1.087 and the head 1.031: the budget counts the current MoE region's saved activations beside its "
+             "dispatch working set, which holds the same tensors (README, known gaps); over, so conservative")
+KNOWN_OVER = {
+    ("composed", "r4-qwen3-W8-S32768-llep", 8, 32768, "freed", ph): _LLEP
+    for ph in ("forward[2]", "forward[4]", "backward[4]", "backward[2]")
+} | {
+    ("composed", "r4-dsv2-W8-S8192-no-checkpoint", 8, 8192, "freed", ph): _NONE_MOE
+    for ph in ("forward[4]", "backward[4]", "head")
+}
+"""Rows of the cluster-mode runs above ``MEMORY_OVER`` today, each with its reason: LLEP's and
+``checkpoint = none``'s MoE regions, first run in held-out round 4. (gpt-oss-20b
 W = 16 / 64's global-attention backward was 1.021-1.030 before the q, k, v gradients were booked
 after FlashAttention's backward, ``planner.budget.gathered._qkv_grads_not_yet_made``; DeepSeek-V2-Lite
 W = 16 at N = 512 was 1.094 at forward[4], the largest dispatch plan over ranks held against rank 0's,
 now compared with the measured rank's own plan, and 1.071 at backward[2], before the dense FFN's later
 backward moments, ``planner.budget.ffn.dense_backward_moment``.)"""
+
+
+KNOWN_UNDER_ROWS = {
+    ("composed", "r4-dsv2-W8-S8192-no-checkpoint", 8, 8192, "freed", "backward[2]"): _NONE_DENSE,
+    ("composed", "r4-gptoss-W16-S32768-per-layer", 16, 32768, "freed", "backward[4]"): _PER_LAYER,
+    ("composed", "r4-gptoss-W16-S32768-per-layer", 16, 32768, "freed", "backward[2]"): _PER_LAYER,
+    ("fsdp2", "r4-fsdp2-gptoss-W32-S32768-hsdp4-selective", 32, 32768, "accumulate", "backward[1]"): _HSDP_SAC,
+}
+"""The rows of the cluster-mode runs below ``MEMORY_UNDER`` today: those of ``KNOWN_UNDER``'s round-4 cases."""
 
 
 @pytest.fixture(scope="module")
@@ -138,8 +178,10 @@ def cluster_mode_rows():
 def test_every_row_within_both_bounds_in_the_cluster_mode(cluster_mode_rows):
     from planner.runtime.validate_compare import memory_ok
 
-    assert len(CLUSTER_MODE_STEMS) == 8 and len(cluster_mode_rows) > 700
+    assert len(CLUSTER_MODE_STEMS) == 9 and len(cluster_mode_rows) > 700
     off = {k: round(r.ratio, 4) for k, r in cluster_mode_rows if not memory_ok(int(r.predicted), int(r.measured))}
-    assert {k: v for k, v in off.items() if k not in KNOWN_OVER} == {}
-    assert sorted(k for k in KNOWN_OVER if k not in off) == []
+    known = KNOWN_OVER | KNOWN_UNDER_ROWS
+    assert {k: v for k, v in off.items() if k not in known} == {}
+    assert sorted(k for k in known if k not in off) == []
     assert all(v > 1 for k, v in off.items() if k in KNOWN_OVER)   # the listed ones are over: conservative
+    assert all(v < 1 for k, v in off.items() if k in KNOWN_UNDER_ROWS)

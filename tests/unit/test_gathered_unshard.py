@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from planner.api import build_planfile
-from planner.budget import attention, dispatch, ffn, gathered, regions
+from planner.budget import attention, dispatch, ffn, gathered, gathered_units, regions
 from planner.budget.build import make_context
 from planner.budget.terms import Phase
 from planner.runtime.validate_plan import truncate
@@ -34,7 +34,7 @@ def test_cached_counts_equal_every_region_computed(model, W, S):
     ctx = _ctx(model, W, S)
     t = _term(ctx)
     acts = [*attention.terms(ctx), *ffn.terms(ctx), *dispatch.terms(ctx)]
-    units = gathered._unit_params(ctx, np.asarray(ctx.vocab_parallel))[:-1]
+    units = gathered_units.unit_params(ctx, np.asarray(ctx.vocab_parallel))[:-1]
     for r in range(2, len(ctx.regions) + 1):
         ph = Phase("forward", r, ctx.regions[r - 1])
         a = sum(int(x.bytes_in(ph)) for x in acts)
@@ -55,3 +55,30 @@ def test_binds_after_deepseek_dense_ffn_only_beyond_one_rank():
     assert t.count_in(Phase("forward", 2, "dense_mlp")) == 0
     one = _ctx("deepseek-v2-lite", 1, 4096, layers=2)
     assert all(_term(one).count_in(Phase("forward", r, k)) == 0 for r, k in enumerate(one.regions, 1))
+
+
+def _backward_term(ctx):
+    return next(t for t in gathered.terms(ctx) if t.name.startswith("backward unshard sub-step"))
+
+
+def test_backward_unshard_binds_a_dense_ffn_without_checkpointing():
+    """Without checkpointing a dense FFN region's backward starts at its unshard (2·Θ_region beside
+    region 3's held reduce-scatter input, no recompute): its excess over the phase's booking
+    (the prefetch Θ_region(1) and the region's gradients at mul's moment, all but w_gate's and
+    w_up's) is 2·H·I_d − Θ_region(1); checkpointed, the recompute outweighs it everywhere."""
+    pf = truncate(build_planfile(model="deepseek-v2-lite", gpus=8, seq_len=8192,
+                                 overrides={"checkpoint": "none"}), 2).planfile
+    ctx = make_context(pf.model, pf.cluster, pf.workload, pf.plan)
+    m = ctx.model
+    t = _backward_term(ctx)
+    want = 2 * ctx.hidden_size * ctx.dense_ffn - regions.attention_region_params(m)
+    assert t.at(Phase("backward", 2, "dense_mlp")) == want
+    assert 59 * 2**20 < want * ctx.act_bytes < 60 * 2**20
+    for checkpoint in ("sco", "per_layer"):
+        c = _ctx_with(pf, checkpoint)
+        assert all(_backward_term(c).at(Phase("backward", r, k)) == 0 for r, k in enumerate(c.regions, 1))
+
+
+def _ctx_with(pf, checkpoint):
+    plan = pf.plan.model_copy(update={"composed": pf.plan.composed.model_copy(update={"checkpoint": checkpoint})})
+    return make_context(pf.model, pf.cluster, pf.workload, plan)
