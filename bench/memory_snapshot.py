@@ -59,6 +59,12 @@ CASES = {
     "fsdp2-dsv2-W1-S4096": ("deepseek-v2-lite", 1, 4096, {"stack": "fsdp2"}, "freed"),
     "fsdp2-qwen3-W8-cp8": ("qwen3-30b-a3b", 8, 131072,
                            {"stack": "fsdp2", "cp": 8, "cpu_offload": True, "cp_rotate": "allgather"}, "freed"),
+    # the misses of bench/validate_heldout.py --round 4 (tests/runtime/test_validate_table.py lists them)
+    "gptoss-W16-S32768-per-layer": ("gpt-oss-20b", 16, 32768, {"checkpoint": "per_layer"}, "freed"),
+    "qwen3-W8-S32768-llep": ("qwen3-30b-a3b", 8, 32768, {"dispatch": "llep"}, "freed"),
+    "dsv2-W8-S8192-no-checkpoint": ("deepseek-v2-lite", 8, 8192, {"checkpoint": "none"}, "freed"),
+    "fsdp2-gptoss-W32-S32768-hsdp4-selective": ("gpt-oss-20b", 32, 32768,
+                                                {"stack": "fsdp2", "dp_replicate": 4, "ac": "selective"}, "accumulate"),
 }
 
 _labels: list[tuple[str, int]] = []
