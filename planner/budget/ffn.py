@@ -67,6 +67,11 @@ NORM_SOURCE = ("planner/runtime/model_layers.py RMSNorm recomputed with grad in 
                "180 MiB = N·H fp32, :74 2 × 90 MiB = the cast and the normed output)")
 
 
+RETAINED_NORMED = ("; a MoE region's recomputed normed output takes the place of SCO's restored input, which is "
+                   "freed after the recompute, but not of a retained one (per_layer, or r > n_off): H200 allocator "
+                   "history of gpt-oss-20b W = 16 S = 32768 per_layer backward[4] (bench/results/memory_snapshot/"
+                   "gptoss-W16-S32768-per-layer.json: model_layers.py:74 2 × N·H beside the four retained boundaries; "
+                   "validate_heldout_r4.json 0.988 without it)")
 MOE_NORM_BWD = ("; H200 allocator histories of planner validate (qwen3-W1-S65536 backward[4], "
                 "deepseek-v2-lite-W1-S65536 backward[4], qwen3-W8-S131072 backward[4] and [2]) at the MoE "
                 "region's norm backward: PowBackward0 3 × N·H fp32, MulBackward0 and MeanBackward1 N·H fp32 each, "
@@ -132,6 +137,11 @@ def terms(ctx: Ctx) -> list[Term]:
         out.append(Term("ffn_norm output x_NH (the router's and dispatcher's input)", "ffn", N * H, b, "N·H",
                         ("forward",), regions=("moe",), source=NORM_SOURCE + "; forward[2]: model_layers.py:74 "
                         "90 MiB beside the dispatch buffers"))
+        n_off = np.asarray(ctx.num_offloaded if ctx.checkpoint == "sco" else 0)
+        out.append(Term("ffn_norm recompute: normed output x_NH, beside a retained region input", "ffn",
+                        np.where(np.asarray(ctx.num_boundaries) > n_off, N * H, 0), b,
+                        "N·H if r > n_off (per_layer: every region)", ("backward",), regions=("moe",),
+                        at=lambda ph: np.where(ph.region > n_off, N * H, 0), source=NORM_SOURCE + RETAINED_NORMED))
     I_s = m.shared_expert_ffn
     if I_s and "moe" in set(ctx.regions):
         d_fwd, d_bwd = (_interior(ctx, disp, k, "moe") for k in ("forward", "backward"))
