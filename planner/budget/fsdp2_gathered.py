@@ -119,6 +119,36 @@ def held_rs_input(ctx: Ctx, r: int):
     return layer_dense_params(ctx, kinds[r])
 
 
+def _hsdp_all_reduce_buffers(ctx: Ctx) -> Term:
+    """HSDP (``dp_replicate > 1``) with gradients kept across micro-steps: FSDP2 all-reduces each unit's
+    fp32 reduce-scatter output over the replicas and keeps it (``FSDPParamGroup._all_reduce_state``)
+    until the backward ends (``finalize_backward``), so that the next unit's reduce-scatter cannot reuse
+    the block while the all-reduce runs. With an existing gradient the shard is accumulated into it
+    (``+=``) and that buffer is extra: in backward[r] one fp32 shard per unit already reduced, the
+    ``[norm, head]`` unit's and every layer ``j > r``'s, as the freed lifetime's gradient shards. With
+    the gradients freed the new shard is a view of that buffer, already counted (``persistent``)."""
+    from planner.budget.fsdp2_persistent import unit_shards
+
+    kinds = ctx.regions
+    u = unit_shards(ctx)
+    on = (np.asarray(ctx.dp_replicate) > 1) & (ctx.grad_lifetime == "accumulate")
+    after = [0] * (len(kinds) + 1)          # after[r-1]: layers j > r
+    for r in range(len(kinds) - 1, 0, -1):
+        after[r - 1] = after[r] + u[kinds[r]]
+
+    def at(ph: Phase):
+        return (u["head"] + u["mtp"] + np.asarray(after[ph.region - 1])) * on
+
+    return Term("HSDP all-reduce buffers of the units reduced so far (fp32, accumulate)", "gathered",
+                (u["head"] + u["mtp"] + np.asarray(after[0])) * on, 4,
+                "dp_replicate > 1, accumulate: [norm, head] + layers j > r in backward[r] (padded fp32 shards)",
+                ("backward",), at=at, provisional=True,
+                source=SOURCE + "; torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py foreach_reduce "
+                "(all_reduce_input held) and _fsdp_param_group.py AllReduceState; H200 planner validate of "
+                "gpt-oss-20b HSDP 4 × 8 selective accumulate backward[1]: 661.7 MiB above the budget without "
+                "it, the head's 276.2 and layer 2's 392.5 MiB (validate_heldout_r4.json)")
+
+
 def terms(ctx: Ctx) -> list[Term]:
     kinds = ctx.regions
     L = len(kinds)
@@ -151,6 +181,7 @@ def terms(ctx: Ctx) -> list[Term]:
              "backward[L]: V·H/tp + H (the head's); backward[r < L]: Θ^d_{r+1} (layer r+1's layer unit, "
              "reduced after its experts)", ("backward",), at=held_rs,
              source=SOURCE),
+        _hsdp_all_reduce_buffers(ctx),
         Term("head unit (param dtype)", "gathered", VH_tp, b, "V·H/tp", ("head",), source=SOURCE),
         Term("head all-gather output held (chunked head)", "gathered",
              VH_tp * (F > 1) * (ctx.head == "chunked"), b, "V·H/tp·[F>1] (chunked head)", ("head",),

@@ -27,20 +27,15 @@ _NONE_DENSE = ("composed checkpoint = none, DeepSeek-V2-Lite W = 8 S = 8192, bac
                "the whole-step trace holds 22.3 MiB more saved activations than the per-token inventory books "
                "(145.8 MiB against 123.6, about N·I_d), not yet located (validate_heldout_r4.json; the trace "
                "equals the H200 to 0.02 MiB)")
-_HSDP_SAC = ("FSDP2 HSDP 4 × 8, selective AC, gpt-oss-20b W = 32 S = 32768, accumulate: backward[1] 0.987 (662 MiB "
-             "on 49.6 GiB); the same layout without replication is within (fsdp2-gptoss-W32-S32768-selective, "
-             "validate_heldout.json), so the replicate dimension's reduction holds more at the embedding's "
-             "backward than fsdp2_reduce books; not yet read off an allocator history (validate_heldout_r4.json)")
 KNOWN_UNDER = {
     # (stack, case, W, S, lifetime): reason
     ("fsdp2", "dsv2-W64-full", 64, 32768, "accumulate"): _PERSISTENT,
     ("composed", "r4-dsv2-W8-S8192-no-checkpoint", 8, 8192, "freed"): _NONE_DENSE,
-    ("fsdp2", "r4-fsdp2-gptoss-W32-S32768-hsdp4-selective", 32, 32768, "accumulate"): _HSDP_SAC,
 }
 """Phases below the measurement by more than ``UNDER`` today, each with its reason: the default
-allocator mode's DeepSeek W = 64 FSDP2 rows, and two layouts first run in held-out round 4
-(``checkpoint = none`` on the composed stack, HSDP with selective AC; ``per_layer``'s MoE backward,
-0.988 there, is fixed: ``ffn``'s normed output beside a retained region input)."""
+allocator mode's DeepSeek W = 64 FSDP2 rows, and ``checkpoint = none`` on the composed stack,
+first run in held-out round 4 (its ``per_layer`` MoE backward, 0.988, and HSDP 4 × 8's backward[1],
+0.987, are fixed: a retained region input beside the normed output, HSDP's all-reduce buffers)."""
 
 
 @pytest.fixture(scope="module")
@@ -145,7 +140,6 @@ backward moments, ``planner.budget.ffn.dense_backward_moment``.)"""
 
 KNOWN_UNDER_ROWS = {
     ("composed", "r4-dsv2-W8-S8192-no-checkpoint", 8, 8192, "freed", "backward[2]"): _NONE_DENSE,
-    ("fsdp2", "r4-fsdp2-gptoss-W32-S32768-hsdp4-selective", 32, 32768, "accumulate", "backward[1]"): _HSDP_SAC,
 }
 """The rows of the cluster-mode runs below ``MEMORY_UNDER`` today: those of ``KNOWN_UNDER``'s round-4 cases."""
 
