@@ -23,10 +23,14 @@ _PERSISTENT = ("DeepSeek-V2-Lite W = 64 step start and optimizer 0.985 (5.1 MiB 
                "at step start). In the cluster file's mode, which planner validate now sets "
                "(validate_fsdp2_expandable), the case is 0.9999-1.0002 and allocated − requested is 0.02 MiB")
 _NONE_DENSE = ("composed checkpoint = none, DeepSeek-V2-Lite W = 8 S = 8192, backward[2] (the dense FFN) 0.981: the "
-               "peak is the FFN unit's backward unshard (gathered_unshard.backward_substep, 0.918 without it); there "
-               "the whole-step trace holds 22.3 MiB more saved activations than the per-token inventory books "
-               "(145.8 MiB against 123.6, about N·I_d), not yet located (validate_heldout_r4.json; the trace "
-               "equals the H200 to 0.02 MiB)")
+               "peak is the FFN unit's backward unshard (gathered_unshard.backward_substep, 0.918 without it); the "
+               "saved activations there are 145.8 MiB against 123.6 booked by the per-token inventory "
+               "(boundaries._saved_per_token). The H200 allocator history (bench/results/memory_snapshot/"
+               "dsv2-W8-S8192-no-checkpoint.json) shows where: each RMSNorm keeps its fp32 input, its cast and its "
+               "weighted output (4·H b-units per token, booked 2·H: attention_norm and ffn_norm 8 MiB each, the "
+               "kv-latent norm 2 MiB), and the o-projection keeps its sequence-layout input (head_to_seq, "
+               "N·n_h·d_v, 4 MiB, unbooked). The FSDP2 baseline's inventory (fsdp2_saved.attention_saved_counts) "
+               "has these; the composed stack's checkpoint = none path does not yet")
 KNOWN_UNDER = {
     # (stack, case, W, S, lifetime): reason
     ("fsdp2", "dsv2-W64-full", 64, 32768, "accumulate"): _PERSISTENT,
