@@ -62,7 +62,8 @@ def real_tensors(*holders) -> list[torch.Tensor]:
 
 class RealInputsTracker(MemTracker):
     """``MemTracker`` that counts the fake conversion of a real input as the real storage (module
-    docstring). ``holders``: as ``real_tensors``."""
+    docstring). ``holders``: as ``real_tensors``. It overrides ``MemTracker._track``, a private
+    method (the same signature in torch 2.11 and 2.13, where the trace tests run)."""
 
     def __init__(self, fake_mode, *holders) -> None:
         super().__init__()
