@@ -127,20 +127,16 @@ def _hsdp_all_reduce_buffers(ctx: Ctx) -> Term:
     (``+=``) and that buffer is extra: in backward[r] one fp32 shard per unit already reduced, the
     ``[norm, head]`` unit's and every layer ``j > r``'s, as the freed lifetime's gradient shards. With
     the gradients freed the new shard is a view of that buffer, already counted (``persistent``)."""
-    from planner.budget.fsdp2_persistent import unit_shards
+    from planner.budget.fsdp2_persistent import reduced_shards, unit_shards
 
-    kinds = ctx.regions
-    u = unit_shards(ctx)
+    reduced = reduced_shards(ctx, unit_shards(ctx))
     on = (np.asarray(ctx.dp_replicate) > 1) & (ctx.grad_lifetime == "accumulate")
-    after = [0] * (len(kinds) + 1)          # after[r-1]: layers j > r
-    for r in range(len(kinds) - 1, 0, -1):
-        after[r - 1] = after[r] + u[kinds[r]]
 
     def at(ph: Phase):
-        return (u["head"] + u["mtp"] + np.asarray(after[ph.region - 1])) * on
+        return reduced[ph.region - 1] * on
 
     return Term("HSDP all-reduce buffers of the units reduced so far (fp32, accumulate)", "gathered",
-                (u["head"] + u["mtp"] + np.asarray(after[0])) * on, 4,
+                reduced[0] * on, 4,
                 "dp_replicate > 1, accumulate: [norm, head] + layers j > r in backward[r] (padded fp32 shards)",
                 ("backward",), at=at, provisional=True,
                 source=SOURCE + "; torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py foreach_reduce "
@@ -151,12 +147,10 @@ def _hsdp_all_reduce_buffers(ctx: Ctx) -> Term:
 
 def terms(ctx: Ctx) -> list[Term]:
     kinds = ctx.regions
-    L = len(kinds)
     b = ctx.act_bytes
     F = fsdp_degree(ctx)
     VH_tp = ceil_div(ctx.vocab_size * ctx.hidden_size, ctx.tp)
     theta = {k: layer_params(ctx, k) for k in set(kinds)}
-    dense = {k: layer_dense_params(ctx, k) for k in set(kinds)}
 
     def params(ph: Phase):
         return theta[ph.region_kind]

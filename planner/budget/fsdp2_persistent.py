@@ -41,21 +41,28 @@ def total_shard(ctx: Ctx, u: dict):
     return u["embedding"] + u["head"] + u["mtp"] + n_moe * u["moe"] + n_dense * u["dense_mlp"]
 
 
+def reduced_shards(ctx: Ctx, u: dict) -> list:
+    """Padded shard elements of the units already reduced when backward[r] runs, per ``r`` (index
+    ``r − 1``): the ``[norm, head]`` unit's (and MTP's) and every layer ``j > r``'s."""
+    kinds = ctx.regions
+    after = [0] * len(kinds)                # after[r-1]: layers j > r
+    for r in range(len(kinds) - 1, 0, -1):
+        after[r - 1] = after[r] + u[kinds[r]]
+    return [u["head"] + u["mtp"] + np.asarray(a) for a in after]
+
+
 def terms(ctx: Ctx) -> list[Term]:
     if ctx.cpu_offload:
         return []
     u = unit_shards(ctx)
-    kinds = ctx.regions
     total = total_shard(ctx, u)
-    after = [0] * (len(kinds) + 1)          # after[r-1]: layers j > r
-    for r in range(len(kinds) - 1, 0, -1):
-        after[r - 1] = after[r] + u[kinds[r]]
+    reduced = reduced_shards(ctx, u)
 
     def grads(ph: Phase):
         if ph.kind == "optimizer":
             return total
         if ph.kind == "backward":
-            return u["head"] + u["mtp"] + np.asarray(after[ph.region - 1])
+            return reduced[ph.region - 1]
         return 0 * total
 
     freed = ctx.grad_lifetime == "freed"

@@ -27,7 +27,8 @@ from dataclasses import dataclass, field
 from planner.errors import InvalidPlan
 from planner.runtime.validate_compare import (MEMORY_OVER, MEMORY_UNDER, TIME_TOLERANCE, Row, compare,
                                               verdict)
-from planner.runtime.validate_plan import GRAD_LIFETIMES, Prediction, binding_rank, predict, symbols, truncate
+from planner.runtime.validate_plan import (GRAD_LIFETIMES, Prediction, binding_rank, context, predict, symbols,
+                                          truncate)
 from planner.units import GiB
 
 DEFAULT_STEPS = 3
@@ -291,8 +292,7 @@ def validate(plan: str, *, layers: int | None = None, steps: int = DEFAULT_STEPS
     pf = load_planfile(plan) if isinstance(plan, (str, os.PathLike)) else plan
     grad_lifetime = grad_lifetime or plan_grad_lifetime(pf)
     tr = truncate(pf, layers)
-    pred = predict(tr.planfile, grad_lifetime, dispatch_bound=COMPARED_BOUND)
-    ctx = pred.ctx
+    ctx = context(tr.planfile, grad_lifetime, COMPARED_BOUND)
     if ctx.model.is_moe:
         tr.changes.append(f"dispatch follows the integer plan of routing {ctx.routing_text} and is compared "
                           f"at its {COMPARED_BOUND} size on the measured rank's plan (the verdict takes the "
@@ -304,8 +304,8 @@ def validate(plan: str, *, layers: int | None = None, steps: int = DEFAULT_STEPS
             raise InvalidPlan("--rank", rank, f"must be in [0, {ctx.world_size}) (plan.world_size)",
                               "give a rank of the plan")
         why = "chosen with --rank"
-    if ctx.model.is_moe:   # the rank's own dispatch plan, not the largest over ranks
-        pred = predict(tr.planfile, grad_lifetime, dispatch_bound=COMPARED_BOUND, rank=rank)
+    # the rank's own dispatch plan, not the largest over ranks
+    pred = predict(tr.planfile, grad_lifetime, dispatch_bound=COMPARED_BOUND, rank=rank)
     meas = (measure_fn or measure)(tr.planfile, ctx, rank=rank, steps=steps, grad_lifetime=grad_lifetime)
     rows = compare(pred, meas.samples, meas.step_start_bytes, step_s=meas.step_s,
                    judge_time=meas.mode == "real")

@@ -116,18 +116,23 @@ class Prediction:
         return self.labels[int(self.evaluation.binding_index)]
 
 
+def context(pf: PlanFile, grad_lifetime: str, dispatch_bound: str | None = None) -> Ctx:
+    """The context ``predict`` evaluates (before a rank is chosen): ``pf`` under ``grad_lifetime``
+    and ``dispatch_bound`` (default the plan's own)."""
+    if grad_lifetime not in GRAD_LIFETIMES:
+        raise InvalidPlan("--grad-lifetime", grad_lifetime, f"must be one of {', '.join(GRAD_LIFETIMES)}",
+                          "use --grad-lifetime freed or accumulate")
+    plan = pf.plan if dispatch_bound is None else pf.plan.model_copy(update={"dispatch_bound": dispatch_bound})
+    return dataclasses.replace(make_context(pf.model, pf.cluster, pf.workload, plan), grad_lifetime=grad_lifetime)
+
+
 def predict(pf: PlanFile, grad_lifetime: str = knob_default("grad_lifetime"), *, timing: bool = True,
             dispatch_bound: str | None = None, rank: int | None = None) -> Prediction:
     """Evaluate ``pf`` at every phase under ``grad_lifetime`` (and ``dispatch_bound``, default the
     plan's own). ``rank``: the global rank a run measures; the expected dispatch buffers are then
     that rank's (its expert-group rank's plan, ``expert_group_rank``) rather than the largest over
     ranks, which the verdict takes: one rank's step is compared with that rank's formula."""
-    if grad_lifetime not in GRAD_LIFETIMES:
-        raise InvalidPlan("--grad-lifetime", grad_lifetime, f"must be one of {', '.join(GRAD_LIFETIMES)}",
-                          "use --grad-lifetime freed or accumulate")
-    plan = pf.plan if dispatch_bound is None else pf.plan.model_copy(update={"dispatch_bound": dispatch_bound})
-    ctx = make_context(pf.model, pf.cluster, pf.workload, plan)
-    ctx = dataclasses.replace(ctx, grad_lifetime=grad_lifetime)
+    ctx = context(pf, grad_lifetime, dispatch_bound)
     if rank is not None and ctx.model.is_moe:
         ctx = dataclasses.replace(ctx, dispatch_rank=expert_group_rank(ctx, rank))
     step_s = components = None
