@@ -28,19 +28,17 @@ norm, outside the checkpoints, keeps its saved tensors through the head: ``N·H 
 offloaded input's device copy when its region's forward ends (after the D2H event), so in-flight
 copies add nothing beyond the region input.
 
-Composed stack, ``checkpoint = none``: every region keeps its saved activations (Korthikanti et
-al. 2022, "Reducing Activation Recomputation in Large Transformer Models", §4.1, adapted: no
-dropout masks, FlashAttention keeps no ``S²`` scores but q, k, v, the output and its log-sum-exp,
-RMSNorm keeps its input and an fp32 ``rstd``, gated MLPs keep ``h1, h3, silu(h1), silu(h1)·h3``):
+Composed stack, ``checkpoint = none``: ``planner.budget.saved_composed``. The per-token inventory
+``saved_per_token`` (Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer
+Models", §4.1, adapted: no dropout masks, FlashAttention keeps no ``S²`` scores but q, k, v, the
+output and its log-sum-exp, RMSNorm keeps its fp32 input copy, its cast and weighted output and an
+fp32 ``rstd``, gated MLPs keep ``h1, h3, silu(h1), silu(h1)·h3``), per token:
 
-    attention region   2H + n_h·d_qk + n_kv·(d_qk+d_v) + n_h·d_v   (b)   1 + n_h      (fp32)
+    attention region   2H + n_h·d_qk + n_kv·(d_qk+d_v) + n_h·d_v   (b)   H + 1 + n_h  (fp32)
                        MLA adds its latents: 2·q_lora + 2·kv_lora and keys of n_h heads
-    dense MLP region   2H + 4·I_d                                 (b)   1            (fp32)
-    MoE region         2H + k·(2H + 4I) + 4·I_shared              (b)   1 + E + k    (fp32)
+    dense MLP region   2H + 4·I_d                                 (b)   H + 1        (fp32)
+    MoE region         2H + k·(2H + 4I) + 4·I_shared              (b)   H + 1 + E + k (fp32)
                        (balanced routing: k routes per token arrive; router softmax E fp32)
-
-per token, summed over regions ``1..r`` (forward[r], backward[r]) or all (head); plus the region
-output in forward and the boundary grads in backward.
 
 FSDP2 baseline (one region per layer): ``planner.budget.fsdp2_boundaries`` (the layers other than
 the current one) and ``planner.budget.fsdp2_layer`` (the current layer's saved tensors), from the
@@ -150,7 +148,7 @@ def _checkpointed(ctx: Ctx, NH, L_b: int, n_off, sco: bool, provisional: bool) -
     return out
 
 
-def _final_norm(ctx: Ctx, N, H) -> list[Term]:
+def final_norm_terms(ctx: Ctx, N, H) -> list[Term]:
     """The final RMSNorm runs outside the region checkpoints, so autograd keeps what it saves through
     the head: its fp32 input (``x.float()``, saved by the square and the scaling), the fp32
     ``rsqrt`` per token and the normed input in the activation dtype (saved by the weight product;
@@ -179,15 +177,13 @@ def saved_per_token(ctx: Ctx, kind: str, selective: bool = False) -> tuple[int, 
 
 def _fsdp2_extra(ctx: Ctx, kind: str) -> tuple[int, int]:
     """FSDP2 ``ac = none``, per token, read off the saved tensors of the whole-step trace
-    (``tests/trace/test_fsdp2_trace.py``): each RMSNorm keeps its fp32 input copy ``H`` (fp32)
-    beside its normed input and output; a MoE layer keeps, beside the grouped MLP's saved rows,
+    (``tests/trace/test_fsdp2_trace.py``): a MoE layer keeps, beside the grouped MLP's saved rows,
     both the combined rows and the weighted rows ``2·k·H`` (the inventory has one ``k·H`` beyond
     the slot-major rows), and its route indices as int64 (top-k ids and four route permutations,
     ``5k`` int64 = ``10k`` fp32 units)."""
-    H, k = ctx.hidden_size, ctx.top_k
     if kind == "moe":
-        return k * H, H + 10 * k
-    return 0, H
+        return ctx.top_k * ctx.hidden_size, 10 * ctx.top_k
+    return 0, 0
 
 
 def _saved_per_token(ctx: Ctx, kind: str, selective: bool = False) -> tuple[int, int]:
@@ -200,56 +196,26 @@ def _saved_per_token(ctx: Ctx, kind: str, selective: bool = False) -> tuple[int,
             qkv = nh * dqk + nh * (dqk + dv)
             if selective:
                 return qkv + nh * dv + H + (a.q_lora_rank or 0) + a.kv_lora_rank + a.qk_rope_head_dim, nh
-            return 2 * H + lat + qkv + nh * dv, 1 + nh + (1 if a.q_lora_rank else 0) + 1
+            return 2 * H + lat + qkv + nh * dv, NORM_FP32 * H + 1 + nh + (1 if a.q_lora_rank else 0) + 1
         qkv = nh * dqk + nkv * (dqk + dv)
         if selective:
             return qkv + nh * dv + H, nh
-        return 2 * H + qkv + nh * dv, 1 + nh
+        return 2 * H + qkv + nh * dv, NORM_FP32 * H + 1 + nh
     if kind == "dense_mlp":
         I_d = ctx.dense_ffn
-        return (2 * I_d + H, 0) if selective else (2 * H + 4 * I_d, 1)
+        return (2 * I_d + H, 0) if selective else (2 * H + 4 * I_d, NORM_FP32 * H + 1)
     k, I, I_s = ctx.top_k, ctx.expert_ffn, m.shared_expert_ffn
     if selective:
         return ctx.num_experts + k * (2 * I + H) + (2 * I_s + H if I_s else 0), 0
-    return 2 * H + k * (2 * H + 4 * I) + 4 * I_s, 1 + ctx.num_experts + k
+    return 2 * H + k * (2 * H + 4 * I) + 4 * I_s, NORM_FP32 * H + 1 + ctx.num_experts + k
 
 
-def _saved(ctx: Ctx, N, kinds: tuple[tuple[str, ...], ...], selective: bool, formula: str) -> list[Term]:
-    """Cumulative saved activations over regions; ``kinds[r-1]`` = region r's sub-blocks."""
-    per = [[saved_per_token(ctx, k, selective) for k in ks] for ks in kinds]
-    cum_b = np.cumsum([sum(p[0] for p in ps) for ps in per]).tolist()
-    cum_f = np.cumsum([sum(p[1] for p in ps) for ps in per]).tolist()
-
-    def upto(cum):
-        def at(ph: Phase):
-            return (cum[-1] if ph.kind == "head" else cum[ph.region - 1]) * N
-        return at
-
-    return [
-        Term("saved activations", "boundaries", cum_b[-1] * N, ctx.act_bytes, formula + " (b-byte tensors)",
-             ALL_STEP, at=upto(cum_b), provisional=True, source=SAVED_SOURCE),
-        Term("saved activations (fp32: rstd, lse, router probs)", "boundaries", cum_f[-1] * N, 4,
-             formula + " (fp32 tensors)", ALL_STEP, at=upto(cum_f), provisional=True, source=SAVED_SOURCE),
-    ]
-
-
-def _rope_saved(ctx: Ctx, N) -> Term:
-    """Without checkpointing, the decoder's RoPE (``planner.runtime.model_layers.apply_rope``) keeps
-    the fp32 copy of q and k it rotates and the fp32 cos/sin tables, per layer:
-    ``(n_h + n_kv)·d_rot + d_rot`` fp32 per token (``d_rot`` = the rotated width; MLA rotates
-    ``d_rope`` channels of every head's query and one shared key)."""
-    m = ctx.model
-    if m.attention == "mla" and m.mla is not None:
-        d = m.mla.qk_rope_head_dim
-        per = (m.num_heads + 1) * d + d
-    else:
-        d = m.head_dim
-        per = (m.num_heads + m.num_kv_heads) * d + d
-    L = ctx.num_boundaries
-    return Term("RoPE fp32 q, k and cos/sin (saved)", "boundaries", L * per * N, 4,
-                "r·((n_h + n_kv)·d_rot + d_rot)·N/tp fp32 (head: L·…)", ALL_STEP,
-                at=lambda ph: (L if ph.kind == "head" else ph.region) * per * N, provisional=True,
-                source="tensor inventory of planner/runtime/model_layers.py apply_rope")
+NORM_FP32 = 1
+"""Per token and ``H``: the fp32 copy ``x.float()`` every RMSNorm keeps beside its cast and its
+weighted output (``planner/runtime/model_layers.py`` RMSNorm: saved by the square and the
+scaling). Whole-step trace of the FSDP2 baseline; H200 allocator history of the composed step
+without checkpointing (``bench/results/memory_snapshot/dsv2-W8-S8192-no-checkpoint.json``:
+model_layers.py:72, ``N·H`` fp32 per norm, beside two ``N·H`` b blocks at :74)."""
 
 
 def terms(ctx: Ctx) -> list[Term]:
@@ -263,10 +229,6 @@ def terms(ctx: Ctx) -> list[Term]:
     if ctx.checkpoint in ("per_layer", "sco"):
         n_off = ctx.num_offloaded if ctx.checkpoint == "sco" else 0
         return _checkpointed(ctx, NH, ctx.num_boundaries, n_off, sco=ctx.checkpoint == "sco",
-                             provisional=False) + _final_norm(ctx, N, H)
-    kinds = tuple((k,) for k in ctx.regions)
-    return _saved(ctx, N, kinds, False, "Σ_{regions ≤ r} saved-per-token·N") + [
-        Term("region output", "boundaries", NH, ctx.act_bytes, "N·H", ("forward",), source=SOURCE),
-        Term("boundary grad in/out", "boundaries", 2 * NH, ctx.act_bytes, "2·N·H", ("backward",),
-             source=SOURCE),
-    ]
+                             provisional=False) + final_norm_terms(ctx, N, H)
+    raise ValueError("checkpoint = none on the composed stack: saved_composed.terms (both stacks and every "
+                     "checkpoint: boundary_terms.terms)")

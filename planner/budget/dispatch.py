@@ -98,7 +98,7 @@ def phase_moments(mom: dict, regime: str) -> dict[str, list[dict]]:
         return {"forward": mom["forward"], "backward": mom["backward"]}
     if regime == "checkpointed":
         return {"forward": drop_out(mom["forward_nosave"]), "backward": mom["forward"] + mom["backward"]}
-    return {"forward": drop_out(mom["forward"]), "backward": mom["backward"]}
+    return {"forward": drop_out(mom["forward"]), "backward": mom["backward"], "saved": [mom["saved_end"]]}
 
 
 # ---- expected: the plan on the profile --------------------------------------------------------
@@ -306,6 +306,23 @@ def terms(ctx: Ctx) -> list[Term]:
     """Dispatch terms of one rank (resident in forward/backward of ``moe`` regions)."""
     if not ctx.model.is_moe or "moe" not in set(ctx.regions):
         return []
+    op, reg, comps, how = components(ctx)
+    out = []
+    for kind in ("forward", "backward"):
+        for (buf, eb), count in sorted(comps.get(kind, {}).items()):
+            if not np.any(np.asarray(count)):
+                continue
+            out.append(Term(f"{OPERATOR_NAMES[op]}: {buf.name}", "dispatch", count, eb,
+                            buf.formula, (kind,), regions=("moe",),
+                            source=f"{SOURCE}; {how}; {reg} region"))
+    return out
+
+
+def components(ctx: Ctx) -> tuple[str, str, dict, str]:
+    """``(operator, regime, {phase kind: {(buffer, elem_bytes): count}}, how the plan is sized)``
+    of the binding moments: ``forward`` and ``backward`` (the region's own phases) and, in the
+    ``saved`` regime, ``saved`` (what the operator keeps of its region for the backward:
+    ``dispatch_inventory``'s ``saved_end``)."""
     op = "ep" if ctx.stack == "fsdp2" else ctx.dispatch
     if op == "pipelined_llep" and getattr(ctx, "dispatch_residue", "source") == plans_dispatch.SOURCE:
         op = SOURCE_OP
@@ -329,12 +346,4 @@ def terms(ctx: Ctx) -> list[Term]:
         comps, how = _expected_components(ctx, op, reg), (
             f"expected: the {OPERATOR_NAMES[op]} plan on routing {profile_of(ctx)}, "
             + ("binding rank" if ctx.dispatch_rank is None else f"expert-group rank {ctx.dispatch_rank}"))
-    out = []
-    for kind in ("forward", "backward"):
-        for (buf, eb), count in sorted(comps.get(kind, {}).items()):
-            if not np.any(np.asarray(count)):
-                continue
-            out.append(Term(f"{OPERATOR_NAMES[op]}: {buf.name}", "dispatch", count, eb,
-                            buf.formula, (kind,), regions=("moe",),
-                            source=f"{SOURCE}; {how}; {reg} region"))
-    return out
+    return op, reg, comps, how

@@ -22,7 +22,7 @@ The step's inputs are here too: the tokens and targets ``2·B·S`` int64 in ever
 ``S`` and, under context parallelism, the buffers' clones and shards ``2·B·S + 3·N`` int64 during the
 step (``planner/runtime/fsdp2.py`` forward_backward). The current layer's own saved and transient tensors are the sub-steps of
 ``planner.budget.fsdp2_layer``. The final norm runs outside the checkpoints: its saved fp32 input and
-rsqrt and its normed input live through the head (``planner.budget.boundaries``'s ``_final_norm``).
+rsqrt and its normed input live through the head (``planner.budget.boundaries.final_norm_terms``).
 """
 
 from __future__ import annotations
@@ -75,7 +75,7 @@ def terms(ctx: Ctx) -> list[Term]:
              source=SOURCE),
         Term("layer-output gradient", "boundaries", NH, b, "N_sp·H", ("backward",), source=SOURCE),
     ]
-    out += boundaries._final_norm(ctx, N_sp, H)
+    out += boundaries.final_norm_terms(ctx, N_sp, H)
     BS = np.asarray(ctx.tokens_per_rank) * np.asarray(ctx.cp)   # the rank's whole sequences, B·S tokens
     cp_on = np.asarray(ctx.cp) > 1
     out += [

@@ -67,8 +67,17 @@ def routed_rows_excess(ctx: Ctx):
     return np.maximum(np.asarray(routed_rows(ctx)) - ceil_div(np.asarray(ctx.tokens_per_rank), ctx.tp) * ctx.top_k, 0)
 
 
-def attention_saved_counts(ctx: Ctx, selective: bool, local: bool):
+def attention_saved_counts(ctx: Ctx, selective: bool, local: bool, seq_group: int = 1):
     """``(b-byte elements, fp32 elements)`` autograd keeps of one layer's attention.
+
+    ``seq_group``: ``D``, the composed stack's Ulysses degree (1: the baseline, and the composed
+    step at ``D = 1``). With ``D > 1`` the kernel runs on the head layout (all ``S = D·N/B`` tokens
+    of ``h_q/D`` heads; the same element counts per rank), the o-projection keeps the sequence-layout
+    copy that ``head_to_seq`` makes, ``N·h_q·d_v``, and MLA's ``k_nope | v`` block is freed once
+    ``v`` is copied for the exchange (H200 allocator history of the composed step without
+    checkpointing, ``bench/results/memory_snapshot/dsv2-W8-S8192-no-checkpoint.json``: per MLA
+    region ``attention.py`` seq_to_head q, k, v 6 + 6 + 4 MiB, head_to_seq 4 MiB, no ``kv_b``
+    output).
 
     The per-token inventory of ``boundaries.saved_per_token`` times ``N_sp``, the RoPE cos/sin
     tables ``N·d_rot`` (fp32), and without SAC what the GPU allocator history shows beyond it:
@@ -97,16 +106,17 @@ def attention_saved_counts(ctx: Ctx, selective: bool, local: bool):
         return cb, cf
     if m.qk_norm:
         cb, cf = cb + N * (hq + hkv) * d_qk, cf + N * (hq + hkv) * (d_qk + 1)
+    D = seq_group
     if m.attention == "mla" and m.mla is not None:
         a = m.mla
-        cb = cb + N * hq * a.qk_nope_head_dim
+        cb = cb + N * hq * a.qk_nope_head_dim * (np.asarray(D) == 1)
         cf = cf + N * (a.kv_lora_rank + (a.q_lora_rank or 0))
     sink = bool(m.attention_sinks)
     if local and m.sliding_window:
         w, B = int(m.sliding_window), ctx.seqs_per_microbatch
-        S = np.asarray(N) // B
+        S = np.asarray(N) * D // B
         nb = -(-S // w)
-        R = B * nb * w * hq
+        R = B * nb * w * hq // D
         wq = wk = d_qk + (SINK_PAD if sink else 0)
         wv = d_qk + SINK_PAD if sink else d_v
         lk_p = -(-(2 * w + int(sink)) // MASK_ALIGN) * MASK_ALIGN
@@ -114,8 +124,8 @@ def attention_saved_counts(ctx: Ctx, selective: bool, local: bool):
         cb = cb - N * (hq * d_qk + hkv * (d_qk + d_v)) - N * hq * d_v + blocks
     elif sink:
         cb = cb + N * (SINK_PAD * (2 * hq + 2 * hkv) + hq * d_v)
-    elif np.any(np.asarray(ctx.cp) > 1):   # the ring attention's output is copied for the o-projection
-        cb = cb + N * hq * d_v * (np.asarray(ctx.cp) > 1)
+    else:   # the o-projection's input is a copy: head_to_seq's (D > 1), the ring attention's (cp > 1)
+        cb = cb + N * hq * d_v * ((np.asarray(D) > 1) | (np.asarray(ctx.cp) > 1))
     return cb, cf
 
 

@@ -16,8 +16,11 @@ from planner.context.ctx import Ctx
 def forward_substep(ctx: Ctx, P) -> Term:
     """``forward[r]``, ``r ≥ 2``, ``W > 1``: region ``r−1``'s all-gather output beside region ``r``'s
     unshard, as the excess over ``A_r``, region ``r``'s ``attention``, ``ffn`` and ``dispatch``
-    bytes in ``forward[r]`` (see the module legend)."""
-    from planner.budget import attention, dispatch, ffn
+    bytes in ``forward[r]`` (see the module legend), and without checkpointing the region's own
+    saves that ``boundaries`` books (``saved_composed.own_bytes``: H200 allocator history of
+    deepseek-v2-lite W = 8 ``checkpoint = none`` forward[2], whose peak is the dense FFN's down
+    projection, with region 1's all-gather output freed)."""
+    from planner.budget import attention, dispatch, ffn, saved_composed
 
     b = ctx.act_bytes
     units = _unit_params(ctx, P)[:-1]
@@ -37,6 +40,8 @@ def forward_substep(ctx: Ctx, P) -> Term:
         if key not in seen:
             ph, held = Phase("forward", r, kinds[r - 1]), np.asarray(units[r - 2]) * multi * b
             a = a_r(ph, acts)
+            if ctx.stack == "composed" and ctx.checkpoint == "none":   # the region's own saves, booked there
+                a = a + saved_composed.own_bytes(ctx, ph)
             if np.any(held > a):   # the dispatch terms (costly to build) only where they can matter
                 disp = disp or dispatch.terms(ctx)
                 a = a + a_r(ph, disp)

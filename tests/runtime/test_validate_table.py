@@ -22,24 +22,15 @@ _PERSISTENT = ("DeepSeek-V2-Lite W = 64 step start and optimizer 0.985 (5.1 MiB 
                "sit in unsplit 12 MiB blocks there (bench/results/allocator_modes: allocated − requested 5.08 MiB "
                "at step start). In the cluster file's mode, which planner validate now sets "
                "(validate_fsdp2_expandable), the case is 0.9999-1.0002 and allocated − requested is 0.02 MiB")
-_NONE_DENSE = ("composed checkpoint = none, DeepSeek-V2-Lite W = 8 S = 8192, backward[2] (the dense FFN) 0.981: the "
-               "peak is the FFN unit's backward unshard (gathered_unshard.backward_substep, 0.918 without it); the "
-               "saved activations there are 145.8 MiB against 123.6 booked by the per-token inventory "
-               "(boundaries._saved_per_token). The H200 allocator history (bench/results/memory_snapshot/"
-               "dsv2-W8-S8192-no-checkpoint.json) shows where: each RMSNorm keeps its fp32 input, its cast and its "
-               "weighted output (4·H b-units per token, booked 2·H: attention_norm and ffn_norm 8 MiB each, the "
-               "kv-latent norm 2 MiB), and the o-projection keeps its sequence-layout input (head_to_seq, "
-               "N·n_h·d_v, 4 MiB, unbooked). The FSDP2 baseline's inventory (fsdp2_saved.attention_saved_counts) "
-               "has these; the composed stack's checkpoint = none path does not yet")
 KNOWN_UNDER = {
     # (stack, case, W, S, lifetime): reason
     ("fsdp2", "dsv2-W64-full", 64, 32768, "accumulate"): _PERSISTENT,
-    ("composed", "r4-dsv2-W8-S8192-no-checkpoint", 8, 8192, "freed"): _NONE_DENSE,
 }
 """Phases below the measurement by more than ``UNDER`` today, each with its reason: the default
-allocator mode's DeepSeek W = 64 FSDP2 rows, and ``checkpoint = none`` on the composed stack,
-first run in held-out round 4 (its ``per_layer`` MoE backward, 0.988, and HSDP 4 × 8's backward[1],
-0.987, are fixed: a retained region input beside the normed output, HSDP's all-reduce buffers)."""
+allocator mode's DeepSeek W = 64 FSDP2 rows. (Held-out round 4's ``per_layer`` MoE backward, 0.988,
+HSDP 4 × 8's backward[1], 0.987, and ``checkpoint = none``'s dense FFN backward, 0.981, are fixed: a
+retained region input beside the normed output, HSDP's all-reduce buffers, and the composed stack's
+own saved-tensor inventory, ``planner.budget.saved_composed``.)"""
 
 
 @pytest.fixture(scope="module")
@@ -123,18 +114,14 @@ _LLEP = ("composed dispatch = llep, Qwen3-30B-A3B W = 8 S = 32768: the MoE regio
          "(backward); the whole-step trace agrees with the H200 (backward[4] 2434.9 MiB traced against 2611.5 "
          "booked), so LLEP's backward inventory (planner.budget.dispatch_inventory) books about 176 MiB the step "
          "does not hold; over, so conservative (validate_heldout_r4.json, the first LLEP whole step)")
-_NONE_MOE = ("composed checkpoint = none, DeepSeek-V2-Lite W = 8 S = 8192: the MoE region forward[4] 1.125, backward[4] "
-             "1.087 and the head 1.031: the budget counts the current MoE region's saved activations beside its "
-             "dispatch working set, which holds the same tensors (README, known gaps); over, so conservative")
 KNOWN_OVER = {
     ("composed", "r4-qwen3-W8-S32768-llep", 8, 32768, "freed", ph): _LLEP
     for ph in ("forward[2]", "forward[4]", "backward[4]", "backward[2]")
-} | {
-    ("composed", "r4-dsv2-W8-S8192-no-checkpoint", 8, 8192, "freed", ph): _NONE_MOE
-    for ph in ("forward[4]", "backward[4]", "head")
 }
-"""Rows of the cluster-mode runs above ``MEMORY_OVER`` today, each with its reason: LLEP's and
-``checkpoint = none``'s MoE regions, first run in held-out round 4. (gpt-oss-20b
+"""Rows of the cluster-mode runs above ``MEMORY_OVER`` today, each with its reason: LLEP's MoE
+regions, first run in held-out round 4. (``checkpoint = none``'s MoE region, 1.125 at forward[4],
+counted the current region's routed rows beside the dispatch working set that holds them, and
+booked balanced per-token rows where PipelinedLLEP keeps only its imports: ``saved_composed``. gpt-oss-20b
 W = 16 / 64's global-attention backward was 1.021-1.030 before the q, k, v gradients were booked
 after FlashAttention's backward, ``planner.budget.gathered._qkv_grads_not_yet_made``; DeepSeek-V2-Lite
 W = 16 at N = 512 was 1.094 at forward[4], the largest dispatch plan over ranks held against rank 0's,
@@ -142,10 +129,8 @@ now compared with the measured rank's own plan, and 1.071 at backward[2], before
 backward moments, ``planner.budget.ffn.dense_backward_moment``.)"""
 
 
-KNOWN_UNDER_ROWS = {
-    ("composed", "r4-dsv2-W8-S8192-no-checkpoint", 8, 8192, "freed", "backward[2]"): _NONE_DENSE,
-}
-"""The rows of the cluster-mode runs below ``MEMORY_UNDER`` today: those of ``KNOWN_UNDER``'s round-4 cases."""
+KNOWN_UNDER_ROWS: dict = {}
+"""The rows of the cluster-mode runs below ``MEMORY_UNDER`` today (none)."""
 
 
 @pytest.fixture(scope="module")

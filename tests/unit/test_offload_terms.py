@@ -93,18 +93,30 @@ def test_sco_boundaries_by_phase(h200):
 
 
 def test_no_checkpointing_keeps_every_region(h200):
+    """``checkpoint = none`` (``saved_composed``): a phase holds the saves of every region before it,
+    the head all of them, the earlier MoE regions' dispatcher saves and the final norm's."""
+    from planner.budget import dispatch, saved_composed
+
     ctx = _ctx(h200, checkpoint="none")
-    got = _by_phase(ctx, boundaries)
-    L_b = ctx.num_boundaries
+    got = _by_phase(ctx, boundary_terms)
+    L_b, b = ctx.num_boundaries, ctx.act_bytes
+    m, N, H = ctx.model, ctx.tokens_per_rank, ctx.hidden_size
+    nh = N * H * b
+    region = [int(cb) * b + int(cf) * 4 for cb, cf in (saved_composed.region_counts(ctx, r) for r in range(1, L_b + 1))]
+    disp = sum(int(c) * eb for (_, eb), c in dispatch.components(ctx)[2]["saved"].items())
+    n_moe = ctx.regions.count("moe")
+    final_norm = N * H * 4 + N * 4 + N * H * b
+    assert got["head"] == sum(region) + n_moe * disp + final_norm
+    assert got["forward[1]"] == 2 * nh                     # region 1 (attention): its input and output
+    norm = 2 * N * H * b + (N * H + N) * 4
+    shared_grad = nh if m.shared_expert_ffn else 0         # the shared experts' input gradient
+    assert ctx.regions[1] == "moe" and got["backward[2]"] == region[0] + norm + 2 * nh + shared_grad
     fwd = [got[f"forward[{r}]"] for r in range(1, L_b + 1)]
-    nh = ctx.tokens_per_rank * ctx.hidden_size * ctx.act_bytes
-    assert all(a < b for a, b in zip(fwd, fwd[1:]))
-    assert got[f"forward[{L_b}]"] == got["head"] + nh and got[f"backward[{L_b}]"] == got["head"] + 2 * nh
+    assert all(a < c for a, c in zip(fwd, fwd[1:]))
     assert got["head"] > _by_phase(_ctx(h200, checkpoint="per_layer"), boundaries)["head"]
-    m, N = ctx.model, ctx.tokens_per_rank
     attn_b, attn_f = boundaries.saved_per_token(ctx, "attention")
     assert attn_b == 2 * m.hidden_size + m.num_heads * m.head_dim + m.num_kv_heads * 2 * m.head_dim + m.num_heads * m.v_dim
-    assert got["forward[1]"] == N * (attn_b * ctx.act_bytes + attn_f * 4) + N * m.hidden_size * ctx.act_bytes
+    assert attn_f == m.hidden_size + 1 + m.num_heads      # the norm's fp32 copy and rsqrt, the lse
 
 
 def test_fsdp2_boundaries_order_and_tp(h200):

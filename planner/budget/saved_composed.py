@@ -1,0 +1,156 @@
+"""Live set ``boundaries`` of the composed stack without checkpointing (``checkpoint = none``):
+what autograd keeps of each region until its backward.
+
+Legend (DESIGN §1): ``N`` tokens per rank, ``H`` hidden, ``b`` bytes per scalar, ``D`` the Ulysses
+degree, ``I_d`` / ``I_s`` dense FFN / shared-expert width, ``r`` the region of the phase.
+
+Per region, read off the decoder (``planner/runtime/model.py``, ``model_layers.py``,
+``attention.py``, ``moe_block.py``) and the H200 allocator history of ``planner validate``'s step
+(``bench/results/memory_snapshot/dsv2-W8-S8192-no-checkpoint.json``):
+
+    attention   the shared attention inventory (``fsdp2_saved.attention_saved_counts`` at ``D``):
+                the input norm's fp32 copy, cast and weighted output, q, k, v as the kernel saw
+                them, its output and lse, the o-projection's input (``head_to_seq``'s copy when
+                ``D > 1``), QK-norm's and MLA's latent norms' saves, RoPE's cos/sin tables
+    dense FFN   the norm's, and gate, silu(gate), up and their product: ``4·N·I_d``
+    MoE         the norm's, the shared experts' ``4·N·I_s`` (and the shared gate's ``N·(H + 1)``),
+                and what the dispatcher keeps (``dispatch.components``' ``saved``: the router's
+                softmax and weights, the route indices, the imported experts' weights; standard EP
+                and LLEP also the grouped MLP's rows)
+
+Phase residency: every region before ``r`` (all of them at the head), plus the current region's
+own where no other live set counts it. An attention region's forward and backward working set is
+``attention``'s (it books the same tensors as the kernel's inputs and the norm's recompute), a
+MoE region's routed experts and router are ``dispatch``'s; a dense FFN region's saves, and a MoE
+region's norm, are counted here. A MoE region's shared experts run after the routed experts, so
+in forward their saves are the excess of their sub-step over the dispatch's, and in backward (run
+first) they are freed before the dispatch's backward, which holds the gradient they sent to the
+normed input (``N·H``). The region input stays live through a region's forward (the residual
+add), the final norm's saves through the head.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from planner.budget import boundaries, fsdp2_saved
+from planner.budget.terms import ALL_STEP, Phase, Term
+from planner.context.ctx import Ctx
+
+SOURCE = ("tensor inventory of planner/runtime/{model,model_layers,attention,moe_block}.py without "
+          "checkpointing; H200 allocator history (bench/results/memory_snapshot/"
+          "dsv2-W8-S8192-no-checkpoint.json): per RMSNorm model_layers.py:72 N·H fp32 and :74 2·N·H b, "
+          "per dense FFN model_layers.py:109 4·N·I_d, per MoE region :109 4·N·I_s (shared experts) and "
+          "the dispatcher's imported weights (exchange.py:179/180) through the head")
+
+
+def _norm(ctx: Ctx, N) -> tuple:
+    """An RMSNorm over ``H``: cast and weighted output (b), fp32 copy and rsqrt."""
+    H = ctx.hidden_size
+    return 2 * H * N, (boundaries.NORM_FP32 * H + 1) * N
+
+
+def region_counts(ctx: Ctx, r: int) -> tuple:
+    """``(b elements, fp32 elements)`` region ``r`` (1-based) keeps, its dispatcher's saves left
+    to ``dispatch_saved``."""
+    kind, N = ctx.regions[r - 1], ctx.tokens_per_rank
+    if kind == "attention":
+        layer = (r + 1) // 2
+        return fsdp2_saved.attention_saved_counts(ctx, False, layer in fsdp2_saved.local_layers(ctx),
+                                                  seq_group=ctx.seq_parallel)
+    nb, nf = _norm(ctx, N)
+    if kind == "dense_mlp":
+        return nb + 4 * ctx.dense_ffn * N, nf
+    m = ctx.model
+    I_s = m.shared_expert_ffn or 0
+    gate = (ctx.hidden_size + 1) * N if I_s and m.shared_expert_gate else 0
+    return nb + 4 * I_s * N + gate, nf
+
+
+def _own(ctx: Ctx, ph: Phase) -> tuple:
+    """The current region's saves counted here (module docstring)."""
+    if ph.kind not in ("forward", "backward") or ph.region_kind == "attention":
+        return 0, 0
+    if ph.region_kind == "dense_mlp":
+        return region_counts(ctx, ph.region)
+    return _norm(ctx, ctx.tokens_per_rank)
+
+
+def own_bytes(ctx: Ctx, ph: Phase):
+    """Bytes of the current region's saves that these terms count in ``ph`` (made inside the
+    region: the unshard sub-step before them, ``gathered_unshard.forward_substep``, excludes them)."""
+    nb, nf = _own(ctx, ph)
+    return np.asarray(nb, np.int64) * ctx.act_bytes + np.asarray(nf, np.int64) * 4
+
+
+def _before(ph: Phase, L_b: int) -> int:
+    return L_b if ph.kind == "head" else ph.region - 1
+
+
+def terms(ctx: Ctx, disp_comps: dict | None, op_name: str) -> list[Term]:
+    """Boundary terms of one rank, composed stack, ``checkpoint = none`` (``disp_comps``:
+    ``dispatch.components``' per-phase components, ``None`` without MoE regions)."""
+    N, H, b, L_b = ctx.tokens_per_rank, ctx.hidden_size, ctx.act_bytes, ctx.num_boundaries
+    per = [region_counts(ctx, r) for r in range(1, L_b + 1)]
+    cum_b, cum_f = [np.int64(0)], [np.int64(0)]   # regions 1..j (counts may be per-candidate arrays)
+    for pb, pf in per:
+        cum_b.append(cum_b[-1] + np.asarray(pb, np.int64))
+        cum_f.append(cum_f[-1] + np.asarray(pf, np.int64))
+
+    def saved(i):
+        def at(ph: Phase):
+            return cum_b[_before(ph, L_b)] + _own(ctx, ph)[0] if i == 0 else cum_f[_before(ph, L_b)] + _own(ctx, ph)[1]
+        return at
+
+    formula = "Σ_{regions < r} saved·N (all at the head) + the current dense FFN region's, or MoE region's norm"
+    out = [
+        Term("saved activations", "boundaries", cum_b[-1], b, formula + " (b-byte tensors)", ALL_STEP,
+             at=saved(0), source=SOURCE),
+        Term("saved activations (fp32: norms' copies and rsqrt, lse, RoPE tables)", "boundaries", cum_f[-1], 4,
+             formula + " (fp32 tensors)", ALL_STEP, at=saved(1), source=SOURCE),
+        Term("region input (the residual)", "boundaries", N * H, b, "N·H", ("forward",), source=SOURCE),
+        Term("region output", "boundaries", N * H, b, "N·H", ("forward",), source=boundaries.SOURCE),
+        Term("boundary grad in/out", "boundaries", 2 * N * H, b, "2·N·H", ("backward",), source=boundaries.SOURCE),
+    ] + boundaries.final_norm_terms(ctx, N, H)
+    if disp_comps is not None:
+        out += _dispatch_saved(ctx, disp_comps, op_name) + _shared(ctx, disp_comps)
+    return out
+
+
+def _dispatch_saved(ctx: Ctx, comps: dict, op_name: str) -> list[Term]:
+    """What each earlier MoE region's dispatcher keeps for its backward."""
+    moe_before = np.cumsum([0] + [k == "moe" for k in ctx.regions])
+    L_b = ctx.num_boundaries
+    out = []
+    for (buf, eb), count in sorted(comps.get("saved", {}).items()):
+        if not np.any(np.asarray(count)):
+            continue
+        out.append(Term(f"{op_name}: {buf.name} (kept by each earlier MoE region)", "boundaries",
+                        moe_before[-1] * np.asarray(count), eb, f"n_moe(< r)·{buf.formula}", ALL_STEP,
+                        at=lambda ph, c=count: moe_before[_before(ph, L_b)] * np.asarray(c),
+                        source="planner.budget.dispatch_inventory saved_end; " + SOURCE))
+    return out
+
+
+def _bytes(moment: dict):
+    return sum((np.asarray(c, np.int64) * eb for (_, eb), c in moment.items()), np.int64(0))
+
+
+def _shared(ctx: Ctx, comps: dict) -> list[Term]:
+    """A MoE region's shared experts: their forward sub-step (the routed output, the dispatcher's
+    saves, gate, silu, up, product and the down output) as the excess over the dispatch's; in
+    backward the gradient they sent to the normed input, held through the dispatch's backward."""
+    I_s, N, H, b = ctx.model.shared_expert_ffn, ctx.tokens_per_rank, ctx.hidden_size, ctx.act_bytes
+    if not I_s:
+        return []
+    sub = _bytes(comps.get("saved", {})) + (4 * N * I_s + 2 * N * H) * b
+    v = np.maximum(sub - _bytes(comps.get("forward", {})), 0)
+    v = -(-v // b)
+    return [
+        Term("shared experts forward: 4 saved products and the down output beside the dispatcher's saves "
+             "(excess over the dispatch sub-step)", "boundaries", int(v) if np.ndim(v) == 0 else v, b,
+             "max(0, dispatcher's saves + (4·N·I_s + 2·N·H)·b − dispatch forward)/b", ("forward",),
+             regions=("moe",), source=SOURCE),
+        Term("shared experts' input gradient, held through the dispatch backward", "boundaries", N * H, b, "N·H",
+             ("backward",), regions=("moe",), source=SOURCE),
+    ]
