@@ -12,11 +12,15 @@ tensor inventory of ``planner/runtime/sco.py`` and confirmed by ``tests/trace/te
     region input             forward[r], backward[r]: N·H   (h_r; retained, or restored under SCO)
     region output            forward[r]: N·H                (moe regions: the dispatcher's output, which
                                                             becomes h_{r+1}; attention and dense FFN
-                                                            regions make it after their interior)
+                                                            regions make it after their interior;
+                                                            LLEP and standard EP make it at their end:
+                                                            ``dispatch`` counts it, ``dispatch_edges``)
     prefetched boundary      backward[r]: N·H if 2 ≤ r ≤ n_off+1 (h_{r−1} restoring while r recomputes)
     boundary grad in/out     backward[r]: 2·N·H; attention and dense FFN regions N·H (the incoming
                              one: the outgoing one is made in the input norm's backward, counted by
-                             ``attention_backward``'s end sub-step and ``ffn``'s norm backward)
+                             ``attention_backward``'s end sub-step and ``ffn``'s norm backward), and
+                             so are MoE regions under LLEP and standard EP, whose dispatcher makes
+                             the gradient into the normed input at its end (``dispatch`` counts it)
 
 An attention or dense FFN region's backward peaks after its recompute (the kernel's, QK-norm's or
 the gated FFN's backward), when SCO's restored input of an offloaded region (``r ≤ n_off``) is
@@ -50,6 +54,7 @@ from __future__ import annotations
 import numpy as np
 
 from planner.context.ctx import Ctx
+from planner.budget.dispatch_edges import books_region_io
 from planner.budget.terms import ALL_STEP, FWD_BWD, Phase, Term
 from planner.units import ceil_div
 
@@ -65,6 +70,11 @@ OUTPUT_SOURCE = ("; H200 allocator history of planner validate: at the interior 
                  "or dense FFN region's forward (qwen3-W1 forward[1]: RoPE's fp32 temporaries) only the "
                  "region's input is live; a MoE region's forward holds the dispatcher's N·H output "
                  "(pipelined_llep.py:117, gpt-oss-W8 forward[2])")
+
+
+MOE_GRAD_SOURCE = ("; LLEP (qwen3-30b-a3b W = 8, S = 32768) backward[4]/[2]: one N·H incoming gradient "
+                   "beside the combine's backward, the gradient into the normed input not yet made "
+                   "(bench/results/memory_snapshot/qwen3-W8-S32768-llep.json)")
 
 
 PAST_RECOMPUTE = ("attention", "dense_mlp")
@@ -104,7 +114,18 @@ def _output_regions(ctx: Ctx) -> tuple[str, ...] | None:
     region."""
     if ctx.stack == "fsdp2":   # one region per layer: the baseline's inventory (planner.budget.fsdp2*)
         return None
-    return ("moe",) if "moe" in set(ctx.regions) else None
+    if "moe" in set(ctx.regions):
+        return () if books_region_io(ctx) else ("moe",)   # (): none (LLEP, standard EP: in dispatch)
+    return None
+
+
+def moe_grads(ctx: Ctx) -> int:
+    """Boundary gradients (in ``N·H``) a MoE region's backward books: the incoming one and the
+    gradient into the normed input (standing for the outgoing one), or the incoming one alone under
+    LLEP and standard EP, whose dispatcher makes the latter at its end (``dispatch`` counts it there:
+    H200 allocator history of qwen3-30b-a3b W = 8 LLEP, backward[4]/[2], one N·H autograd gradient
+    at the combine's backward)."""
+    return 1 if books_region_io(ctx) else 2
 
 
 def _checkpointed(ctx: Ctx, NH, L_b: int, n_off, sco: bool, provisional: bool) -> list[Term]:
@@ -118,8 +139,10 @@ def _checkpointed(ctx: Ctx, NH, L_b: int, n_off, sco: bool, provisional: bool) -
                  & ~np.asarray(recompute_holds_input(ctx, ph)))
         return np.where(freed, 0, NH)
 
+    n_moe = moe_grads(ctx)
+
     def grads(ph: Phase):
-        return NH if ph.region_kind in past else 2 * NH
+        return NH if ph.region_kind in past else n_moe * NH
 
     def prefetched(ph: Phase):
         r = ph.region
@@ -133,14 +156,16 @@ def _checkpointed(ctx: Ctx, NH, L_b: int, n_off, sco: bool, provisional: bool) -
              "N·H; backward of an attention or dense FFN region r ≤ n_off: 0 (freed after the recompute; an MLA "
              "region whose recompute sub-step binds holds it)",
              FWD_BWD, at=region_input, provisional=provisional, source=SOURCE + ATTENTION_SOURCE),
-        Term("region output (MoE: the dispatcher's output accumulator, which becomes it)", "boundaries", NH,
-             ctx.act_bytes, "N·H  [forward of moe regions]", ("forward",), regions=_output_regions(ctx),
-             provisional=provisional, source=SOURCE + OUTPUT_SOURCE),
         Term("boundary grad in/out", "boundaries", 2 * NH, ctx.act_bytes,
-             "2·N·H; attention and dense FFN regions: N·H (the incoming one; the outgoing one is made in the "
-             "region's input-norm backward, counted there)", ("backward",), at=grads, provisional=provisional,
-             source=SOURCE + ATTENTION_SOURCE),
+             "2·N·H; attention and dense FFN regions, and MoE regions under LLEP and standard EP: N·H (the "
+             "incoming one; the outgoing one is made in the region's input-norm backward, or at the "
+             "dispatcher's end, counted there)", ("backward",), at=grads, provisional=provisional,
+             source=SOURCE + ATTENTION_SOURCE + MOE_GRAD_SOURCE),
     ]
+    if _output_regions(ctx) != ():   # LLEP, standard EP: dispatch counts it
+        out.insert(2, Term("region output (MoE: the dispatcher's output accumulator, which becomes it)",
+                           "boundaries", NH, ctx.act_bytes, "N·H  [forward of moe regions]", ("forward",),
+                           regions=_output_regions(ctx), provisional=provisional, source=SOURCE + OUTPUT_SOURCE))
     if sco:
         out.insert(2, Term("prefetched boundary (SCO)", "boundaries", np.where(np.asarray(n_off) >= 1, NH, 0),
                            ctx.act_bytes, "N·H if 2 ≤ r ≤ n_off+1", ("backward",), at=prefetched,

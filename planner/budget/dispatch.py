@@ -38,6 +38,7 @@ from planner.budget import dispatch_inventory as inv
 from planner.context.ctx import Ctx
 from planner.context.derive import chunk_symbols
 from planner.budget.dispatch_buffers import OUTPUT
+from planner.budget.dispatch_edges import books_own_grads, books_region_io, inventory_flags
 from planner.budget.terms import Term
 from planner.budget.work_bounds import check_expected_work
 from planner.plans import chunking, dispatch as plans_dispatch, llep, routing
@@ -68,8 +69,10 @@ def rank_sizes(plan: plans_dispatch.DispatchPlan, d: int) -> dict:
                 X=len(plan.assignment.imports[d]), X_e=len(plan.assignment.exports[d]))
 
 
-def moments(op: str, shape: inv.Shape, sz: dict, n_local: int, *, standalone: bool) -> dict:
-    """The inventory timelines of ``op`` for one rank (see ``dispatch_inventory``)."""
+def moments(op: str, shape: inv.Shape, sz: dict, n_local: int, *, standalone: bool,
+            own_grads: bool = False, region_io: bool = False) -> dict:
+    """The inventory timelines of ``op`` for one rank (see ``dispatch_inventory``; ``own_grads``,
+    ``region_io``: standard EP and LLEP only, ``inventory_flags``)."""
     s = inv.Shape(sz["N"], shape.H, shape.I, shape.E, shape.k, shape.b)
     if op == SOURCE_OP:
         return inv.pipelined_source(s, sz["C"], sz["Q"], sz["r"], sz["X"], sz["X_e"],
@@ -79,7 +82,7 @@ def moments(op: str, shape: inv.Shape, sz: dict, n_local: int, *, standalone: bo
         return inv.pipelined(s, sz["C"], sz["Q"], sz["r"], resid, sz["X"], sz["X_e"],
                              standalone=standalone)
     return inv.unchunked(s, sum(sz["Q"]), sz["r"][0], sz["X"], sz["X_e"], n_local,
-                         standalone=standalone)
+                         standalone=standalone, own_grads=own_grads, region_io=region_io)
 
 
 def peak(moment_list: list[dict]) -> tuple[int, dict]:
@@ -88,10 +91,13 @@ def peak(moment_list: list[dict]) -> tuple[int, dict]:
     return int(inv.total_bytes(best)), best
 
 
-def phase_moments(mom: dict, regime: str) -> dict[str, list[dict]]:
+def phase_moments(mom: dict, regime: str, keep_output: bool = False) -> dict[str, list[dict]]:
     """Moments per phase kind: ``standalone`` (one step of the bare operator), ``checkpointed``
-    (inside a non-reentrant region checkpoint) or ``saved`` (no checkpointing)."""
+    (inside a non-reentrant region checkpoint) or ``saved`` (no checkpointing). The forward's
+    output accumulator belongs to ``boundaries`` unless ``keep_output`` (``books_region_io``)."""
     def drop_out(ms):
+        if keep_output:
+            return ms
         return [{k: v for k, v in m.items() if k[0] != OUTPUT} for m in ms]
 
     if regime == "standalone":
@@ -105,9 +111,11 @@ def phase_moments(mom: dict, regime: str) -> dict[str, list[dict]]:
 @lru_cache(maxsize=4096)
 def expected(op: str, profile: str, N: int, H: int, I: int, E: int, k: int, b: int, E_p: int,
              c: int, K_max: int, alpha: float, m: int, lam: float, n_imp: int, regime: str,
-             standalone: bool = False, num_chunks: int | None = None, rank: int | None = None) -> dict:
+             standalone: bool = False, num_chunks: int | None = None, rank: int | None = None,
+             own_grads: bool = False, region_io: bool = False) -> dict:
     """Binding moment per phase, maximised over the ranks of the plan on ``profile`` (``rank``: of
-    that expert-group rank alone, the one ``planner validate`` runs);
+    that expert-group rank alone, the one ``planner validate`` runs; ``own_grads``, ``region_io``:
+    ``inventory_flags``);
     ``num_chunks`` is PipelinedLLEP's ``K`` (``Ctx.num_chunks``; ``None``: from ``N``, ``c``,
     ``K_max``, as the operator computes it)."""
     counts = routing.profile_counts(profile, N, E, k, E_p)
@@ -118,8 +126,8 @@ def expected(op: str, profile: str, N: int, H: int, I: int, E: int, k: int, b: i
     shape = inv.Shape(N, H, I, E, k, b)
     out: dict = {}
     for d in (plan.rank_classes() if rank is None else [rank]):
-        ph = phase_moments(moments(op, shape, rank_sizes(plan, d), E // E_p, standalone=standalone),
-                           regime)
+        ph = phase_moments(moments(op, shape, rank_sizes(plan, d), E // E_p, standalone=standalone,
+                                   own_grads=own_grads, region_io=region_io), regime, region_io)
         for kind, ms in ph.items():
             pk, mo = peak(ms)
             if kind not in out or pk > out[kind][0]:
@@ -161,7 +169,8 @@ def guarantee_sizes(ctx_like: dict, residue: str = plans_dispatch.DESTINATION) -
                 X=g["n_imp"], X_e=x_e)
 
 
-def guarantee_moments(op: str, shape: inv.Shape, g: dict, *, standalone: bool) -> dict:
+def guarantee_moments(op: str, shape: inv.Shape, g: dict, *, standalone: bool, own_grads: bool = False,
+                      region_io: bool = False) -> dict:
     """Inventory timelines at the bounds (representative chunks; arrays broadcast)."""
     sz = guarantee_sizes(g, plan_operator(op)[1])
     s = inv.Shape(g["N"], shape.H, shape.I, shape.E, shape.k, shape.b)
@@ -172,7 +181,8 @@ def guarantee_moments(op: str, shape: inv.Shape, g: dict, *, standalone: bool) -
         return inv.pipelined(s, sz["C"], sz["Q"], sz["r"], sz["resid"], sz["X"], sz["X_e"],
                              standalone=standalone, tokc=sz["tok"])
     return inv.unchunked(s, sz["resid"][0], sz["resid"][0], sz["X"], sz["X_e"],
-                         shape.E // np.asarray(g["E_p"]), standalone=standalone)
+                         shape.E // np.asarray(g["E_p"]), standalone=standalone, own_grads=own_grads,
+                         region_io=region_io)
 
 
 def vector_peak(moment_list: list[dict]) -> tuple[np.ndarray, dict]:
@@ -250,7 +260,7 @@ def _expected_components(ctx: Ctx, op: str, reg: str) -> dict:
                        int(kw["token_budget"]), int(kw["max_chunks"]), float(kw["llep_alpha"]),
                        int(kw["llep_min_tokens"]), float(kw["llep_lambda"]), int(kw["max_imports"]),
                        reg, num_chunks=int(kw["num_chunks"]) if op in ("pipelined_llep", SOURCE_OP) else None,
-                       rank=ctx.dispatch_rank)
+                       rank=ctx.dispatch_rank, **inventory_flags(ctx))
         for kind, (_, mom, _) in res.items():
             comp = per_phase.setdefault(kind, {})
             for key, c in mom.items():
@@ -262,13 +272,14 @@ def _expected_components(ctx: Ctx, op: str, reg: str) -> dict:
     return out
 
 
-def worst_ep_moments(shape: inv.Shape, E_p, *, standalone: bool) -> dict:
+def worst_ep_moments(shape: inv.Shape, E_p, *, standalone: bool, own_grads: bool = False,
+                     region_io: bool = False) -> dict:
     """Standard EP under ``worst``: ``Q = E_p·N·min(k, E/E_p)`` rows to one rank, at most
     ``E_p·N`` of them to one expert (tokens pick distinct experts; DESIGN §3.2)."""
     N, E_p = np.asarray(shape.N), np.asarray(E_p)
     q = E_p * N * np.minimum(shape.k, shape.E // E_p)
     return inv.unchunked(shape, q, np.minimum(q, E_p * N), 0, 0, shape.E // E_p,
-                         standalone=standalone)
+                         standalone=standalone, own_grads=own_grads, region_io=region_io)
 
 
 def _worst_ep(ctx: Ctx, reg: str) -> dict:
@@ -276,8 +287,9 @@ def _worst_ep(ctx: Ctx, reg: str) -> dict:
     s = inv.Shape(-(-N // np.asarray(ctx.tp)) if ctx.stack == "fsdp2" else N, ctx.hidden_size, ctx.expert_ffn, ctx.num_experts,
                   ctx.top_k, ctx.act_bytes)
     mom = worst_ep_moments(s, ctx.ep if ctx.stack == "fsdp2" else ctx.expert_parallel,
-                           standalone=False)
-    return {kind: vector_peak(ms)[1] for kind, ms in phase_moments(mom, reg).items()}
+                           standalone=False, **inventory_flags(ctx))
+    return {kind: vector_peak(ms)[1]
+            for kind, ms in phase_moments(mom, reg, books_region_io(ctx)).items()}
 
 
 def _guarantee_components(ctx: Ctx, op: str, reg: str) -> dict:
@@ -293,9 +305,9 @@ def _guarantee_components(ctx: Ctx, op: str, reg: str) -> dict:
              n_imp=u["max_imports"].astype(np.int64), K=u["num_chunks"].astype(np.int64),
              c_eff=u["chunk_tokens"].astype(np.int64))
     s = inv.Shape(g["N"], ctx.hidden_size, ctx.expert_ffn, ctx.num_experts, ctx.top_k, ctx.act_bytes)
-    mom = guarantee_moments(op, s, g, standalone=False)
+    mom = guarantee_moments(op, s, g, standalone=False, **inventory_flags(ctx))
     out = {}
-    for kind, ms in phase_moments(mom, reg).items():
+    for kind, ms in phase_moments(mom, reg, books_region_io(ctx)).items():
         comps = vector_peak(ms)[1]
         out[kind] = {key: np.broadcast_to(v, (len(uniq),))[inv_idx.reshape(-1)].reshape(shape)
                      for key, v in comps.items()}
@@ -346,4 +358,9 @@ def components(ctx: Ctx) -> tuple[str, str, dict, str]:
         comps, how = _expected_components(ctx, op, reg), (
             f"expected: the {OPERATOR_NAMES[op]} plan on routing {profile_of(ctx)}, "
             + ("binding rank" if ctx.dispatch_rank is None else f"expert-group rank {ctx.dispatch_rank}"))
+    if books_region_io(ctx):
+        how += ("; the region output and the dispatcher's input gradient made at the operator's end, "
+                "counted here")
+    if books_own_grads(ctx):
+        how += "; the region's own expert gradients (freed lifetime) counted here from the grouped MLP's backward"
     return op, reg, comps, how

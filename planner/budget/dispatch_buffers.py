@@ -24,7 +24,8 @@ ROUTER_SOFTMAX = Buf("router softmax",
 ROUTER_WEIGHTS = Buf("router weights", "N·(2k+1) fp32 (top-k values, their sum, the weights)")
 SEND_ORDER = Buf("send order", "k·N int64 route indices in send order (×5 while sorting; ×2 with tokens)")
 IMPORTED_WEIGHTS = Buf("imported weights", "X·3·H·I (X imported experts)")
-OUTPUT = Buf("output", "N·H (the output accumulator; the region output belongs to boundaries in forward)")
+OUTPUT = Buf("output", "N·H (the output accumulator; the region output belongs to boundaries in forward, but "
+          "LLEP's and standard EP's, made at the operator's end, to dispatch in a composed MoE region)")
 RESIDUE_ROWS = Buf("residue rows",
           "Σ_{j≤i} Q_j·H (reentrant-checkpoint inputs kept to the layer's backward; guarantee: Σ Q ≤ "
           "min(E_p·k·N_max, max(ceil(max(α,λ)·k·N_max) + (E/E_p)(m−1), U)), U = rows of a rank left "
@@ -44,7 +45,8 @@ CHUNK_ROUTE_WEIGHTS = Buf("chunk route weights", "Q_i fp32")
 NEXT_CHUNK_ROWS = Buf("next chunk rows", "Q_{i+1}·H")
 NEXT_CHUNK_ROUTE_WEIGHTS = Buf("next chunk route weights", "Q_{i+1} fp32")
 NEXT_CHUNK_TOKEN_IDS = Buf("next chunk token ids", "C_{i±1} int64 (the prefetched chunk's token ids)")
-INPUT_GRADIENT = Buf("input gradient", "N·H (standalone runs only)")
+INPUT_GRADIENT = Buf("input gradient", "N·H (standalone runs; LLEP and standard EP in a composed MoE region: the "
+          "dispatcher's input gradient, made at its end)")
 IMPORTED_WEIGHT_GRADS = Buf("imported weight grads", "X·3·H·I")
 GRAD_CHUNK_OUTPUTS = Buf("grad chunk outputs", "Q_i·H")
 GRAD_COMBINED_ROWS = Buf("grad combined rows", "C_i·H")
@@ -52,7 +54,8 @@ RECOMPUTED_GATE_UP = Buf("recomputed gate|up", "Q_i·2I")
 GRAD_CHUNK_ROWS = Buf("grad chunk rows", "Q_i·H")
 GRAD_CHUNK_ROUTE_WEIGHTS = Buf("grad chunk route weights", "Q_i fp32")
 GRAD_SENT_ROWS = Buf("grad sent rows", "C_i·H")
-RETURNED_EXPERT_GRADS = Buf("returned expert grads", "X_e·3·H·I (exported experts' gradients coming home)")
+RETURNED_EXPERT_GRADS = Buf("returned expert grads", "X_e·3·H·I (exported experts' gradients coming home; LLEP "
+          "with a transfer: + n·3·H·I, the own experts' full-size gradient)")
 UPSTREAM_GRADIENT = Buf("upstream gradient", "N·H (standalone runs: the dense gradient of the output)")
 GRAD_ROUTE_WEIGHTS = Buf("grad route weights",
           "k·N fp32 (source variant: the route-weight gradient, filled chunk by chunk)")
@@ -67,7 +70,8 @@ RECEIVED_ROWS = Buf("received rows", "Q·H")
 EXPERT_OUTPUTS = Buf("expert outputs", "Q·H per buffer")
 COMBINE_ROWS = Buf("combine rows", "R·H beside the permuted expert outputs Q·H (Q·H + R·H where they are not saved)")
 WEIGHTS_CAST = Buf("weights cast", "R (route weights in the activation dtype, saved)")
-STACKED_WEIGHT_GRADS = Buf("stacked weight grads", "(n + X)·3·H·I")
+STACKED_WEIGHT_GRADS = Buf("stacked weight grads", "(n + X)·3·H·I at the grouped MLP's backward, then n·3·H·I "
+          "(waiting for the weight transfer; with freed gradients, param.grad)")
 ROUTE_WEIGHT_GRAD = Buf("route weight grad", "R")
 GRAD_EXPERT_OUTPUTS = Buf("grad expert outputs", "Q·H per buffer")
 GRAD_RECEIVED_ROWS = Buf("grad received rows", "Q·H per buffer")

@@ -251,9 +251,21 @@ def _router_backward(s: Shape) -> dict:
 
 
 # ---- standard EP and LLEP (plain autograd, grouped MLP) ---------------------------------------
-def unchunked(s: Shape, Q, r, X, X_e, n_local, *, standalone: bool) -> dict[str, list[dict]]:
+def unchunked(s: Shape, Q, r, X, X_e, n_local, *, standalone: bool, own_grads: bool = False,
+              region_io: bool = False) -> dict[str, list[dict]]:
     """Moments of ``run_unchunked``: ``Q`` rows received, ``r`` rows of the largest slot,
-    ``X``/``X_e`` imports/exports, ``n_local`` own experts."""
+    ``X``/``X_e`` imports/exports, ``n_local`` own experts.
+
+    ``own_grads`` (freed gradients): the own experts' stacked gradients that the grouped MLP's
+    backward makes become ``param.grad`` (autograd takes them over) and stay to the end of the
+    layer's backward; they are counted here from that moment on (``persistent`` leaves the region's
+    own share out of its ``backward[r]``). Otherwise (gradients kept, standalone runs) they are added
+    into the resident gradients and freed, or wait in autograd's input buffer for the weight transfer.
+
+    ``region_io`` (a composed MoE region in a checkpoint): the region's output accumulator and the
+    dispatcher's input gradient ``N·H`` each are made at the operator's end (``run_unchunked``'s
+    ``index_add_``; ``index_select``'s backward), so these moments count them and ``boundaries``
+    leaves them out (``phase_moments`` keeps the output then)."""
     R, H, I, b, N = s.R, s.H, s.I, s.b, s.N
     wb = R if b != F32 else 0                      # route weights cast to the activation dtype
     base = _m(router_saved(s), {(SEND_ORDER, I64): 2 * R, (SENT_ROUTE_WEIGHTS, F32): R,
@@ -282,11 +294,15 @@ def unchunked(s: Shape, Q, r, X, X_e, n_local, *, standalone: bool) -> dict[str,
            _m(nb, {(COMBINE_ROWS, b): Q * H + R * H}),
            _m(nb, {(COMBINED_ROWS, b): 2 * R * H, (WEIGHTS_CAST, b): wb}),
            _m(nb, {(COMBINED_ROWS, b): R * H, (OUTPUT, b): N * H})]
-    gx = {(INPUT_GRADIENT, b): N * H} if standalone else {}
+    gx = {(INPUT_GRADIENT, b): N * H} if standalone or region_io else {}
     up = upstream(s, standalone)
     wg = {(STACKED_WEIGHT_GRADS, b): (n_local + X) * s.w3}
-    # with a weight transfer, the own experts' stacked grads wait for it in the autograd buffer
-    held = {(STACKED_WEIGHT_GRADS, b): n_local * s.w3 * (np.asarray(X) + np.asarray(X_e) > 0)}
+    transfer = np.asarray(X) + np.asarray(X_e) > 0
+    # with a weight transfer, the own experts' stacked grads wait for it in the autograd buffer;
+    # with freed gradients they are param.grad from then on
+    held = {(STACKED_WEIGHT_GRADS, b): n_local * s.w3 * (True if own_grads else transfer)}
+    # ImportWeights' backward returns the own experts' full-size gradient (only with a transfer)
+    returned = (X_e + n_local * transfer) * s.w3
     bwd = [
         # index_add backward; the route-weight product's backward; the combine's reverse
         _m(base, saved, {(COMBINED_ROWS, b): 2 * R * H, (WEIGHTS_CAST, b): wb,
@@ -304,8 +320,8 @@ def unchunked(s: Shape, Q, r, X, X_e, n_local, *, standalone: bool) -> dict[str,
         _m(base, held, {(GRAD_RECEIVED_ROWS, b): Q * H, (GRAD_SENT_ROWS, b): R * H}),
         _m(base, held, {(GRAD_SENT_ROWS, b): R * H, (INPUT_GRADIENT, b): 2 * N * H}),
         _m(router_saved(s), gx, held, {(IMPORTED_WEIGHT_GRADS, b): X * s.w3,
-                                       (RETURNED_EXPERT_GRADS, b): (X_e + n_local) * s.w3}),
-        _m(gx, _router_backward(s)),
+                                       (RETURNED_EXPERT_GRADS, b): returned}),
+        _m(gx, held if own_grads else {}, _router_backward(s)),
     ]
     saved_end = _m(base, saved, {(COMBINED_ROWS, b): 2 * R * H, (WEIGHTS_CAST, b): wb})
     if standalone:

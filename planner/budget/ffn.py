@@ -42,6 +42,7 @@ from __future__ import annotations
 import numpy as np
 
 from planner.context.ctx import Ctx
+from planner.budget.dispatch_edges import books_own_grads, books_region_io
 from planner.budget.terms import Phase, Term
 from planner.units import ceil_div
 
@@ -146,13 +147,16 @@ def terms(ctx: Ctx) -> list[Term]:
     if I_s and "moe" in set(ctx.regions):
         d_fwd, d_bwd = (_interior(ctx, disp, k, "moe") for k in ("forward", "backward"))
         # freed gradients: the routed experts' gradients of this region first exist in the dispatch's
-        # backward, after the shared experts' (persistent counts them in the whole backward[r])
-        eg = (m.num_experts * m.expert_params() // np.asarray(ctx.expert_parallel) * b
-              if ctx.grad_lifetime == "freed" else 0)
+        # backward, after the shared experts' (persistent counts them in the whole backward[r], but
+        # under LLEP and standard EP dispatch does, from when they are made)
+        eg = (_own_expert_grad_bytes(ctx) if ctx.grad_lifetime == "freed" and not books_own_grads(ctx)
+              else 0)
         fw = _excess(3 * N * I_s * b, d_fwd, b)
-        # the region's outgoing boundary gradient (counted by ``boundaries``) is made only at the
-        # norm's backward, after the experts: not live at the shared experts' backward
-        bw = _excess(6 * N * I_s * b - N * H * b, d_bwd + eg + N * H * b, b)
+        # the region's outgoing boundary gradient (counted by ``boundaries``, but by dispatch under LLEP
+        # and standard EP) is made only at the norm's backward, after the experts: not live at the
+        # shared experts' backward
+        out_g = 0 if books_region_io(ctx) else N * H * b
+        bw = _excess(6 * N * I_s * b - out_g, d_bwd + eg + N * H * b, b)
         out += [
             Term("shared experts' input gradient, held through the dispatch backward", "ffn", N * H, b, "N·H",
                  ("backward",), regions=("moe",), source=SOURCE + SHARED_HELD),
@@ -181,18 +185,30 @@ def _norm_backward_substep(ctx: Ctx, own: list[Term], disp: list[Term]) -> list[
     # region counts the norm's fp32 input and cast, the region input and 2 boundary gradients; a
     # dense one the fp32 input, cast and normed output and the incoming gradient, its sub-step the
     # outgoing gradient too (boundaries.PAST_RECOMPUTE)
-    per = {"moe": (24 + b, 4 + 4 * b, "max(0, N·H·(24 + b) − N·H·(4 + 4b) − interior)/b"),
+    # (LLEP, standard EP: one boundary gradient; with freed gradients the region's own expert
+    # gradients, which persistent leaves to dispatch, are made by then: dispatch_edges)
+    io = books_region_io(ctx)
+    per = {"moe": (24 + b, 4 + 3 * b if io else 4 + 4 * b,
+                   "max(0, N·H·(24 + b) − N·H·(4 + 4b) − interior)/b" if not io else
+                   "max(0, N·H·(24 + b) [+ b·Θ_exp_layer/E_p, freed] − N·H·(4 + 3b) − interior)/b"),
            "dense_mlp": (24 + 3 * b, 4 + 3 * b, "max(0, N·H·(24 + 3b) − N·H·(4 + 3b) − interior)/b")}
     out = []
     for kind in _mlp_kinds(ctx):
         sub, held, text = per[kind]
-        v = _excess(N * H * sub, N * H * held + _interior(ctx, ts, "backward", kind), b)
+        eg = _own_expert_grad_bytes(ctx) if kind == "moe" and books_own_grads(ctx) else 0
+        v = _excess(N * H * sub + eg, N * H * held + _interior(ctx, ts, "backward", kind), b)
         out.append(Term(f"ffn_norm backward sub-step: fp32 input and 5 fp32 temporaries, 2 gradients (excess, {kind})",
                         "ffn", v, b, text + "  (interior: ffn + dispatch backward of the region)", ("backward",),
                         regions=(kind,), provisional=kind != "moe",
                         source=NORM_SOURCE + "; the fp32 backward of planner/runtime/model_layers.py RMSNorm"
                         + (MOE_NORM_BWD if kind == "moe" else "")))
     return out
+
+
+def _own_expert_grad_bytes(ctx: Ctx):
+    """Bytes of one MoE region's expert gradients on this rank, ``b·Θ_exp_layer/E_p``."""
+    m = ctx.model
+    return m.num_experts * m.expert_params() // np.asarray(ctx.expert_parallel) * ctx.act_bytes
 
 
 def _mlp_kinds(ctx: Ctx) -> list[str]:
@@ -223,7 +239,9 @@ def _norm_forward_substep(ctx: Ctx, own: list[Term], disp: list[Term]) -> list[T
     ts = [*own, *disp]   # the shared experts' term is already their excess over dispatch
     out = []
     for kind in _mlp_kinds(ctx):
-        v = _excess(norm, N * H * b + _interior(ctx, ts, "forward", kind), b)
+        # the region output, booked by boundaries (by dispatch under LLEP and standard EP)
+        region_out = 0 if kind == "moe" and books_region_io(ctx) else N * H * b
+        v = _excess(norm, region_out + _interior(ctx, ts, "forward", kind), b)
         out.append(Term(f"ffn_norm forward sub-step: fp32 input and normed copy, cast, output (excess, {kind})",
                         "ffn", v, b,
                         "max(0, N·H·(8 + 2b) − N·H·b − interior)/b  (interior: ffn + dispatch of the region)",

@@ -16,7 +16,9 @@ default and the conservative one) keeps every gradient resident in every phase. 
 (``zero_grad(set_to_none=True)`` between steps) means a gradient first exists when its owner's
 backward produces it: the head's and the final norm's after the head phase's peak (counted from
 ``backward[L_b]``), region ``j``'s in
-``backward[j]`` (so ``backward[r]`` holds the regions ``j ≥ r``), the embedding's in its own
+``backward[j]`` (so ``backward[r]`` holds the regions ``j ≥ r``; under LLEP and standard EP region
+``r``'s own expert gradients are the grouped MLP's, which ``dispatch`` counts from when they are
+made: ``dispatch_edges``), the embedding's in its own
 backward after region 1's (``gathered``'s embedding sub-step counts it); none in ``forward[r]``.
 
 FSDP2 baseline: ``planner.budget.fsdp2_persistent`` (per-unit padded shards, gradient lifetime).
@@ -27,6 +29,7 @@ from __future__ import annotations
 import numpy as np
 
 from planner.budget import regions as reg
+from planner.budget.dispatch_edges import books_own_grads
 from planner.context.ctx import Ctx
 from planner.budget.terms import ALWAYS, Phase, Term
 from planner.units import ceil_div
@@ -108,9 +111,13 @@ def terms(ctx: Ctx) -> list[Term]:
         d_reg, e_reg = _region_grads(ctx)
         grad_at["dense"] = _grad_at(dense, d_reg, head_in_dense + ctx.hidden_size + p["mtp"], W,
                                     embedding_grad_shard(ctx), own=False)
-        grad_at["experts"] = _grad_at(experts, e_reg, 0, ctx.expert_parallel)
-        grad_txt = ("; freed: head + final norm from backward[L_b], regions j > r (dense) / j ≥ r (experts) in "
-                    "backward[r], all but the embedding's at backward[1]")
+        # LLEP and standard EP: the region's own expert gradients are the grouped MLP's stacked
+        # gradients, counted by dispatch from its backward on (dispatch_edges.books_own_grads)
+        own = not books_own_grads(ctx)
+        grad_at["experts"] = _grad_at(experts, e_reg, 0, ctx.expert_parallel, own=own)
+        grad_txt = ("; freed: head + final norm from backward[L_b], regions j > r (dense) / j "
+                    + ("≥" if own else ">") + " r (experts" + ("" if own else "; region r's own: in dispatch")
+                    + ") in backward[r], all but the embedding's at backward[1]")
     out = [
         Term("dense weights (ZeRO-3 shard)", "persistent", dense, b, "(Θ_dense [+ Θ_head if P=1])/W",
              ALWAYS, source=SOURCE),

@@ -170,7 +170,7 @@ def binding_rank(ctx: Ctx) -> tuple[int, str]:
                             ctx.expert_ffn, ctx.num_experts, ctx.top_k, ctx.act_bytes, int(ctx.expert_parallel),
                             int(ctx.token_budget), int(ctx.max_chunks), float(ctx.llep_alpha),
                             int(ctx.llep_min_tokens), float(ctx.llep_lambda), int(ctx.max_imports),
-                            dispatch.regime(ctx))
+                            dispatch.regime(ctx), **dispatch.inventory_flags(ctx))
     pk, _, d = max(res.values(), key=lambda v: v[0])
     return int(d), f"rank {d}: the binding rank of the dispatch plan on routing {ctx.routing_text}"
 
