@@ -65,6 +65,10 @@ CASES = {
     "dsv2-W8-S8192-no-checkpoint": ("deepseek-v2-lite", 8, 8192, {"checkpoint": "none"}, "freed"),
     "fsdp2-gptoss-W32-S32768-hsdp4-selective": ("gpt-oss-20b", 32, 32768,
                                                 {"stack": "fsdp2", "dp_replicate": 4, "ac": "selective"}, "accumulate"),
+    # held-out round 5: no checkpointing with sinks and sliding windows (D = 8), at D = 1, under standard EP
+    "gptoss-W8-S16384-none": ("gpt-oss-20b", 8, 16384, {"checkpoint": "none"}, "freed"),
+    "qwen3-W1-S8192-none": ("qwen3-30b-a3b", 1, 8192, {"checkpoint": "none"}, "freed"),
+    "gptoss-W8-S16384-none-ep": ("gpt-oss-20b", 8, 16384, {"checkpoint": "none", "dispatch": "ep"}, "freed"),
 }
 
 _labels: list[tuple[str, int]] = []

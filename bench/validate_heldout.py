@@ -89,7 +89,24 @@ CASES_4 = [   # operator choices other than the defaults (composed), and HSDP (F
     ("r4-fsdp2-dsv2-W16-S16384-hsdp2-none", "deepseek-v2-lite", 16, 16384, {"dp_replicate": 2, "ac": "none"}, "freed",
      None),
 ]
-ROUNDS = {1: CASES, 2: CASES_2, 3: CASES_3, 4: CASES_4}
+N = {**C, "checkpoint": "none"}
+CASES_5 = [   # no checkpointing on every family and dispatcher (planner.budget.saved_composed), D = 1 and D > 1;
+    # LLEP and standard EP at new shapes (planner.budget.dispatch_edges)
+    ("r5-gptoss-W8-S16384-none", "gpt-oss-20b", 8, 16384, N, "freed", None),
+    ("r5-qwen3-W8-S32768-none", "qwen3-30b-a3b", 8, 32768, N, "accumulate", None),
+    ("r5-dsv2-W16-S16384-none", "deepseek-v2-lite", 16, 16384, N, "freed", None),
+    ("r5-qwen3-W1-S8192-none", "qwen3-30b-a3b", 1, 8192, N, "freed", None),
+    ("r5-dsv2-W1-S8192-none", "deepseek-v2-lite", 1, 8192, N, "freed", None),
+    ("r5-gptoss-W1-S8192-none", "gpt-oss-20b", 1, 8192, N, "freed", None),
+    ("r5-gptoss-W8-S16384-none-ep", "gpt-oss-20b", 8, 16384, {**N, "dispatch": "ep"}, "freed", None),
+    ("r5-qwen3-W8-S16384-none-llep", "qwen3-30b-a3b", 8, 16384, {**N, "dispatch": "llep"}, "accumulate", None),
+    ("r5-dsv2-W8-S16384-none-destination", "deepseek-v2-lite", 8, 16384, {**N, "dispatch_residue": "destination"},
+     "freed", None),
+    ("r5-qwen3-W16-S32768-llep", "qwen3-30b-a3b", 16, 32768, {**C, "dispatch": "llep"}, "accumulate", None),
+    ("r5-gptoss-W8-S32768-ep", "gpt-oss-20b", 8, 32768, {**C, "dispatch": "ep"}, "freed", None),
+    ("r5-dsv2-W16-S16384-llep", "deepseek-v2-lite", 16, 16384, {**C, "dispatch": "llep"}, "freed", None),
+]
+ROUNDS = {1: CASES, 2: CASES_2, 3: CASES_3, 4: CASES_4, 5: CASES_5}
 
 
 def planfile(model: str, W: int, S: int, knobs: dict | None):
@@ -104,7 +121,8 @@ def main(argv=None) -> int:
     ap.add_argument("--round", type=int, choices=sorted(ROUNDS), default=1,
                     help="1: the first held-out cases; 2: new shapes after the fixes round 1 led to; 3: ranks "
                          "other than the binding one, and the dense FFN's gate moment; 4: the composed stack's "
-                         "other operator choices, and HSDP")
+                         "other operator choices, and HSDP; 5: no checkpointing on every family and "
+                         "dispatcher, LLEP and standard EP at new shapes")
     args = ap.parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
