@@ -69,6 +69,8 @@ CASES = {
     "gptoss-W8-S16384-none": ("gpt-oss-20b", 8, 16384, {"checkpoint": "none"}, "freed"),
     "qwen3-W1-S8192-none": ("qwen3-30b-a3b", 1, 8192, {"checkpoint": "none"}, "freed"),
     "gptoss-W8-S16384-none-ep": ("gpt-oss-20b", 8, 16384, {"checkpoint": "none", "dispatch": "ep"}, "freed"),
+    "qwen3-W8-S32768-none": ("qwen3-30b-a3b", 8, 32768, {"checkpoint": "none"}, "accumulate"),
+    "dsv2-W1-S8192-none": ("deepseek-v2-lite", 1, 8192, {"checkpoint": "none"}, "freed"),
 }
 
 _labels: list[tuple[str, int]] = []

@@ -123,11 +123,14 @@ def main(argv=None) -> int:
                          "other than the binding one, and the dense FFN's gate moment; 4: the composed stack's "
                          "other operator choices, and HSDP; 5: no checkpointing on every family and "
                          "dispatcher, LLEP and standard EP at new shapes")
+    ap.add_argument("--case", action="append", help="run only the named case(s) of the round")
     args = ap.parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     t0, results = time.perf_counter(), []
     for name, model, W, S, knobs, lifetime, *rank in ROUNDS[args.round]:
+        if args.case and name not in args.case:
+            continue
         rank = rank[0] if rank else None
         pf = planfile(model, W, S, knobs)
         pred = predict(pf, lifetime, timing=False, dispatch_bound="expected", rank=rank)
@@ -155,7 +158,7 @@ def main(argv=None) -> int:
     from planner.runtime.measure import provenance
 
     prov = provenance() if not args.dry_run else {}
-    stem = "validate_heldout" if args.round == 1 else f"validate_heldout_r{args.round}"
+    stem = ("validate_heldout" if args.round == 1 else f"validate_heldout_r{args.round}") + ("_part" if args.case else "")
     write_text_atomic(out / f"{stem}.json", json.dumps(
         {"provenance": prov, "wall_s": time.perf_counter() - t0, "dry_run": args.dry_run, "cases": results},
         indent=1, default=str) + "\n")
