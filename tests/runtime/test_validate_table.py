@@ -110,8 +110,31 @@ def test_w1_step_time_within_tolerance(records):
 CLUSTER_MODE_STEMS = tuple(s for s in validate_table.STEMS if s.endswith("_expandable") or s.startswith("validate_heldout"))
 """The runs made in the cluster file's allocator mode (``planner.runtime.allocator``): there every
 judged memory row is held to both bounds, −``MEMORY_UNDER`` / +``MEMORY_OVER``."""
-KNOWN_OVER: dict = {}
-"""Rows of the cluster-mode runs above ``MEMORY_OVER`` today, each with its reason (none). Held-out
+_NONE_ATTN = ("composed checkpoint = none, attention forward (held-out round 5): the budget books the region's own "
+              "saves beside the attention live set's forward interior, which holds some of the same tensors, so it "
+              "errs high (1.02-1.11); booking only the interior was 0.89 on Qwen3 W = 8 (QK-norm's and RoPE's fp32 "
+              "copies accumulate under no checkpointing: bench/results/memory_snapshot/qwen3-W8-S32768-none.json, "
+              "model_layers.py:72/88/91), a false fit. The exact forward moment of a saving attention region is "
+              "not yet modelled; over, so conservative")
+_NONE_DENSE = ("composed checkpoint = none, DeepSeek-V2-Lite's dense FFN backward at W > 1 (1.05-1.06): the gated "
+               "MLP's backward moment is booked beside every saved product while the FFN unit's backward unshard "
+               "binds there; without it W = 1 was 0.942 (held-out round 5); over, so conservative")
+_R5 = "validate_heldout_r5"
+KNOWN_OVER = {
+    ("composed", "r4-dsv2-W8-S8192-no-checkpoint", 8, 8192, "freed", "backward[2]"): _NONE_DENSE,
+    ("composed", "r5-dsv2-W16-S16384-none", 16, 16384, "freed", "backward[2]"): _NONE_DENSE,
+    ("composed", "r5-dsv2-W8-S16384-none-destination", 8, 16384, "freed", "backward[2]"): _NONE_DENSE,
+} | {(("composed",) + k): _NONE_ATTN for k in [
+    ("r5-dsv2-W1-S8192-none", 1, 8192, "freed", "forward[1]"), ("r5-dsv2-W1-S8192-none", 1, 8192, "freed", "forward[3]"),
+    ("r5-dsv2-W8-S16384-none-destination", 8, 16384, "freed", "forward[3]"),
+    ("r5-gptoss-W1-S8192-none", 1, 8192, "freed", "forward[1]"), ("r5-gptoss-W1-S8192-none", 1, 8192, "freed", "forward[3]"),
+    ("r5-gptoss-W8-S16384-none", 8, 16384, "freed", "forward[3]"),
+    ("r5-gptoss-W8-S16384-none-ep", 8, 16384, "freed", "forward[3]"),
+    ("r5-qwen3-W1-S8192-none", 1, 8192, "freed", "forward[1]"), ("r5-qwen3-W1-S8192-none", 1, 8192, "freed", "forward[3]"),
+    ("r5-qwen3-W8-S16384-none-llep", 8, 16384, "accumulate", "forward[3]"),
+    ("r5-qwen3-W8-S32768-none", 8, 32768, "accumulate", "forward[3]"),
+]}
+"""Rows of the cluster-mode runs above ``MEMORY_OVER`` today, each with its reason. Held-out
 round 4's were fixed: Qwen3-30B-A3B W = 8 under LLEP was 1.021 in its MoE forward and 1.065-1.070
 in its backward before LLEP's and standard EP's late tensors were booked where the allocator
 history shows them (``planner.budget.dispatch_edges``: the region output, the dispatcher's input
@@ -152,7 +175,7 @@ def cluster_mode_rows():
 def test_every_row_within_both_bounds_in_the_cluster_mode(cluster_mode_rows):
     from planner.runtime.validate_compare import memory_ok
 
-    assert len(CLUSTER_MODE_STEMS) == 9 and len(cluster_mode_rows) > 700
+    assert len(CLUSTER_MODE_STEMS) == 10 and len(cluster_mode_rows) > 700
     off = {k: round(r.ratio, 4) for k, r in cluster_mode_rows if not memory_ok(int(r.predicted), int(r.measured))}
     known = KNOWN_OVER | KNOWN_UNDER_ROWS
     assert {k: v for k, v in off.items() if k not in known} == {}
