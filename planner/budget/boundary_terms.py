@@ -1,6 +1,7 @@
 """The ``boundaries`` live set of either stack: the composed stack's checkpoint boundaries
-(``boundaries``) or, without checkpointing, its saved activations (``saved_composed``), or the FSDP2 baseline's saved activations (``fsdp2_boundaries``, which reads the
-per-token saved counts of ``boundaries``)."""
+(``boundaries``) or, without checkpointing, its saved activations (``saved_composed``), or the
+FSDP2 baseline's saved activations (``fsdp2_boundaries``, which reads the per-token saved counts of
+``boundaries``)."""
 
 from __future__ import annotations
 

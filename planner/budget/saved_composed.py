@@ -19,10 +19,13 @@ Per region, read off the decoder (``planner/runtime/model.py``, ``model_layers.p
                 and LLEP also the grouped MLP's rows)
 
 Phase residency: every region before ``r`` (all of them at the head), plus the current region's
-own where no other live set counts it. An attention region's forward and backward working set is
-``attention``'s (it books the same tensors as the kernel's inputs and the norm's recompute), a
-MoE region's routed experts and router are ``dispatch``'s; a dense FFN region's saves, and a MoE
-region's norm, are counted here. A MoE region's shared experts run after the routed experts, so
+own where no other live set counts it. An attention region's backward working set is
+``attention``'s (it books the same tensors as the kernel's inputs and the norm's recompute); in its
+forward the region's saves accumulate beside that interior (QK-norm's and RoPE's fp32 copies: 0.892
+on Qwen3 W = 8 without them, held-out round 5), so they are counted here too, which errs high
+(1.02–1.11) where the interior holds some of them. A MoE region's routed experts and router are
+``dispatch``'s; a dense FFN region's saves, and a MoE region's norm, are counted here, and a dense
+FFN backward's gated-MLP moment beyond its four saved products. A MoE region's shared experts run after the routed experts, so
 in forward their saves are the excess of their sub-step over the dispatch's, and in backward (run
 first) they are freed before the dispatch's backward, which holds the gradient they sent to the
 normed input (``N·H``). The region input stays live through a region's forward (the residual
