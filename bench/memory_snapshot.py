@@ -71,6 +71,9 @@ CASES = {
     "gptoss-W8-S16384-none-ep": ("gpt-oss-20b", 8, 16384, {"checkpoint": "none", "dispatch": "ep"}, "freed"),
     "qwen3-W8-S32768-none": ("qwen3-30b-a3b", 8, 32768, {"checkpoint": "none"}, "accumulate"),
     "dsv2-W1-S8192-none": ("deepseek-v2-lite", 1, 8192, {"checkpoint": "none"}, "freed"),
+    # held-out round 6: no checkpointing at shapes round 5's fixes were not read from
+    "gptoss-W16-S32768-none": ("gpt-oss-20b", 16, 32768, {"checkpoint": "none"}, "accumulate"),
+    "dsv2-W32-S32768-none": ("deepseek-v2-lite", 32, 32768, {"checkpoint": "none"}, "accumulate"),
 }
 
 _labels: list[tuple[str, int]] = []

@@ -106,7 +106,20 @@ CASES_5 = [   # no checkpointing on every family and dispatcher (planner.budget.
     ("r5-gptoss-W8-S32768-ep", "gpt-oss-20b", 8, 32768, {**C, "dispatch": "ep"}, "freed", None),
     ("r5-dsv2-W16-S16384-llep", "deepseek-v2-lite", 16, 16384, {**C, "dispatch": "llep"}, "freed", None),
 ]
-ROUNDS = {1: CASES, 2: CASES_2, 3: CASES_3, 4: CASES_4, 5: CASES_5}
+CASES_6 = [   # no checkpointing at shapes round 5's fixes were not read from (saved_composed.attention_norm_counts,
+    # compute_only_backward_bytes): other W, S and D, both lifetimes, every dispatcher
+    ("r6-qwen3-W64-S65536-none", "qwen3-30b-a3b", 64, 65536, N, "freed", None),
+    ("r6-gptoss-W16-S32768-none", "gpt-oss-20b", 16, 32768, N, "accumulate", None),
+    ("r6-dsv2-W32-S32768-none", "deepseek-v2-lite", 32, 32768, N, "accumulate", None),
+    ("r6-qwen3-W16-S16384-none", "qwen3-30b-a3b", 16, 16384, N, "freed", None),
+    ("r6-gptoss-W1-S4096-none", "gpt-oss-20b", 1, 4096, N, "accumulate", None),
+    ("r6-dsv2-W1-S16384-none", "deepseek-v2-lite", 1, 16384, N, "accumulate", None),
+    ("r6-qwen3-W1-S16384-none", "qwen3-30b-a3b", 1, 16384, N, "accumulate", None),
+    ("r6-dsv2-W8-S32768-none-llep", "deepseek-v2-lite", 8, 32768, {**N, "dispatch": "llep"}, "freed", None),
+    ("r6-gptoss-W64-S16384-none-llep", "gpt-oss-20b", 64, 16384, {**N, "dispatch": "llep"}, "accumulate", None),
+    ("r6-qwen3-W8-S32768-none-ep", "qwen3-30b-a3b", 8, 32768, {**N, "dispatch": "ep"}, "freed", None),
+]
+ROUNDS = {1: CASES, 2: CASES_2, 3: CASES_3, 4: CASES_4, 5: CASES_5, 6: CASES_6}
 
 
 def planfile(model: str, W: int, S: int, knobs: dict | None):
@@ -122,7 +135,8 @@ def main(argv=None) -> int:
                     help="1: the first held-out cases; 2: new shapes after the fixes round 1 led to; 3: ranks "
                          "other than the binding one, and the dense FFN's gate moment; 4: the composed stack's "
                          "other operator choices, and HSDP; 5: no checkpointing on every family and "
-                         "dispatcher, LLEP and standard EP at new shapes")
+                         "dispatcher, LLEP and standard EP at new shapes; 6: no checkpointing at shapes round 5's "
+                         "fixes were not read from")
     ap.add_argument("--case", action="append", help="run only the named case(s) of the round")
     args = ap.parse_args(argv)
     out = Path(args.out)

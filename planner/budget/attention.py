@@ -32,6 +32,7 @@ from planner.budget import attention_backward
 from planner.budget.attention_sliding import CHUNKED_LOCAL_TYPES, backward_excess_terms, excess_terms
 from planner.context.ctx import Ctx
 from planner.budget.terms import FWD_BWD, Phase, Term
+from planner.plans.sdpa_layout import SINK_PAD
 
 SRC_DECODER = ("tensor inventory of planner/runtime/attention.py + model_layers.py (RMSNorm, RoPE in "
                "fp32) in a region checkpoint; region trace, tests/trace/test_step_trace.py")
@@ -130,8 +131,13 @@ def _gqa_terms(ctx: Ctx, N, H, b, n_h, n_kv, d_qk, d_v) -> list[Term]:
     qkv = N * (n_h * d_qk + n_kv * (d_qk + d_v))
     o = N * n_h * d_v
     rope_b = N * H + N * n_kv * (d_qk + d_v) + N * n_h * d_qk            # b-byte tensors
-    rope_f = N * n_h * d_qk + 2 * N * n_h * d_qk + N * d_qk              # fp32 tensors
+    tables = N * d_qk * (ctx.checkpoint != "none")   # without checkpointing a save: boundaries books it
+    rope_f = N * n_h * d_qk + 2 * N * n_h * d_qk + tables                 # fp32 tensors
     ex_b = N * H + 2 * qkv + 2 * o + N * H
+    sink_b = 0   # without checkpointing, sinks: the kernel's padded q, k, v and output and the sliced copy are saves
+    if ctx.checkpoint == "none" and m.attention_sinks:
+        sink_b = N * ((2 * n_h + 2 * n_kv) * (d_qk + SINK_PAD) + n_h * d_v)
+    ex_b = ex_b + sink_b
     ex_f = N * n_h
     rope_wins = np.asarray(rope_b * b + rope_f * 4) > np.asarray(ex_b * b + ex_f * 4)
     prov = False
@@ -149,7 +155,7 @@ def _gqa_terms(ctx: Ctx, N, H, b, n_h, n_kv, d_qk, d_v) -> list[Term]:
         Term("q, sequence layout", "attention", N * n_h * d_qk, b, "N·n_h·d_qk", FWD_BWD, regions=R,
              source=SRC_DECODER, provisional=prov),
         Term("q RoPE in fp32: copy, 4 half-width temporaries, cos/sin tables", "attention", pick(rope_f, 0), 4,
-             "3·N·n_h·d_qk + N·d_qk  [forward: when the q-RoPE sub-step binds]", fw, regions=R,
+             "3·N·n_h·d_qk + N·d_qk (tables: boundaries' without checkpointing)  [forward: when the q-RoPE sub-step binds]", fw, regions=R,
              source=SRC_DECODER, provisional=prov),
         Term("q, k, v, head layout (all-to-all receive)", "attention", pick(0, qkv), b,
              "S·(n_h·d_qk + n_kv·(d_qk+d_v))/D  [forward: when the exchange sub-step binds]", fw, regions=R,
@@ -159,6 +165,13 @@ def _gqa_terms(ctx: Ctx, N, H, b, n_h, n_kv, d_qk, d_v) -> list[Term]:
              source=SRC_DECODER, provisional=prov),
         Term("log-sum-exp lse (fp32)", "attention", pick(0, ex_f), 4, "S·n_h/D  [forward: exchange sub-step]",
              fw, regions=R, source=SRC_DECODER, provisional=prov),
+        Term("sinks: the kernel's padded q, k, v and output, the output's sliced copy (saved without "
+             "checkpointing)", "attention", pick(0, sink_b), b,
+             "N·((2·n_h + 2·n_kv)·(d_qk + SINK_PAD) + n_h·d_v) if sinks and checkpoint = none  "
+             "[forward: exchange sub-step]", fw, regions=R,
+             source="planner/runtime/sdpa.py _global q3, k3, v3 and output; H200 allocator history, "
+             "bench/results/memory_snapshot/gptoss-W16-S32768-none.json forward[3] (sdpa.py:51, 102-104, "
+             "attention.py:98, at head_to_seq)"),
     ]
     bw = ("backward",)
     out = [t if t.phases != FWD_BWD else dataclasses.replace(t, phases=fw) for t in out]

@@ -20,10 +20,14 @@ Per region, read off the decoder (``planner/runtime/model.py``, ``model_layers.p
 
 Phase residency: every region before ``r`` (all of them at the head), plus the current region's
 own where no other live set counts it. An attention region's backward working set is
-``attention``'s (it books the same tensors as the kernel's inputs and the norm's recompute); in its
-forward the region's saves accumulate beside that interior (QK-norm's and RoPE's fp32 copies: 0.892
-on Qwen3 W = 8 without them, held-out round 5), so they are counted here too, which errs high
-(1.02–1.11) where the interior holds some of them. A MoE region's routed experts and router are
+``attention``'s (it books the same tensors as the kernel's inputs and the norm's recompute). In its
+forward, the interior ``attention`` books already holds the tensors the region saves at and after
+the projections (the normed input, q, k, v, the kernel's output and lse, the o-projection's input),
+so only what the region saved before them is counted here (``attention_norm_counts``: the norms'
+casts and fp32 copies, QK-norm's, MLA's latent norms', the RoPE tables). Booking the region's whole
+inventory beside the interior was 1.02-1.11 (held-out round 5); booking nothing, 0.892 on Qwen3
+W = 8 (QK-norm's fp32 copies at the q-RoPE sub-step, ``bench/results/memory_snapshot/
+qwen3-W8-S32768-none.json``). A MoE region's routed experts and router are
 ``dispatch``'s; a dense FFN region's saves, and a MoE region's norm, are counted here, and a dense
 FFN backward's gated-MLP moment beyond its four saved products. A MoE region's shared experts run after the routed experts, so
 in forward their saves are the excess of their sub-step over the dispatch's, and in backward (run
@@ -70,12 +74,27 @@ def region_counts(ctx: Ctx, r: int) -> tuple:
     return nb + 4 * I_s * N + gate, nf
 
 
+def attention_norm_counts(ctx: Ctx) -> tuple:
+    """``(b elements, fp32 elements)`` an attention region saves that its forward interior does not
+    hold: the norms' saves (attention_norm's cast and fp32 copy, QK-norm's, MLA's latent norms') and
+    the RoPE tables."""
+    m, N, H = ctx.model, ctx.tokens_per_rank, ctx.hidden_size
+    hq, hkv, d_qk, _ = fsdp2_saved.dims(ctx)
+    nb, nf = H, boundaries.NORM_FP32 * H + 1 + fsdp2_saved.rot_dim(ctx)
+    if m.qk_norm:
+        nb, nf = nb + (hq + hkv) * d_qk, nf + (hq + hkv) * (d_qk + 1)
+    if m.attention == "mla" and m.mla is not None:
+        lat = m.mla.kv_lora_rank + (m.mla.q_lora_rank or 0)
+        nb, nf = nb + 2 * lat, nf + boundaries.NORM_FP32 * lat + 1 + (1 if m.mla.q_lora_rank else 0)
+    return nb * N, nf * N
+
+
 def _own(ctx: Ctx, ph: Phase) -> tuple:
     """The current region's saves counted here (module docstring)."""
     if ph.kind not in ("forward", "backward") or (ph.region_kind == "attention" and ph.kind == "backward"):
         return 0, 0
-    if ph.region_kind == "attention":   # forward: its saves accumulate beside the interior (QK-norm, RoPE)
-        return region_counts(ctx, ph.region)
+    if ph.region_kind == "attention":   # forward: the norms' saves beside the interior (QK-norm, RoPE)
+        return attention_norm_counts(ctx)
     if ph.region_kind == "dense_mlp":
         return region_counts(ctx, ph.region)
     return _norm(ctx, ctx.tokens_per_rank)
@@ -114,14 +133,12 @@ def terms(ctx: Ctx, disp_comps: dict | None, op_name: str) -> list[Term]:
         Term("saved activations (fp32: norms' copies and rsqrt, lse, RoPE tables)", "boundaries", cum_f[-1], 4,
              formula + " (fp32 tensors)", ALL_STEP, at=saved(1), source=SOURCE),
         Term("region input (the residual)", "boundaries", N * H, b, "N·H", ("forward",), source=SOURCE),
-        Term("region output", "boundaries", N * H, b, "N·H", ("forward",), source=boundaries.SOURCE),
+        Term("region output", "boundaries", N * H, b, "N·H  [after the interior: not in an attention region's]",
+             ("forward",), regions=("dense_mlp", "moe"), source=boundaries.SOURCE),
         Term("boundary grad in/out", "boundaries", 2 * N * H, b, "2·N·H", ("backward",), source=boundaries.SOURCE),
     ] + boundaries.final_norm_terms(ctx, N, H)
     if "dense_mlp" in set(ctx.regions):
-        from planner.budget import ffn
-
-        act = ffn.dense_backward_moment(ctx)[0]
-        extra = np.maximum(np.asarray(act) - 4 * np.asarray(N) * ctx.dense_ffn, 0)
+        extra = _dense_backward_extra(ctx)
         out.append(Term("dense FFN backward: the gated MLP's binding moment beyond its 4 saved products", "boundaries",
                         int(extra) if np.ndim(extra) == 0 else extra, b,
                         "max(0, dense backward moment − 4·N·I_d)  (ffn.dense_backward_moment; the down projection's "
@@ -130,6 +147,23 @@ def terms(ctx: Ctx, disp_comps: dict | None, op_name: str) -> list[Term]:
     if disp_comps is not None:
         out += _dispatch_saved(ctx, disp_comps, op_name) + _shared(ctx, disp_comps)
     return out
+
+
+def _dense_backward_extra(ctx: Ctx):
+    """Elements (b) of the dense FFN backward's binding moment beyond its four saved products."""
+    from planner.budget import ffn
+
+    act = ffn.dense_backward_moment(ctx)[0]
+    return np.maximum(np.asarray(act) - 4 * np.asarray(ctx.tokens_per_rank) * ctx.dense_ffn, 0)
+
+
+def compute_only_backward_bytes(ctx: Ctx, ph: Phase):
+    """Bytes these terms book in ``ph`` that exist only once the region's backward computes (the
+    dense FFN's gated-MLP moment), not at the unshard that starts it
+    (``gathered_unshard.backward_substep``)."""
+    if ph.kind != "backward" or ph.region_kind != "dense_mlp":
+        return np.int64(0)
+    return _dense_backward_extra(ctx).astype(np.int64) * ctx.act_bytes
 
 
 def _dispatch_saved(ctx: Ctx, comps: dict, op_name: str) -> list[Term]:

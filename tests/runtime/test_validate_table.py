@@ -84,7 +84,13 @@ _DSV2_FSDP2_SHORT = ("DeepSeek-V2-Lite FSDP2 at W = 1, 4k, the shortest step: 0.
                      "(validate_fsdp2, _run2, _fresh, _expandable) against 0.121 s predicted (1.11-1.18; 0.121 s, 1.01, on a "
                      "fifth, validate_fsdp2_run3_expandable); "
                      "over-priced, so the search errs against the baseline's speed here")
+_NONE_TIME = ("composed checkpoint = none at W = 1 (held-out round 6, one instance, 508abae7): gpt-oss-20b 4k "
+              "0.97 s measured against 0.83 s predicted (0.85), Qwen3-30B-A3B 16k 1.31 s against 1.51 s (1.16); "
+              "DeepSeek-V2-Lite 16k 0.84 s against 0.79 s (0.95). Not yet explained: no W = 1 none step was "
+              "timed before, and this instance's host speed is unmeasured (the Qwen3 host-bound spread above)")
 KNOWN_SLOW = {
+    ("composed", "r6-gptoss-W1-S4096-none", 1, 4096, "accumulate"): _NONE_TIME,
+    ("composed", "r6-qwen3-W1-S16384-none", 1, 16384, "accumulate"): _NONE_TIME,
     ("fsdp2", "dsv2-W1-S4096", 1, 4096, "freed"): _DSV2_FSDP2_SHORT,
     ("composed", "qwen3-30b-a3b", 1, 65536, "freed"): _QWEN3_HOST,
     ("composed", "qwen3-30b-a3b", 1, 32768, "freed"): _QWEN3_HOST,
@@ -110,32 +116,20 @@ def test_w1_step_time_within_tolerance(records):
 CLUSTER_MODE_STEMS = tuple(s for s in validate_table.STEMS if s.endswith("_expandable") or s.startswith("validate_heldout"))
 """The runs made in the cluster file's allocator mode (``planner.runtime.allocator``): there every
 judged memory row is held to both bounds, −``MEMORY_UNDER`` / +``MEMORY_OVER``."""
-_NONE_ATTN = ("composed checkpoint = none, attention forward (held-out round 5): the budget books the region's own "
-              "saves beside the attention live set's forward interior, which holds some of the same tensors, so it "
-              "errs high (1.02-1.11); booking only the interior was 0.89 on Qwen3 W = 8 (QK-norm's and RoPE's fp32 "
-              "copies accumulate under no checkpointing: bench/results/memory_snapshot/qwen3-W8-S32768-none.json, "
-              "model_layers.py:72/88/91), a false fit. The exact forward moment of a saving attention region is "
-              "not yet modelled; over, so conservative")
-_NONE_DENSE = ("composed checkpoint = none, DeepSeek-V2-Lite's dense FFN backward at W > 1 (1.05-1.06): the gated "
-               "MLP's backward moment is booked beside every saved product while the FFN unit's backward unshard "
-               "binds there; without it W = 1 was 0.942 (held-out round 5); over, so conservative")
-_R5 = "validate_heldout_r5"
+_NONE_ATTN_BACKWARD = ("composed checkpoint = none, Qwen3-30B-A3B W = 64 attention backward[1] at D > 1 (held-out "
+                       "round 6): 63 MiB over at N = 16384, one N·H (b) tensor; every Qwen3 D > 1 none case is "
+                       "over by the same N·H·b here (31 MiB at N = 8192, 1.012-1.015), D = 1 is not "
+                       "(0.999-1.007). The allocator history (bench/results/memory_snapshot/qwen3-W8-S32768-none.json "
+                       "backward[1]) does not yet say which booked tensor is absent; over, so conservative")
 KNOWN_OVER = {
-    ("composed", "r4-dsv2-W8-S8192-no-checkpoint", 8, 8192, "freed", "backward[2]"): _NONE_DENSE,
-    ("composed", "r5-dsv2-W16-S16384-none", 16, 16384, "freed", "backward[2]"): _NONE_DENSE,
-    ("composed", "r5-dsv2-W8-S16384-none-destination", 8, 16384, "freed", "backward[2]"): _NONE_DENSE,
-} | {(("composed",) + k): _NONE_ATTN for k in [
-    ("r5-dsv2-W1-S8192-none", 1, 8192, "freed", "forward[1]"), ("r5-dsv2-W1-S8192-none", 1, 8192, "freed", "forward[3]"),
-    ("r5-dsv2-W8-S16384-none-destination", 8, 16384, "freed", "forward[3]"),
-    ("r5-gptoss-W1-S8192-none", 1, 8192, "freed", "forward[1]"), ("r5-gptoss-W1-S8192-none", 1, 8192, "freed", "forward[3]"),
-    ("r5-gptoss-W8-S16384-none", 8, 16384, "freed", "forward[3]"),
-    ("r5-gptoss-W8-S16384-none-ep", 8, 16384, "freed", "forward[3]"),
-    ("r5-qwen3-W1-S8192-none", 1, 8192, "freed", "forward[1]"), ("r5-qwen3-W1-S8192-none", 1, 8192, "freed", "forward[3]"),
-    ("r5-qwen3-W8-S16384-none-llep", 8, 16384, "accumulate", "forward[3]"),
-    ("r5-qwen3-W8-S32768-none", 8, 32768, "accumulate", "forward[3]"),
-]}
+    ("composed", "r6-qwen3-W64-S65536-none", 64, 65536, "freed", "backward[1]"): _NONE_ATTN_BACKWARD,
+}
 """Rows of the cluster-mode runs above ``MEMORY_OVER`` today, each with its reason. Held-out
-round 4's were fixed: Qwen3-30B-A3B W = 8 under LLEP was 1.021 in its MoE forward and 1.065-1.070
+round 5's were fixed: ``checkpoint = none``'s attention forward, 1.02-1.11, booked the region's
+whole saved inventory beside the attention interior that holds part of it (now only what the
+region saved before its projections, ``saved_composed.attention_norm_counts``), and DeepSeek-V2-Lite's
+dense FFN backward at W > 1, 1.05-1.06, booked the gated MLP's backward moment beside the unshard
+that starts the phase (``saved_composed.compute_only_backward_bytes``). Held-out round 4's were fixed: Qwen3-30B-A3B W = 8 under LLEP was 1.021 in its MoE forward and 1.065-1.070
 in its backward before LLEP's and standard EP's late tensors were booked where the allocator
 history shows them (``planner.budget.dispatch_edges``: the region output, the dispatcher's input
 gradient and, with freed gradients, the region's own expert gradients); ``checkpoint = none``'s MoE
@@ -175,7 +169,7 @@ def cluster_mode_rows():
 def test_every_row_within_both_bounds_in_the_cluster_mode(cluster_mode_rows):
     from planner.runtime.validate_compare import memory_ok
 
-    assert len(CLUSTER_MODE_STEMS) == 10 and len(cluster_mode_rows) > 700
+    assert len(CLUSTER_MODE_STEMS) == 11 and len(cluster_mode_rows) > 700
     off = {k: round(r.ratio, 4) for k, r in cluster_mode_rows if not memory_ok(int(r.predicted), int(r.measured))}
     known = KNOWN_OVER | KNOWN_UNDER_ROWS
     assert {k: v for k, v in off.items() if k not in known} == {}

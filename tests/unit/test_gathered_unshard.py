@@ -64,16 +64,24 @@ def _backward_term(ctx):
 def test_backward_unshard_binds_a_dense_ffn_without_checkpointing():
     """Without checkpointing a dense FFN region's backward starts at its unshard (2·Θ_region beside
     region 3's held reduce-scatter input, no recompute): its excess over the phase's booking
-    (the prefetch Θ_region(1) and the region's gradients at mul's moment, all but w_gate's and
-    w_up's) is 2·H·I_d − Θ_region(1); checkpointed, the recompute outweighs it everywhere."""
+    (the prefetch Θ_region(1), the region's gradients at mul's moment, all but w_gate's and
+    w_up's, and the gated MLP's backward moment beyond its saved products, which boundaries books
+    and which exists only after the unshard) is 2·H·I_d − Θ_region(1) − that moment; checkpointed,
+    the recompute outweighs it everywhere."""
+    from planner.budget import saved_composed
+
     pf = truncate(build_planfile(model="deepseek-v2-lite", gpus=8, seq_len=8192,
                                  overrides={"checkpoint": "none"}), 2).planfile
     ctx = make_context(pf.model, pf.cluster, pf.workload, pf.plan)
     m = ctx.model
     t = _backward_term(ctx)
-    want = 2 * ctx.hidden_size * ctx.dense_ffn - regions.attention_region_params(m)
-    assert t.at(Phase("backward", 2, "dense_mlp")) == want
-    assert 59 * 2**20 < want * ctx.act_bytes < 60 * 2**20
+    ph = Phase("backward", 2, "dense_mlp")
+    moment = int(saved_composed.compute_only_backward_bytes(ctx, ph))
+    assert 42 * 2**20 < moment < 43 * 2**20
+    assert saved_composed.compute_only_backward_bytes(ctx, Phase("backward", 1, "attention")) == 0
+    before = 2 * ctx.hidden_size * ctx.dense_ffn - regions.attention_region_params(m)
+    assert 59 * 2**20 < before * ctx.act_bytes < 60 * 2**20
+    assert t.at(ph) == before - moment // ctx.act_bytes
     for checkpoint in ("sco", "per_layer"):
         c = _ctx_with(pf, checkpoint)
         assert all(_backward_term(c).at(Phase("backward", r, k)) == 0 for r, k in enumerate(c.regions, 1))
