@@ -155,8 +155,8 @@ def _gqa_terms(ctx: Ctx, N, H, b, n_h, n_kv, d_qk, d_v) -> list[Term]:
         Term("q, sequence layout", "attention", N * n_h * d_qk, b, "N·n_h·d_qk", FWD_BWD, regions=R,
              source=SRC_DECODER, provisional=prov),
         Term("q RoPE in fp32: copy, 4 half-width temporaries, cos/sin tables", "attention", pick(rope_f, 0), 4,
-             "3·N·n_h·d_qk + N·d_qk (tables: boundaries' without checkpointing)  [forward: when the q-RoPE sub-step binds]", fw, regions=R,
-             source=SRC_DECODER, provisional=prov),
+             "3·N·n_h·d_qk + N·d_qk (tables: boundaries' without checkpointing)  [forward: when the q-RoPE "
+             "sub-step binds]", fw, regions=R, source=SRC_DECODER, provisional=prov),
         Term("q, k, v, head layout (all-to-all receive)", "attention", pick(0, qkv), b,
              "S·(n_h·d_qk + n_kv·(d_qk+d_v))/D  [forward: when the exchange sub-step binds]", fw, regions=R,
              source=SRC_DECODER, provisional=prov),
@@ -165,6 +165,8 @@ def _gqa_terms(ctx: Ctx, N, H, b, n_h, n_kv, d_qk, d_v) -> list[Term]:
              source=SRC_DECODER, provisional=prov),
         Term("log-sum-exp lse (fp32)", "attention", pick(0, ex_f), 4, "S·n_h/D  [forward: exchange sub-step]",
              fw, regions=R, source=SRC_DECODER, provisional=prov),
+    ]
+    out += [] if not (ctx.checkpoint == "none" and m.attention_sinks) else [
         Term("sinks: the kernel's padded q, k, v and output, the output's sliced copy (saved without "
              "checkpointing)", "attention", pick(0, sink_b), b,
              "N·((2·n_h + 2·n_kv)·(d_qk + SINK_PAD) + n_h·d_v) if sinks and checkpoint = none  "
