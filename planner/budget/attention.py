@@ -131,13 +131,12 @@ def _gqa_terms(ctx: Ctx, N, H, b, n_h, n_kv, d_qk, d_v) -> list[Term]:
     qkv = N * (n_h * d_qk + n_kv * (d_qk + d_v))
     o = N * n_h * d_v
     rope_b = N * H + N * n_kv * (d_qk + d_v) + N * n_h * d_qk            # b-byte tensors
-    tables = N * d_qk * (ctx.checkpoint != "none")   # without checkpointing a save: boundaries books it
+    saving = ctx.checkpoint == "none"   # autograd keeps the region's tensors: boundaries books the tables
+    tables = 0 if saving else N * d_qk
     rope_f = N * n_h * d_qk + 2 * N * n_h * d_qk + tables                 # fp32 tensors
-    ex_b = N * H + 2 * qkv + 2 * o + N * H
-    sink_b = 0   # without checkpointing, sinks: the kernel's padded q, k, v and output and the sliced copy are saves
-    if ctx.checkpoint == "none" and m.attention_sinks:
-        sink_b = N * ((2 * n_h + 2 * n_kv) * (d_qk + SINK_PAD) + n_h * d_v)
-    ex_b = ex_b + sink_b
+    saved_sinks = saving and bool(m.attention_sinks)   # the kernel's padded q, k, v, output and sliced copy
+    sink_b = N * ((2 * n_h + 2 * n_kv) * (d_qk + SINK_PAD) + n_h * d_v) if saved_sinks else 0
+    ex_b = N * H + 2 * qkv + 2 * o + N * H + sink_b
     ex_f = N * n_h
     rope_wins = np.asarray(rope_b * b + rope_f * 4) > np.asarray(ex_b * b + ex_f * 4)
     prov = False
@@ -166,7 +165,7 @@ def _gqa_terms(ctx: Ctx, N, H, b, n_h, n_kv, d_qk, d_v) -> list[Term]:
         Term("log-sum-exp lse (fp32)", "attention", pick(0, ex_f), 4, "S·n_h/D  [forward: exchange sub-step]",
              fw, regions=R, source=SRC_DECODER, provisional=prov),
     ]
-    out += [] if not (ctx.checkpoint == "none" and m.attention_sinks) else [
+    out += [] if not saved_sinks else [
         Term("sinks: the kernel's padded q, k, v and output, the output's sliced copy (saved without "
              "checkpointing)", "attention", pick(0, sink_b), b,
              "N·((2·n_h + 2·n_kv)·(d_qk + SINK_PAD) + n_h·d_v) if sinks and checkpoint = none  "

@@ -211,17 +211,35 @@ def _fsdp2_extra(ctx: Ctx, kind: str) -> tuple[int, int]:
     return 0, 0
 
 
+def latent_norms_per_token(ctx: Ctx) -> tuple[int, int]:
+    """MLA's latent norms (q's, when q is low-rank, and kv's) per token without SAC: ``(b elements,
+    fp32 elements)`` of their casts and outputs and their rsqrt ((0, 0) for other attention; their
+    fp32 copies, which the baseline's SAC-free inventory adds, are ``latent_norm_fp32``)."""
+    m = ctx.model
+    if m.attention != "mla" or m.mla is None:
+        return 0, 0
+    a = m.mla
+    return 2 * (a.q_lora_rank or 0) + 2 * a.kv_lora_rank, (1 if a.q_lora_rank else 0) + 1
+
+
+def latent_norm_fp32(ctx: Ctx) -> int:
+    """Per token: the fp32 copies MLA's latent norms keep without SAC, ``kv_lora + q_lora`` (0 for
+    other attention)."""
+    m = ctx.model
+    return m.mla.kv_lora_rank + (m.mla.q_lora_rank or 0) if m.attention == "mla" and m.mla is not None else 0
+
+
 def _saved_per_token(ctx: Ctx, kind: str, selective: bool = False) -> tuple[int, int]:
     m, H = ctx.model, ctx.hidden_size
     nh, nkv, dqk, dv = m.num_heads, m.num_kv_heads, m.head_dim, m.v_dim
     if kind == "attention":
         if m.attention == "mla" and m.mla is not None:
             a, nkv = m.mla, nh
-            lat = 2 * (a.q_lora_rank or 0) + 2 * a.kv_lora_rank
+            lat_b, lat_f = latent_norms_per_token(ctx)
             qkv = nh * dqk + nh * (dqk + dv)
             if selective:
                 return qkv + nh * dv + H + (a.q_lora_rank or 0) + a.kv_lora_rank + a.qk_rope_head_dim, nh
-            return 2 * H + lat + qkv + nh * dv, NORM_FP32 * H + 1 + nh + (1 if a.q_lora_rank else 0) + 1
+            return 2 * H + lat_b + qkv + nh * dv, NORM_FP32 * H + 1 + nh + lat_f
         qkv = nh * dqk + nkv * (dqk + dv)
         if selective:
             return qkv + nh * dv + H, nh

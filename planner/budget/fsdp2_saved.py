@@ -67,6 +67,16 @@ def routed_rows_excess(ctx: Ctx):
     return np.maximum(np.asarray(routed_rows(ctx)) - ceil_div(np.asarray(ctx.tokens_per_rank), ctx.tp) * ctx.top_k, 0)
 
 
+def qk_norm_counts(ctx: Ctx) -> tuple:
+    """``(b elements, fp32 elements)`` QK-norm's RMSNorm over q and k keeps without SAC: its normed
+    output, fp32 copy and rsqrt, ``N·(h_q+h_kv)·(d_qk (b), d_qk + 1 (fp32))`` (0 without QK-norm)."""
+    if not ctx.model.qk_norm:
+        return 0, 0
+    hq, hkv, d_qk, _ = dims(ctx)
+    N = ctx.tokens_per_rank
+    return N * (hq + hkv) * d_qk, N * (hq + hkv) * (d_qk + 1)
+
+
 def attention_saved_counts(ctx: Ctx, selective: bool, local: bool, seq_group: int = 1):
     """``(b-byte elements, fp32 elements)`` autograd keeps of one layer's attention.
 
@@ -104,13 +114,11 @@ def attention_saved_counts(ctx: Ctx, selective: bool, local: bool, seq_group: in
     cb, cf = eb * N_sp, ef * N_sp + N * rot_dim(ctx)
     if selective:
         return cb, cf
-    if m.qk_norm:
-        cb, cf = cb + N * (hq + hkv) * d_qk, cf + N * (hq + hkv) * (d_qk + 1)
+    qb, qf = qk_norm_counts(ctx)
+    cb, cf = cb + qb, cf + qf + N * boundaries.latent_norm_fp32(ctx)
     D = seq_group
     if m.attention == "mla" and m.mla is not None:
-        a = m.mla
-        cb = cb + N * hq * a.qk_nope_head_dim * (np.asarray(D) == 1)
-        cf = cf + N * (a.kv_lora_rank + (a.q_lora_rank or 0))
+        cb = cb + N * hq * m.mla.qk_nope_head_dim * (np.asarray(D) == 1)
     sink = bool(m.attention_sinks)
     if local and m.sliding_window:
         w, B = int(m.sliding_window), ctx.seqs_per_microbatch

@@ -80,8 +80,7 @@ def backward_substep(ctx: Ctx, P, own: list[Term]) -> Term:
     for r in range(1, len(units)):
         ph = Phase("backward", r, ctx.regions[r - 1])
         beside = sum((np.asarray(t.bytes_in(ph), dtype=np.int64) for t in acts), np.int64(0))
-        if ctx.stack == "composed" and ctx.checkpoint == "none":   # booked in boundaries, after the unshard
-            beside = beside + saved_composed.compute_only_backward_bytes(ctx, ph)
+        beside = beside + saved_composed.compute_only_backward_bytes(ctx, ph)   # after the unshard
         held = (2 * np.asarray(units[r - 1]) * multi + np.asarray(units[r])) * b   # units[r]: region r+1's
         if ctx.regions[r - 1] == "moe" and np.any(held > beside):   # the dispatch terms only where they can matter
             disp = disp or dispatch.terms(ctx)

@@ -76,17 +76,15 @@ def region_counts(ctx: Ctx, r: int) -> tuple:
 
 def attention_norm_counts(ctx: Ctx) -> tuple:
     """``(b elements, fp32 elements)`` an attention region saves that its forward interior does not
-    hold: the norms' saves (attention_norm's cast and fp32 copy, QK-norm's, MLA's latent norms') and
-    the RoPE tables."""
-    m, N, H = ctx.model, ctx.tokens_per_rank, ctx.hidden_size
-    hq, hkv, d_qk, _ = fsdp2_saved.dims(ctx)
-    nb, nf = H, boundaries.NORM_FP32 * H + 1 + fsdp2_saved.rot_dim(ctx)
-    if m.qk_norm:
-        nb, nf = nb + (hq + hkv) * d_qk, nf + (hq + hkv) * (d_qk + 1)
-    if m.attention == "mla" and m.mla is not None:
-        lat = m.mla.kv_lora_rank + (m.mla.q_lora_rank or 0)
-        nb, nf = nb + 2 * lat, nf + boundaries.NORM_FP32 * lat + 1 + (1 if m.mla.q_lora_rank else 0)
-    return nb * N, nf * N
+    hold: attention_norm's saves but its output (the interior's normed input), QK-norm's
+    (``fsdp2_saved.qk_norm_counts``), MLA's latent norms' (``boundaries.latent_norms_per_token``,
+    ``latent_norm_fp32``) and the RoPE tables."""
+    N, H = ctx.tokens_per_rank, ctx.hidden_size
+    nb, nf = _norm(ctx, N)
+    qb, qf = fsdp2_saved.qk_norm_counts(ctx)
+    lb, lf = boundaries.latent_norms_per_token(ctx)
+    return (nb - N * H + qb + N * lb,
+            nf + qf + N * (lf + boundaries.latent_norm_fp32(ctx) + fsdp2_saved.rot_dim(ctx)))
 
 
 def _own(ctx: Ctx, ph: Phase) -> tuple:
@@ -160,8 +158,8 @@ def _dense_backward_extra(ctx: Ctx):
 def compute_only_backward_bytes(ctx: Ctx, ph: Phase):
     """Bytes these terms book in ``ph`` that exist only once the region's backward computes (the
     dense FFN's gated-MLP moment), not at the unshard that starts it
-    (``gathered_unshard.backward_substep``)."""
-    if ph.kind != "backward" or ph.region_kind != "dense_mlp":
+    (``gathered_unshard.backward_substep``); 0 for any other stack or checkpointing."""
+    if ctx.stack != "composed" or ctx.checkpoint != "none" or ph.kind != "backward" or ph.region_kind != "dense_mlp":
         return np.int64(0)
     return _dense_backward_extra(ctx).astype(np.int64) * ctx.act_bytes
 

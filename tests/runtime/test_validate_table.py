@@ -129,8 +129,8 @@ round 5's were fixed: ``checkpoint = none``'s attention forward, 1.02-1.11, book
 whole saved inventory beside the attention interior that holds part of it (now only what the
 region saved before its projections, ``saved_composed.attention_norm_counts``), and DeepSeek-V2-Lite's
 dense FFN backward at W > 1, 1.05-1.06, booked the gated MLP's backward moment beside the unshard
-that starts the phase (``saved_composed.compute_only_backward_bytes``). Held-out round 4's were fixed: Qwen3-30B-A3B W = 8 under LLEP was 1.021 in its MoE forward and 1.065-1.070
-in its backward before LLEP's and standard EP's late tensors were booked where the allocator
+that starts the phase (``saved_composed.compute_only_backward_bytes``). Held-out round 4's were
+fixed: Qwen3-30B-A3B W = 8 under LLEP was 1.021 in its MoE forward and 1.065-1.070 in its backward before LLEP's and standard EP's late tensors were booked where the allocator
 history shows them (``planner.budget.dispatch_edges``: the region output, the dispatcher's input
 gradient and, with freed gradients, the region's own expert gradients); ``checkpoint = none``'s MoE
 region, 1.125 at forward[4], counted the current region's routed rows beside the dispatch working
