@@ -145,7 +145,7 @@ def backward_excess_terms(ctx: Ctx, global_backward) -> list[Term]:
             "− global backward)/b  [local layers; planner/budget/attention_sliding.py]")
     return [Term("sliding window backward: block copies, their gradients, the norm's saved input "
                  "(excess over a global layer)", "attention", extra, b, text, ("backward",),
-                 regions=("attention",), at=at, provisional=True,
+                 regions=("attention",), at=at,
                  source=SOURCE + "; H200 allocator history of planner validate, gpt-oss-W8 backward[1]: "
                  "sdpa.py:151 2 × 306 MiB, :113 144, :159 68, :56 144 + 4, SliceBackward0 144, "
                  "EfficientAttentionBackward0 306 + 306 + 144 + 144 + 4 (+ its 512 MiB accumulator), "

@@ -104,13 +104,13 @@ def terms(ctx: Ctx) -> list[Term]:
     out += [
         Term("saved activations of the layers before r", "boundaries", cum_b[-1], b,
              f"Σ_{{ℓ<r}} s(ℓ) ({how}; planner.budget.fsdp2_boundaries.saved_layer; b-byte; head: every layer)", ALL_STEP,
-             at=lambda ph: cum_b[before(ph)], provisional=True, source=boundaries.SAVED_SOURCE),
+             at=lambda ph: cum_b[before(ph)], source=boundaries.SAVED_SOURCE),
         Term("saved activations of the layers before r (fp32)", "boundaries", cum_f[-1], 4,
              f"Σ_{{ℓ<r}} s(ℓ) ({how}; fp32 tensors)", ALL_STEP,
-             at=lambda ph: cum_f[before(ph)], provisional=True, source=boundaries.SAVED_SOURCE),
+             at=lambda ph: cum_f[before(ph)], source=boundaries.SAVED_SOURCE),
     ]
     if selective:
         out.append(Term("inputs of the layers before r (SAC keeps the checkpoint input)", "boundaries",
                         L * NH, b, "(r−1)·N_sp·H (head: L·N_sp·H)", ALL_STEP, at=lambda ph: before(ph) * NH,
-                        provisional=True, source=boundaries.SAVED_SOURCE))
+                        source=boundaries.SAVED_SOURCE))
     return out

@@ -138,7 +138,7 @@ def _hsdp_all_reduce_buffers(ctx: Ctx) -> Term:
     return Term("HSDP all-reduce buffers of the units reduced so far (fp32, accumulate)", "gathered",
                 reduced[0] * on, 4,
                 "dp_replicate > 1, accumulate: [norm, head] + layers j > r in backward[r] (padded fp32 shards)",
-                ("backward",), at=at, provisional=True,
+                ("backward",), at=at,
                 source=SOURCE + "; torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py foreach_reduce "
                 "(all_reduce_input held) and _fsdp_param_group.py AllReduceState; H200 planner validate of "
                 "gpt-oss-20b HSDP 4 × 8 selective accumulate backward[1]: 661.7 MiB above the budget without "

@@ -69,7 +69,7 @@ def terms(ctx: Ctx) -> list[Term]:
     if ctx.head == "chunked":
         C = np.minimum(ctx.head_chunk_tokens, N)
         return binding_terms({**chunked_substeps(N, H, V, C, b), "head grad reduce-scatter": red},
-                             SRC_CHUNKED, provisional=True)
+                             SRC_CHUNKED)
     if np.all(tp == 1):
         return binding_terms({**dense_substeps(N, H, V, V, b), "head grad reduce-scatter": red}, SRC_DENSE)
     cols = max_shard_rows(V, tp)
@@ -77,4 +77,4 @@ def terms(ctx: Ctx) -> list[Term]:
     sub["head grad reduce-scatter"] = red
     sub["log-softmax bwd"] = sub["log-softmax bwd"][:2] + [
         Item("log-softmax, target grad, exp, their sum (fp32)", 4 * N * cols, 4, "4·N·c")]
-    return binding_terms(sub, SRC_DENSE, provisional=True)
+    return binding_terms(sub, SRC_DENSE)

@@ -52,7 +52,7 @@ from __future__ import annotations
 import numpy as np
 
 from planner.budget import gathered_unshard
-from planner.budget.gathered_units import PROVISIONAL, SOURCE
+from planner.budget.gathered_units import SOURCE
 from planner.budget.gathered_units import as_int as _int, by_region as _by_region, unit_params as _unit_params
 from planner.budget.terms import FWD_BWD, Phase, Term
 from planner.context.ctx import Ctx
@@ -84,7 +84,7 @@ def _embedding_substeps(ctx: Ctx, own: list[Term]) -> list[Term]:
 
     multi = np.where(np.asarray(ctx.world_size) > 1, 1, 0)
     prefetch = Term("embedding table, re-gathered by FSDP2's backward prefetch", "gathered", _int(VH * multi), b,
-                    "V·H if W > 1", ("backward",), first_region_only=True, provisional=True,
+                    "V·H if W > 1", ("backward",), first_region_only=True,
                     source=SOURCE + "; H200 validate run: backward[1] − backward[3] ≈ V·H (Qwen3 614 vs "
                     "594 MiB), gpt-oss backward[1] 0.99-1.01 with it; gpt-oss-W8 backward[1]: the 1104.6 MiB "
                     "table (empty_cuda). At W = 1 FSDP2's unshard() allocates nothing (no all-gather) and "
@@ -144,7 +144,7 @@ def _region_weights(ctx: Ctx, P) -> list[Term]:
     return [Term("region weights: unsharded + all-gather output (forward), + prefetched region (backward)",
                  "gathered", int(big) if np.ndim(big) == 0 else big, ctx.act_bytes,
                  "forward[r]: Θ_region(r)·(2 if W > 1 else 1); backward[r]: Θ_region(r) + Θ_region(r−1) if W > 1",
-                 FWD_BWD, at=at, provisional=PROVISIONAL,
+                 FWD_BWD, at=at,
                  source=SOURCE + "; H200 allocator history of planner validate: gpt-oss-W8 forward[3] holds "
                  "101.3 MiB at the attention region's call (the 50.6 MiB all-gather output and the 50.6 MiB "
                  "of unsharded parameters), its MoE forward[2] none of region 3's; qwen3-W1 forward[1] 36 MiB "
@@ -207,7 +207,7 @@ def _unreduced_grads(ctx: Ctx, P) -> Term:
                 "gathered", big, ctx.act_bytes,
                 "Θ_region(r) + Θ_unit(r+1)  (unit L_b+1: final norm [+ V·H when the head is ZeRO-3]; dense FFN "
                 "region r: − the weight gradients not yet made at its binding moment (ffn.dense_backward_moment); MLA attention region r whose recompute sub-step binds: − Θ_region(r); "
-                "global GQA attention region r: − min(Θ_qkv, the kernel's or QK-norm's sub-step's lead over attention_norm's))", ("backward",), at=at, provisional=PROVISIONAL,
+                "global GQA attention region r: − min(Θ_qkv, the kernel's or QK-norm's sub-step's lead over attention_norm's))", ("backward",), at=at,
                 source=SOURCE + "; H200 allocator history of planner validate: qwen3-W1 backward[4] holds "
                 "2 × V·H·b (the [norm, head] unit's reduce-scatter input and output), gpt-oss-W8 backward[2] "
                 "holds region 3's 50.6 MiB reduce-scatter input beside region 1's all-gather buffer; whole-step trace "
@@ -233,5 +233,5 @@ def terms(ctx: Ctx) -> list[Term]:
     if ctx.vocab == "dense" or bool(np.any(P == 1)):
         rows = VH if ctx.vocab == "dense" else np.where(P == 1, VH, 0)
         out.append(Term("head gather (ZeRO-3, P = 1)", "gathered", rows, b, "V·H if P = 1", ("head",),
-                        source=SOURCE, provisional=PROVISIONAL))
+                        source=SOURCE))
     return out

@@ -10,9 +10,6 @@ import numpy as np
 from planner.budget import regions
 from planner.context.ctx import Ctx
 
-PROVISIONAL = True
-"""Not yet traced against an operator: the composed step (attention region, ZeRO-3 gathers) has no
-runtime here yet, so these counts come from the layouts alone."""
 SOURCE = "DESIGN §2 MoP layout / FSDP2 layout, §3.2 Gathered"
 
 

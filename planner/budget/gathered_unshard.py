@@ -90,7 +90,7 @@ def backward_substep(ctx: Ctx, P, own: list[Term]) -> Term:
     return Term("backward unshard sub-step: region r's all-gather output beside its parameters (excess)",
                 "gathered", big, b, "max(0, (2·Θ_region(r)·[W > 1] + Θ_unit(r+1)) − (Θ_region(r) + Θ_region(r−1) "
                 "+ region r's unreduced grads + Θ_unit(r+1) + its attention, ffn, dispatch backward bytes))",
-                ("backward",), at=at, provisional=True,
+                ("backward",), at=at,
                 source=SOURCE + "; whole-step trace and H200 planner validate of deepseek-v2-lite W = 8 S = 8192 "
                 "checkpoint = none backward[2] (validate_heldout_r4.json): the peak at the dense FFN unit's "
                 "pre-backward unshard, 2 × 128.25 MiB of its parameters beside region 3's 26.3 MiB")

@@ -11,8 +11,7 @@ Device, phase ``optimizer`` (counted off the tensor inventories of ``planner/run
     cpu_offload (CPUOffloadAdamW)        0: bf16 grads go straight into pinned host memory and the
                                          bf16 weights come straight back
     gpu (composed, fp32 master on device) fp32 grad upcast 4·Θ_r for torch's fused AdamW, whose own
-                                         kernel runs in place (provisional: no composed GPU
-                                         optimizer in planner/runtime yet)
+                                         kernel runs in place
     FSDP2 (fused AdamW, torchtitan's default) 0: ``_fused_adam`` bumps the step tensors and calls
                                          ``torch._fused_adamw_`` in place (torch/optim/adam.py);
                                          confirmed by trace; also 0 with CPUOffloadPolicy (host step)
@@ -67,8 +66,7 @@ def terms(ctx: Ctx) -> list[Term]:
     if ctx.optimizer == "cpu_offload":
         return out + [Term("grad copy down / weight copy up", "optimizer_step", 0 * n, ctx.act_bytes,
                      "0 (straight between the bf16 tensors and pinned host memory)", OPT, source=SOURCE)]
-    return out + [Term("fp32 grad upcast for fused AdamW", "optimizer_step", n, 4, "Θ_r", OPT, provisional=True,
-                       source=SOURCE)]
+    return out + [Term("fp32 grad upcast for fused AdamW", "optimizer_step", n, 4, "Θ_r", OPT, source=SOURCE)]
 
 
 def _replica_slices(ctx: Ctx) -> list[Term]:

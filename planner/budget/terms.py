@@ -63,7 +63,8 @@ class Term:
             means every region.
         first_region_only: resident in forward/backward only at ``r = 1`` (embedding gather).
         at: optional ``phase -> count`` for counts that vary with ``r`` (retained boundaries).
-        provisional: not yet confirmed against its operator's tensor inventory.
+        provisional: not yet confirmed by a traced or measured step
+            (``planner.runtime.validate_compare.confirmed_terms``).
         source: the paper section, equation or tensor inventory the count implements.
     """
 

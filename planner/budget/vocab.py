@@ -122,8 +122,7 @@ def terms(ctx: Ctx) -> list[Term]:
     P = ctx.vocab_parallel
     if ctx.vocab == "vocab_parallel":
         n = N * np.asarray(P)
-        return binding_terms(vp_substeps(n, H, max_shard_rows(V, P), b, local_input=N * H), SRC_VP,
-                             provisional=True)
+        return binding_terms(vp_substeps(n, H, max_shard_rows(V, P), b, local_input=N * H), SRC_VP)
     if ctx.vocab == "ring_dtp":
         return binding_terms(ring_substeps(N, H, V, P, ctx.vocab_blocks, b), SRC_RING)
     raise AssertionError(f"unknown vocab operator {ctx.vocab!r}")

@@ -122,7 +122,7 @@ def render_check(rep, console: Console, explain: bool = False) -> None:
         from collections import Counter
 
         per = Counter(x.split(":")[0] for x in rep.provisional)
-        console.print("[yellow]provisional terms[/] (not yet traced against an operator; --explain marks them): "
+        console.print("[yellow]provisional terms[/] (not yet confirmed by a traced or measured step; --explain marks them): "
                       + ", ".join(f"{ls} ({n})" for ls, n in per.items()))
     if rep.fits:
         console.print("[bold green]FITS[/]")
@@ -142,7 +142,7 @@ def render_explain(rep, console: Console) -> None:
         t.add_row(term.live_set, escape(term.name) + (" *" if term.provisional else ""), escape(term.formula),
                   f"{int(term.count if not hasattr(term.count, 'max') else term.count.max()):,}",
                   str(term.elem_bytes), f"{gib(at):.3f}", f"{gib(mx):.3f}", escape(term.phases_text))
-    t.caption = "* provisional: not yet confirmed against its operator's tensor inventory"
+    t.caption = "* provisional: not yet confirmed by a traced or measured step"
     console.print(t)
 
 

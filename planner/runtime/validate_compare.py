@@ -99,3 +99,23 @@ def compare(pred: Prediction, samples: dict, step_start_bytes: int, *, step_s: f
 def verdict(rows: list[Row]) -> bool:
     """Every judged row within tolerance."""
     return all(r.ok for r in rows if r.judged)
+
+
+def confirmed_terms(pred: Prediction, rows: list[Row], *, under: float = MEMORY_UNDER,
+                    exclude: tuple[str, ...] = (), only: set[str] | None = None) -> set[tuple[str, str]]:
+    """``(live_set, name)`` of the terms a measurement confirms: a term resident in a phase whose
+    total is within tolerance (``row.ok``), and without which that total would fall more than
+    ``under`` below the measurement. ``exclude``: live sets the measurement cannot see; ``only``:
+    the phases to read (``None``: every phase)."""
+    ev, out = pred.evaluation, set()
+    for r in rows:
+        if not (r.judged and r.ok and r.measured and r.what == "phase total"):
+            continue
+        if only is not None and r.phase not in only:
+            continue
+        i = pred.labels.index(r.phase)
+        for k, t in enumerate(ev.terms):
+            b = int(ev.term_bytes[k, i])
+            if b > 0 and t.live_set not in exclude and r.predicted - b < (1 - under) * r.measured:
+                out.add((t.live_set, t.name))
+    return out

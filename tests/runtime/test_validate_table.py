@@ -150,7 +150,7 @@ KNOWN_UNDER_ROWS: dict = {}
 @pytest.fixture(scope="module")
 def cluster_mode_rows():
     from planner.runtime.validate import COMPARED_BOUND
-    from planner.runtime.validate_compare import compare
+    from planner.runtime.validate_compare import compare, confirmed_terms
     from planner.runtime.validate_plan import predict
 
     out = []
@@ -160,10 +160,26 @@ def cluster_mode_rows():
                            rank=c["result"].get("rank", 0))
             samples, start = validate_table._samples(c["result"], c.get("name") or c["model"])
             stack = "fsdp2" if validate_table._fsdp2(stem, c) else "composed"
-            for r in compare(pred, samples, start, judge_time=False):
+            rows = compare(pred, samples, start, judge_time=False)
+            for r in rows:
                 if r.unit == "bytes" and r.judged and r.measured:
                     out.append(((stack, c.get("name") or c["model"], c["W"], c["S"], c["lifetime"], r.phase), r))
+            CONFIRMED.update(confirmed_terms(pred, rows))
+            MARKED.update((t.live_set, t.name) for t in pred.evaluation.terms if t.provisional)
     return out
+
+
+CONFIRMED: set = set()
+"""``(live_set, name)`` of every term an H200 phase confirms (``validate_compare.confirmed_terms``:
+resident in a phase within both bounds that would fall more than ``MEMORY_UNDER`` below the
+measurement without it); filled by ``cluster_mode_rows``."""
+MARKED: set = set()
+"""``(live_set, name)`` of every term those predictions mark ``provisional``."""
+
+
+def test_terms_the_h200_confirms_are_not_provisional(cluster_mode_rows):
+    assert len(CONFIRMED) > 50
+    assert sorted(CONFIRMED & MARKED) == [], "\n".join(map(str, sorted(CONFIRMED & MARKED)))
 
 
 def test_every_row_within_both_bounds_in_the_cluster_mode(cluster_mode_rows):

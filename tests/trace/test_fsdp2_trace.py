@@ -24,7 +24,8 @@ from __future__ import annotations
 
 import pytest
 
-from planner.runtime.fsdp2_trace import trace_fsdp2
+from planner.runtime.fsdp2_trace import TRACE_EXCLUDES, trace_fsdp2
+from planner.runtime.validate_compare import confirmed_terms
 from planner.schema import ModelSpec, Plan, PlanFile, Workload
 from planner.schema.io import load_cluster
 
@@ -134,3 +135,7 @@ def test_fsdp2_trace(name, cluster):
     agree = [r for r in phases if r.phase in AGREES.get(name, ())]
     assert len(agree) == len(AGREES.get(name, ()))
     assert all(r.predicted <= r.measured * (1 + FORMULA_VS_TRACE) for r in agree), _table(rows)
+    confirmed = confirmed_terms(pred, rows, under=FORMULA_VS_TRACE, exclude=TRACE_EXCLUDES,
+                                only=set(AGREES.get(name, ())))
+    marked = {(t.live_set, t.name) for t in pred.evaluation.terms if t.provisional}
+    assert sorted(confirmed & marked) == [], f"confirmed by this trace: drop their provisional mark: {sorted(confirmed & marked)}"
