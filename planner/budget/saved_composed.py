@@ -33,10 +33,17 @@ FFN backward's gated-MLP moment beyond its four saved products. A MoE region's s
 in forward their saves are the excess of their sub-step over the dispatch's, and in backward (run
 first) they are freed before the dispatch's backward, which holds the gradient they sent to the
 normed input (``N·H``). The region input stays live through a region's forward (the residual
-add), the final norm's saves through the head.
+add), the final norm's saves through the head. A region's backward holds the incoming boundary
+gradient, a MoE region's also the gradient into its normed input; a GQA/MHA attention or dense FFN
+region makes its outgoing one only in its input norm's backward (``attention_backward``'s end
+sub-step counts it), so it books one ``N·H`` (``grads_per_nh``: two were one ``N·H·b`` over in every
+such backward, held-out rounds 5 and 6; an MLA region at ``D > 1`` still books two, beside its
+checkpointed sub-steps).
 """
 
 from __future__ import annotations
+
+import functools
 
 import numpy as np
 
@@ -49,6 +56,39 @@ SOURCE = ("tensor inventory of planner/runtime/{model,model_layers,attention,moe
           "dsv2-W8-S8192-no-checkpoint.json): per RMSNorm model_layers.py:72 N·H fp32 and :74 2·N·H b, "
           "per dense FFN model_layers.py:109 4·N·I_d, per MoE region :109 4·N·I_s (shared experts) and "
           "the dispatcher's imported weights (exchange.py:179/180) through the head")
+GRAD_SOURCE = ("; H200 allocator history of the composed step without checkpointing (bench/results/"
+               "memory_snapshot/qwen3-W8-S32768-none.json backward[1], QK-norm's backward over q at N = 8192): "
+               "one N·H gradient, ToCopyBackward0 32 MiB (the incoming one; the other 8 MiB block is k's), "
+               "beside a k/v gradient from head_to_seq 8 MiB, wo's weight gradient 16 MiB and the two 32 MiB "
+               "cuBLAS workspaces (attention.py:136, strip_logits: each stream's first matmul); booking two "
+               "was one N·H·b over in every attention and dense FFN backward that binds (held-out rounds 5 "
+               "and 6: Qwen3 W = 64 N = 16384 backward[1] 1.023, W = 1 N = 16384 1.007, W = 8 N = 8192 "
+               "1.012-1.015; "
+               "DeepSeek-V2-Lite W = 1 N = 16384 backward[1]-[3] 1.008-1.011, all 64 MiB at N·H·b = 64). "
+               "MLA at D > 1 with one: DeepSeek-V2-Lite W = 8-32 backward[3] 0.990-0.993, its allocator history "
+               "(dsv2-W32-S32768-none.json backward[3], N = 2048) holding seq_to_head's 8 MiB output gradient "
+               "(attention.py:47) beside 90.9 MiB of unattributed autograd blocks, against a booked recompute "
+               "sub-step")
+
+
+def _int(v):
+    return int(v) if np.ndim(v) == 0 else v
+
+
+def grads_per_nh(ctx: Ctx, kind: str):
+    """Boundary gradients (in ``N·H``) a region of ``kind`` books in its backward: the incoming one
+    alone in a GQA/MHA attention or dense FFN region, whose outgoing one is made in the input norm's
+    backward (``attention_backward``'s end sub-step; the dense FFN's, after its gated MLP's larger
+    moment), as in a checkpointed region (``boundaries.PAST_RECOMPUTE``); two in a MoE region
+    (``boundaries.moe_grads``). An MLA attention region at ``D > 1`` books two: its backward is
+    booked on the checkpointed recompute sub-step (``attention_mla``), which holds no gradient,
+    where the H200 holds autograd's gradients and ``seq_to_head``'s head-layout output gradient
+    (``GRAD_SOURCE``); at ``D = 1`` it books one."""
+    if kind == "moe":
+        return boundaries.moe_grads(ctx)
+    if kind == "attention" and ctx.model.attention == "mla":
+        return _int(np.where(np.asarray(ctx.seq_parallel) > 1, 2, 1))
+    return 1
 
 
 def _norm(ctx: Ctx, N) -> tuple:
@@ -124,6 +164,8 @@ def terms(ctx: Ctx, disp_comps: dict | None, op_name: str) -> list[Term]:
             return cum_b[_before(ph, L_b)] + _own(ctx, ph)[0] if i == 0 else cum_f[_before(ph, L_b)] + _own(ctx, ph)[1]
         return at
 
+    grads_nh = {k: grads_per_nh(ctx, k) for k in set(ctx.regions)}
+    most = functools.reduce(np.maximum, grads_nh.values())
     formula = "Σ_{regions < r} saved·N (all at the head) + the current dense FFN region's, or MoE region's norm"
     out = [
         Term("saved activations", "boundaries", cum_b[-1], b, formula + " (b-byte tensors)", ALL_STEP,
@@ -133,7 +175,11 @@ def terms(ctx: Ctx, disp_comps: dict | None, op_name: str) -> list[Term]:
         Term("region input (the residual)", "boundaries", N * H, b, "N·H", ("forward",), source=SOURCE),
         Term("region output", "boundaries", N * H, b, "N·H  [after the interior: not in an attention region's]",
              ("forward",), regions=("dense_mlp", "moe"), source=boundaries.SOURCE),
-        Term("boundary grad in/out", "boundaries", 2 * N * H, b, "2·N·H", ("backward",), source=boundaries.SOURCE),
+        Term("boundary grad in/out", "boundaries", _int(most * N * H), b,
+             "N·H in attention and dense FFN regions (the incoming one: the outgoing one is made later, in the "
+             "input norm's backward); MoE regions, and MLA attention regions at D > 1, 2·N·H",
+             ("backward",), at=lambda ph: grads_nh[ph.region_kind] * N * H,
+             source=boundaries.SOURCE + GRAD_SOURCE),
     ] + boundaries.final_norm_terms(ctx, N, H)
     if "dense_mlp" in set(ctx.regions):
         extra = _dense_backward_extra(ctx)
