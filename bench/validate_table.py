@@ -148,11 +148,38 @@ def markdown(records: list[dict]) -> str:
     return "\n".join(out)
 
 
+W_GROUPS = ((1,), (8,), (16, 32), (64,))
+"""The summary's world-size groups (every W the runs emulate)."""
+
+
+def summary(records: list[dict], stack: str) -> str:
+    """One line per model and W group of ``stack``'s records: the lengths, the cases, the lowest and
+    highest phase ratio (with its phase) and the judged rows within both bounds."""
+    out = [f"| {stack} | W | S | cases | lowest phase ratio | highest phase ratio | rows ok |",
+           "|---|---|---|---|---|---|---|"]
+    for ws in W_GROUPS:
+        for model in sorted({r["model"] for r in records}):
+            rs = [r for r in records if r["stack"] == stack and r["model"] == model and r["W"] in ws]
+            if not rs:
+                continue
+            lo, hi = min(rs, key=lambda r: r["min_ratio"]), max(rs, key=lambda r: r["max_ratio"])
+            lengths = ", ".join(f"{S // 1024}k" for S in sorted({r["S"] for r in rs}))
+            out.append(f"| {model} | {', '.join(map(str, sorted({r['W'] for r in rs})))} | {lengths} | {len(rs)} | "
+                       f"{lo['min_ratio']:.3f} ({lo['min_row'].replace(' phase total', '')}) | "
+                       f"{hi['max_ratio']:.3f} ({hi['max_row'].replace(' phase total', '')}) | "
+                       f"{sum(r['rows_ok'] for r in rs)}/{sum(r['rows'] for r in rs)} |")
+    return "\n".join(out)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--summary", action="store_true", help="one line per model and W group, both stacks")
     args = ap.parse_args(argv)
     recs = [row(stem, c, pf) for stem in STEMS for c, pf in cases(stem)]
+    if args.summary:
+        print(summary(recs, "composed") + "\n\n" + summary(recs, "fsdp2"))
+        return 0
     print(json.dumps(recs, indent=1) if args.json else markdown(recs))
     return 0
 

@@ -188,3 +188,12 @@ def test_every_row_within_both_bounds_in_the_cluster_mode(cluster_mode_rows):
     assert sorted(k for k in known if k not in off) == []
     assert all(v > 1 for k, v in off.items() if k in KNOWN_OVER)   # the listed ones are over: conservative
     assert all(v < 1 for k, v in off.items() if k in KNOWN_UNDER_ROWS)
+
+
+def test_summary_counts_every_case_and_row(records):
+    """``--summary`` (the README's composed table): every case and judged row in one line of its group."""
+    for stack in ("composed", "fsdp2"):
+        lines = validate_table.summary(records, stack).splitlines()[2:]
+        mine = [r for r in records if r["stack"] == stack]
+        assert sum(int(ln.split("|")[4]) for ln in lines) == len(mine)
+        assert sum(int(ln.split("|")[7].split("/")[1]) for ln in lines) == sum(r["rows"] for r in mine)
