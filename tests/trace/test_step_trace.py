@@ -68,7 +68,8 @@ CONFIRMED_GATHERED = {
     "unreduced grads: region r's, and the held reduce-scatter input of region r+1 (bf16)",
     "embedding table, re-gathered by FSDP2's backward prefetch",
 }
-"""The composed stack's ZeRO-3 terms the six traces confirm (each is 1.5-40% of a phase that agrees)."""
+"""The composed stack's ZeRO-3 terms the six traces confirm: each is resident in a phase that agrees, which
+would miss without it."""
 _CACHE: dict = {}
 
 
