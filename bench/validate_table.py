@@ -63,7 +63,8 @@ def _samples(result: dict, case: str, carried: int = 0) -> tuple[dict, int]:
 STEMS = ("validate", "validate_w1", "validate_w1_run3", "validate_w1_run4", "validate_w1_run5", "validate_fsdp2",
          "validate_fsdp2_run2", "validate_expandable", "validate_fsdp2_expandable", "validate_w1_expandable",
          "validate_heldout", "validate_heldout_r2", "validate_heldout_r3", "validate_heldout_r4", "validate_heldout_r5",
-         "validate_heldout_r6", "validate_fsdp2_run3_expandable", "validate_w1_run6_expandable")
+         "validate_heldout_r6", "validate_fsdp2_run3_expandable", "validate_w1_run6_expandable",
+         "validate_heldout_r5_rerun", "validate_heldout_r6_rerun")
 """The committed runs: the composed matrix, the composed W = 1 runs at three context lengths (timed
 as the median of steps 2–4), the FSDP2 baseline's cases, and held-out cases of both stacks run
 through the CLI (``validate_heldout``, one process each). The ``*_expandable`` and held-out runs ran
@@ -81,7 +82,7 @@ def _fsdp2(stem: str, c: dict | None = None) -> bool:
 FRESH_STEMS = ("validate_w1_run5", "validate_fsdp2_run2", "validate_expandable", "validate_fsdp2_expandable",
                "validate_w1_expandable", "validate_heldout", "validate_heldout_r2", "validate_heldout_r3",
                "validate_heldout_r4", "validate_heldout_r5", "validate_heldout_r6", "validate_fsdp2_run3_expandable",
-               "validate_w1_run6_expandable")
+               "validate_w1_run6_expandable", "validate_heldout_r5_rerun", "validate_heldout_r6_rerun")
 """Runs made with each case's cuBLAS workspaces cleared first (``bench/_validate_runner.fresh``):
 nothing carries over between their cases."""
 

@@ -86,8 +86,9 @@ _DSV2_FSDP2_SHORT = ("DeepSeek-V2-Lite FSDP2 at W = 1, 4k, the shortest step: 0.
                      "over-priced, so the search errs against the baseline's speed here")
 _NONE_TIME = ("composed checkpoint = none at W = 1 (held-out round 6, one instance, 508abae7): gpt-oss-20b 4k "
               "0.97 s measured against 0.83 s predicted (0.85), Qwen3-30B-A3B 16k 1.31 s against 1.51 s (1.16); "
-              "DeepSeek-V2-Lite 16k 0.84 s against 0.79 s (0.95). Not yet explained: no W = 1 none step was "
-              "timed before, and this instance's host speed is unmeasured (the Qwen3 host-bound spread above)")
+              "DeepSeek-V2-Lite 16k 0.84 s against 0.79 s (0.95). Run again on instance 8dccf714 "
+              "(validate_heldout_r6_rerun) the same two were within, 0.87 s (0.94) and 1.38 s (1.09): instance "
+              "spread, as the Qwen3 host-bound steps above; this instance's host speed is unmeasured")
 KNOWN_SLOW = {
     ("composed", "r6-gptoss-W1-S4096-none", 1, 4096, "accumulate"): _NONE_TIME,
     ("composed", "r6-qwen3-W1-S16384-none", 1, 16384, "accumulate"): _NONE_TIME,
@@ -201,7 +202,7 @@ def test_every_row_within_both_bounds_in_the_cluster_mode(cluster_mode):
     from planner.runtime.validate_compare import memory_ok
 
     rows = cluster_mode["rows"]
-    assert len(CLUSTER_MODE_STEMS) == 11 and len(rows) > 700
+    assert len(CLUSTER_MODE_STEMS) == 13 and len(rows) > 700
     off = {k: round(r.ratio, 4) for k, r in rows if not memory_ok(int(r.predicted), int(r.measured))}
     known = KNOWN_OVER | KNOWN_UNDER_ROWS
     assert {k: v for k, v in off.items() if k not in known} == {}
