@@ -74,6 +74,14 @@ CASES = {
     # held-out round 6: no checkpointing at shapes round 5's fixes were not read from
     "gptoss-W16-S32768-none": ("gpt-oss-20b", 16, 32768, {"checkpoint": "none"}, "accumulate"),
     "dsv2-W32-S32768-none": ("deepseek-v2-lite", 32, 32768, {"checkpoint": "none"}, "accumulate"),
+    # the none rows nearest the bounds (rounds 5 and 6): LLEP at W = 64, LLEP / standard EP / the
+    # destination residue's MoE backward, gpt-oss-20b's W = 1 forward
+    "gptoss-W64-S16384-none-llep": ("gpt-oss-20b", 64, 16384, {"checkpoint": "none", "dispatch": "llep"}, "accumulate"),
+    "qwen3-W8-S16384-none-llep": ("qwen3-30b-a3b", 8, 16384, {"checkpoint": "none", "dispatch": "llep"}, "accumulate"),
+    "qwen3-W8-S32768-none-ep": ("qwen3-30b-a3b", 8, 32768, {"checkpoint": "none", "dispatch": "ep"}, "freed"),
+    "dsv2-W8-S16384-none-destination": ("deepseek-v2-lite", 8, 16384,
+                                        {"checkpoint": "none", "dispatch_residue": "destination"}, "freed"),
+    "gptoss-W1-S8192-none": ("gpt-oss-20b", 1, 8192, {"checkpoint": "none"}, "freed"),
 }
 
 _labels: list[tuple[str, int]] = []

@@ -119,7 +119,24 @@ CASES_6 = [   # no checkpointing at shapes round 5's fixes were not read from (s
     ("r6-gptoss-W64-S16384-none-llep", "gpt-oss-20b", 64, 16384, {**N, "dispatch": "llep"}, "accumulate", None),
     ("r6-qwen3-W8-S32768-none-ep", "qwen3-30b-a3b", 8, 32768, {**N, "dispatch": "ep"}, "freed", None),
 ]
-ROUNDS = {1: CASES, 2: CASES_2, 3: CASES_3, 4: CASES_4, 5: CASES_5, 6: CASES_6}
+CASES_7 = [   # the regimes whose committed rows sit nearest the bounds: short N per rank (W = 32, 64) without
+    # checkpointing, MLA at D > 1, LLEP at W = 64, standard EP and the destination residue at new shapes
+    ("r7-gptoss-W64-S32768-none-llep", "gpt-oss-20b", 64, 32768, {**N, "dispatch": "llep"}, "freed", None),
+    ("r7-gptoss-W32-S16384-none", "gpt-oss-20b", 32, 16384, N, "accumulate", None),
+    ("r7-dsv2-W64-S32768-none", "deepseek-v2-lite", 64, 32768, N, "freed", None),
+    ("r7-dsv2-W16-S65536-none-llep", "deepseek-v2-lite", 16, 65536, {**N, "dispatch": "llep"}, "accumulate", None),
+    ("r7-dsv2-W32-S16384-none", "deepseek-v2-lite", 32, 16384, N, "freed", None),
+    ("r7-qwen3-W32-S32768-none-ep", "qwen3-30b-a3b", 32, 32768, {**N, "dispatch": "ep"}, "accumulate", None),
+    ("r7-qwen3-W64-S16384-none-llep", "qwen3-30b-a3b", 64, 16384, {**N, "dispatch": "llep"}, "freed", None),
+    ("r7-dsv2-W8-S32768-none-destination", "deepseek-v2-lite", 8, 32768, {**N, "dispatch_residue": "destination"},
+     "accumulate", None),
+    ("r7-gptoss-W1-S16384-none", "gpt-oss-20b", 1, 16384, N, "freed", None),
+    ("r7-qwen3-W1-S4096-none", "qwen3-30b-a3b", 1, 4096, N, "freed", None),
+    ("r7-dsv2-W1-S4096-none", "deepseek-v2-lite", 1, 4096, N, "freed", None),
+    ("r7-qwen3-W64-S32768", "qwen3-30b-a3b", 64, 32768, C, "accumulate", None),
+    ("r7-gptoss-W64-S8192-llep", "gpt-oss-20b", 64, 8192, {**C, "dispatch": "llep"}, "freed", None),
+]
+ROUNDS = {1: CASES, 2: CASES_2, 3: CASES_3, 4: CASES_4, 5: CASES_5, 6: CASES_6, 7: CASES_7}
 
 
 def planfile(model: str, W: int, S: int, knobs: dict | None):
@@ -136,7 +153,8 @@ def main(argv=None) -> int:
                          "other than the binding one, and the dense FFN's gate moment; 4: the composed stack's "
                          "other operator choices, and HSDP; 5: no checkpointing on every family and "
                          "dispatcher, LLEP and standard EP at new shapes; 6: no checkpointing at shapes round 5's "
-                         "fixes were not read from")
+                         "fixes were not read from; 7: the regimes whose rows sit nearest the bounds (short N "
+                         "per rank without checkpointing, MLA at D > 1, LLEP at W = 64)")
     ap.add_argument("--case", action="append", help="run only the named case(s) of the round")
     args = ap.parse_args(argv)
     out = Path(args.out)
