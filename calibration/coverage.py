@@ -57,9 +57,14 @@ def attention_tables(sec: dict, prov: dict) -> dict:
         if not seqs:
             continue
         r0 = rows[0]
+        used = sorted({got[(S, h)]["run"] for S in seqs for h in heads if "run" in got[(S, h)]})
+        runs = [sec["runs"][i] for i in used]   # combined runs: the variant's own, its provenance the last one's
         note = (f"{sec.get('note', '')}; {r0['backend']}; kv heads = heads/{max(1, r0['heads'] // r0['kv_heads'])}"
-                + (f"; measured but outside the complete grid (not used): {', '.join(dropped)}" if dropped else ""))
-        out[name] = dict(status="measured", provenance=prov, note=note, variant=name, d_qk=r0["d_qk"],
+                + (f"; measured but outside the complete grid (not used): {', '.join(dropped)}" if dropped else "")
+                + ("; rows of: " + "; ".join(f"{r['provenance'].get('date', '')} `{r['command']}`" for r in runs)
+                   if len(runs) > 1 else ""))
+        own = {k: v for k, v in runs[-1]["provenance"].items() if k in prov} if runs else prov
+        out[name] = dict(status="measured", provenance=own or prov, note=note, variant=name, d_qk=r0["d_qk"],
                          d_v=r0["d_v"], window=r0.get("window"), sinks=bool(r0.get("sinks")),
                          kv_div=max(1, r0["heads"] // r0["kv_heads"]), backend=r0["backend"], seq_len=seqs,
                          heads=heads, fwd_s=[[got[(S, h)]["fwd_s"] for h in heads] for S in seqs],
@@ -87,19 +92,23 @@ def host_tables(sec: dict, prov: dict) -> dict:
 
 def combine(docs: list[dict]) -> dict:
     """One coverage document from several runs, in order: attention rows united (a later run's row
-    replaces an earlier one at the same variant, ``S`` and heads), every other section from the last
-    run that has it; provenance the last run's, the attention note naming every run's command."""
+    replaces an earlier one at the same variant, ``S`` and heads; each row keeps the index of its run
+    in the section's ``runs``), every other section from the last run that has it; provenance the last
+    run's."""
     if len(docs) == 1:
         return docs[0]
     out = {k: v for d in docs for k, v in d.items() if k != "attention" and v}
     rows: dict = {}
+    runs = []
     for d in docs:
-        for r in (d.get("attention") or {}).get("rows", []):
-            rows[(r["variant"], r["seq_len"], r["heads"])] = r
+        if not d.get("attention"):
+            continue
+        runs.append({"provenance": d["provenance"], "command": d["command"]})
+        for r in d["attention"].get("rows", []):
+            rows[(r["variant"], r["seq_len"], r["heads"])] = {**r, "run": len(runs) - 1}
     att = [d["attention"] for d in docs if d.get("attention")]
     if att:
-        cmds = "; ".join(f"{d['provenance'].get('date', '')} `{d['command']}`" for d in docs if d.get("attention"))
-        out["attention"] = {**att[-1], "rows": list(rows.values()), "note": f"{att[-1]['note']}; rows of: {cmds}"}
+        out["attention"] = {**att[-1], "rows": list(rows.values()), "runs": runs}
     out["provenance"] = docs[-1]["provenance"]
     return out
 

@@ -73,3 +73,23 @@ def test_fragment_cli_and_bad_input(dry, tmp_path):
 def test_bad_arguments_exit_2():
     p = _run("--dry-run", "--out", "/tmp/unused", "--sections", "attention,bogus", timeout=60)
     assert p.returncode == 2 and "bogus" in p.stderr and "Traceback" not in p.stderr
+
+
+def test_combined_runs_keep_each_variants_own_provenance():
+    """The profile's long-attention tables from the committed coverage runs: the 1M run extends MLA
+    and the sink path to S = 1,048,576 and is their provenance; flash and the sliding window keep the
+    first run's."""
+    from calibration.coverage import combine
+
+    res = ROOT / "bench" / "results" / "calibration" / "coverage"
+    docs = [json.loads((res / f).read_text()) for f in ("coverage.json", "coverage_1m.json")]
+    tables = Curves.model_validate(fragment(combine(docs))[0]["curves"]).attention_long
+    for name in ("mla", "sinks64"):
+        t = tables[name]
+        assert t.seq_len[-1] == 1048576 and t.heads == [1, 8]
+        assert t.provenance.date == docs[1]["provenance"]["date"] and "rows of:" in t.note
+    for name in ("flash128", "sliding64"):
+        assert tables[name].provenance.date == docs[0]["provenance"]["date"] and "rows of:" not in tables[name].note
+    assert tables["mla"].bwd_s[-1][1] == docs[1]["attention"]["rows"][1]["bwd_s"]
+    profile = yaml.safe_load((ROOT / "planner" / "profiles" / "clusters" / "h200.yaml").read_text())
+    assert profile["curves"]["attention_long"]["mla"]["seq_len"] == tables["mla"].seq_len   # merged
