@@ -5,8 +5,11 @@ sequence layout and all ``S`` tokens of ``n_h/D`` heads in the head layout, so b
 ``N·n_h·d`` elements. ``d_qk`` = query/key head width, ``d_v`` = value head width, ``n_kv`` = KV
 heads (``n_kv = n_h`` for MHA and MLA, whose keys are decompressed per head).
 
-    forward[r]   normed input N·H, q/k/v in both layouts, output in both layouts, o-proj output N·H,
-                 FlashAttention log-sum-exp N·n_h (fp32)
+    forward[r]   normed input N·H, the roped q/k/v, FlashAttention's log-sum-exp N·n_h (fp32), and
+                 the larger of the q-RoPE sub-step (fp32 copy and temporaries) and the exchange
+                 sub-step's larger moment (``exchange_moments``: ``head_to_seq``'s copy at D > 1 with
+                 the head layout, the kernel output, its contiguous copy and the receive; or the
+                 o-projection's input and output)
     backward[r]  the larger of three sub-steps (``planner.budget.attention_backward``): the
                  FlashAttention kernel's backward (what the recompute saved: the norms' inputs,
                  RoPE tables, the kernel's q, k, v, output and lse; the gradients of the output, q,
@@ -37,6 +40,71 @@ from planner.plans.sdpa_layout import SINK_PAD
 SRC_DECODER = ("tensor inventory of planner/runtime/attention.py + model_layers.py (RMSNorm, RoPE in "
                "fp32) in a region checkpoint; region trace, tests/trace/test_step_trace.py")
 SOURCE = "DESIGN §3.2 Attention (Ulysses); FlashAttention-2 forward/backward tensors"
+
+
+MOMENTS_SOURCE = ("tensor inventory of planner/runtime/attention.py (Attention.forward, UlyssesCore, head_to_seq) "
+                  "and sdpa.py _global; H200 allocator history: bench/results/memory_snapshot/"
+                  "gptoss-W16-S32768-none.json forward[3] (D = 8, peak at head_to_seq: attention.py:54 head layout, "
+                  "sdpa.py:51 output and lse, :102-104, attention.py:98 contiguous copy, :64 receive, :66 copy, no "
+                  "o-projection output yet), gptoss-W1-S8192-none.json forward[3]-[4] (D = 1: no head layout, the "
+                  "q-RoPE sub-step binds; layer 1 keeps sdpa.py:51, :102-104 and attention.py:146)")
+
+
+@dataclasses.dataclass(frozen=True)
+class ExchangeMoments:
+    """Elements (b) of the exchange sub-step beyond the normed input and the sequence-layout q, k, v,
+    at the larger of its two moments (``exchange_moments``); ``padded_qkv`` is in every moment."""
+
+    head_qkv: object
+    kernel_out: object
+    exchange_out: object
+    proj_out: object
+    padded_qkv: object
+    saved_sinks: bool
+    total: object
+
+
+def exchange_moments(ctx: Ctx, N, H, n_h, n_kv, d_qk, d_v) -> ExchangeMoments:
+    """The exchange sub-step of a global GQA/MHA layer (``planner.runtime.attention`` /
+    ``sdpa._global``), besides the normed input and the roped sequence-layout q, k, v:
+
+        head_to_seq (D > 1)  the head-layout q, k, v (``UlyssesCore``'s locals), the kernel output
+                             (``d_k`` wide: ``d_qk + SINK_PAD`` with sinks, else ``d_v``), its
+                             contiguous copy (with ``B > 1`` sequences also ``head_to_seq``'s
+                             send copy: with one, the permute is contiguous), the all-to-all
+                             receive and the sequence-layout copy (the o-projection's input):
+                             S·(…)/D + N·n_h·(d_k + (3 + [B > 1])·d_v)
+        o-projection         the o-projection's input N·n_h·d_v and output N·H; the kernel output
+                             where it is still held (D = 1: the returned view; checkpoint = none: a
+                             save); at D > 1 without sinks and checkpointing the head-layout q, k,
+                             v (the kernel's saved inputs); the rest is freed when the core returns
+
+    With sinks and ``checkpoint = none`` both also hold the kernel's padded q, k, v (saves):
+    ``N·(n_h + 2·n_kv)·(d_qk + SINK_PAD)``. At ``D = 1`` the head layout is a view: no copy."""
+    m = ctx.model
+    sinks, saving = bool(m.attention_sinks), ctx.checkpoint == "none"
+    ul = np.asarray(ctx.seq_parallel) > 1
+    qkv = N * (n_h * d_qk + n_kv * (d_qk + d_v))
+    o = N * n_h * d_v
+    o_k = N * n_h * (d_qk + SINK_PAD if sinks else d_v)
+    padded = N * (n_h + 2 * n_kv) * (d_qk + SINK_PAD) if sinks and saving else 0
+    copies = np.where(np.asarray(ctx.seqs_per_microbatch) > 1, 3, 2) * o   # contiguous, [send], receive
+    at_h2s = np.where(ul, qkv + o_k + copies, 0) + o + padded
+    head_at_proj = np.where(ul & (saving and not sinks), qkv, 0)
+    kernel_at_proj = np.where(ul & (not saving), 0, o_k)
+    at_proj = head_at_proj + kernel_at_proj + o + N * H + padded
+    h2s = ul & (np.asarray(at_h2s) > np.asarray(at_proj))
+
+    def pick(a, c):
+        return _int(np.where(h2s, a, c))
+
+    return ExchangeMoments(pick(np.where(ul, qkv, 0), head_at_proj), pick(o_k, kernel_at_proj),
+                           pick(copies, 0), pick(0, N * H), _int(padded), sinks and saving,
+                           pick(at_h2s, at_proj))
+
+
+def _int(v):
+    return int(v) if np.ndim(v) == 0 else v
 
 
 def _head_dims(ctx: Ctx) -> tuple[int, int, int, int]:
@@ -119,24 +187,22 @@ def _gqa_terms(ctx: Ctx, N, H, b, n_h, n_kv, d_qk, d_v) -> list[Term]:
       ``N·n_h·d_qk`` (b), its fp32 copy ``N·n_h·d_qk`` and four fp32 half-width temporaries
       ``4·N·n_h·d_qk/2``, and the cos/sin tables ``N·d_qk`` (fp32). QK-norm's output replaces q, so it
       adds nothing here.
-    - **exchange + attention**: q, k, v in both Ulysses layouts, the output in both, its lse, the
-      o-proj output.
+    - **exchange + attention**: the normed input, the roped q, k, v (sequence layout:
+      ``Attention.forward``'s locals until it returns), the lse, and the larger of two moments
+      (``exchange_moments``): ``head_to_seq``'s copy (``D > 1``) and the o-projection.
 
     Backward: the exchange sub-step plus the gradients (layouts alone, provisional).
     """
     import numpy as np
 
     R = ("attention",)
-    m = ctx.model
     qkv = N * (n_h * d_qk + n_kv * (d_qk + d_v))
-    o = N * n_h * d_v
     rope_b = N * H + N * n_kv * (d_qk + d_v) + N * n_h * d_qk            # b-byte tensors
     saving = ctx.checkpoint == "none"   # autograd keeps the region's tensors: boundaries books the tables
     tables = 0 if saving else N * d_qk
     rope_f = N * n_h * d_qk + 2 * N * n_h * d_qk + tables                 # fp32 tensors
-    saved_sinks = saving and bool(m.attention_sinks)   # the kernel's padded q, k, v, output and sliced copy
-    sink_b = N * ((2 * n_h + 2 * n_kv) * (d_qk + SINK_PAD) + n_h * d_v) if saved_sinks else 0
-    ex_b = N * H + 2 * qkv + 2 * o + N * H + sink_b
+    mo = exchange_moments(ctx, N, H, n_h, n_kv, d_qk, d_v)
+    ex_b = N * H + qkv + mo.total
     ex_f = N * n_h
     rope_wins = np.asarray(rope_b * b + rope_f * 4) > np.asarray(ex_b * b + ex_f * 4)
     prov = False
@@ -146,6 +212,7 @@ def _gqa_terms(ctx: Ctx, N, H, b, n_h, n_kv, d_qk, d_v) -> list[Term]:
         return int(v) if np.ndim(v) == 0 else v
 
     fw = ("forward",)
+    EX = "[forward: exchange sub-step, "
     out = [
         Term("normed input x_NH", "attention", N * H, b, "N·H", FWD_BWD, regions=R, source=SRC_DECODER,
              provisional=prov),
@@ -156,23 +223,30 @@ def _gqa_terms(ctx: Ctx, N, H, b, n_h, n_kv, d_qk, d_v) -> list[Term]:
         Term("q RoPE in fp32: copy, 4 half-width temporaries, cos/sin tables", "attention", pick(rope_f, 0), 4,
              "3·N·n_h·d_qk + N·d_qk (tables: boundaries' without checkpointing)  [forward: when the q-RoPE "
              "sub-step binds]", fw, regions=R, source=SRC_DECODER, provisional=prov),
-        Term("q, k, v, head layout (all-to-all receive)", "attention", pick(0, qkv), b,
-             "S·(n_h·d_qk + n_kv·(d_qk+d_v))/D  [forward: when the exchange sub-step binds]", fw, regions=R,
-             source=SRC_DECODER, provisional=prov),
-        Term("attention output, head + sequence layouts; o-proj output", "attention", pick(0, 2 * o + N * H), b,
-             "2·N·n_h·d_v + N·H  [forward: when the exchange sub-step binds]", fw, regions=R,
-             source=SRC_DECODER, provisional=prov),
+        Term("q, k, v, head layout (all-to-all receive)", "attention", pick(0, mo.head_qkv), b,
+             "S·(n_h·d_qk + n_kv·(d_qk+d_v))/D if D > 1 (at the o-projection only as the saved kernel inputs: "
+             f"no sinks, checkpoint = none)  {EX}either moment]", fw, regions=R, source=MOMENTS_SOURCE,
+             provisional=prov),
+        Term("kernel output (sinks: d_qk + SINK_PAD wide)", "attention", pick(0, mo.kernel_out), b,
+             f"N·n_h·d_k (d_k = d_qk + SINK_PAD with sinks, else d_v; at the o-projection if D = 1 or "
+             f"checkpoint = none)  {EX}either moment]", fw, regions=R, source=MOMENTS_SOURCE, provisional=prov),
+        Term("attention output: contiguous copy, head_to_seq's send (B > 1) and receive (D > 1)", "attention",
+             pick(0, mo.exchange_out), b, f"(2 + [B > 1])·N·n_h·d_v if D > 1  {EX}head_to_seq moment]", fw, regions=R,
+             source=MOMENTS_SOURCE, provisional=prov),
+        Term("o-projection input (sequence-layout copy of the output)", "attention", pick(0, N * n_h * d_v), b,
+             f"N·n_h·d_v  {EX}either moment]", fw, regions=R, source=MOMENTS_SOURCE, provisional=prov),
+        Term("o-projection output", "attention", pick(0, mo.proj_out), b, f"N·H  {EX}o-projection moment]",
+             fw, regions=R, source=MOMENTS_SOURCE, provisional=prov),
         Term("log-sum-exp lse (fp32)", "attention", pick(0, ex_f), 4, "S·n_h/D  [forward: exchange sub-step]",
              fw, regions=R, source=SRC_DECODER, provisional=prov),
     ]
-    out += [] if not saved_sinks else [
-        Term("sinks: the kernel's padded q, k, v and output, the output's sliced copy (saved without "
-             "checkpointing)", "attention", pick(0, sink_b), b,
-             "N·((2·n_h + 2·n_kv)·(d_qk + SINK_PAD) + n_h·d_v) if sinks and checkpoint = none  "
-             "[forward: exchange sub-step]", fw, regions=R,
-             source="planner/runtime/sdpa.py _global q3, k3, v3 and output; H200 allocator history, "
-             "bench/results/memory_snapshot/gptoss-W16-S32768-none.json forward[3] (sdpa.py:51, 102-104, "
-             "attention.py:98, at head_to_seq)"),
+    out += [] if not mo.saved_sinks else [
+        Term("sinks: the kernel's padded q, k, v (saved without checkpointing)", "attention",
+             pick(0, mo.padded_qkv), b, f"N·(n_h + 2·n_kv)·(d_qk + SINK_PAD) if sinks and checkpoint = none  "
+             f"{EX}either moment]", fw, regions=R,
+             source="planner/runtime/sdpa.py _global q3, k3, v3; H200 allocator history, "
+             "bench/results/memory_snapshot/gptoss-W16-S32768-none.json forward[3] (sdpa.py:102-104, at "
+             "head_to_seq) and gptoss-W1-S8192-none.json forward[4]"),
     ]
     bw = ("backward",)
     out = [t if t.phases != FWD_BWD else dataclasses.replace(t, phases=fw) for t in out]
