@@ -136,7 +136,21 @@ CASES_7 = [   # the regimes whose committed rows sit nearest the bounds: short N
     ("r7-qwen3-W64-S32768", "qwen3-30b-a3b", 64, 32768, C, "accumulate", None),
     ("r7-gptoss-W64-S8192-llep", "gpt-oss-20b", 64, 8192, {**C, "dispatch": "llep"}, "freed", None),
 ]
-ROUNDS = {1: CASES, 2: CASES_2, 3: CASES_3, 4: CASES_4, 5: CASES_5, 6: CASES_6, 7: CASES_7}
+CASES_8 = [   # shapes round 7's fixes were not read from: LLEP without checkpointing at W = 32 / 64, MLA at other
+    # D and S, gpt-oss-20b's global attention with sinks at other N, both lifetimes
+    ("r8-gptoss-W32-S32768-none-llep", "gpt-oss-20b", 32, 32768, {**N, "dispatch": "llep"}, "accumulate", None),
+    ("r8-qwen3-W64-S32768-none-llep", "qwen3-30b-a3b", 64, 32768, {**N, "dispatch": "llep"}, "accumulate", None),
+    ("r8-qwen3-W32-S16384-none-llep", "qwen3-30b-a3b", 32, 16384, {**N, "dispatch": "llep"}, "freed", None),
+    ("r8-dsv2-W64-S65536-none", "deepseek-v2-lite", 64, 65536, N, "accumulate", None),
+    ("r8-dsv2-W16-S32768-none", "deepseek-v2-lite", 16, 32768, N, "freed", None),
+    ("r8-dsv2-W32-S65536-none-llep", "deepseek-v2-lite", 32, 65536, {**N, "dispatch": "llep"}, "freed", None),
+    ("r8-gptoss-W1-S32768-none", "gpt-oss-20b", 1, 32768, N, "freed", None),
+    ("r8-gptoss-W8-S32768-none", "gpt-oss-20b", 8, 32768, N, "accumulate", None),
+    ("r8-gptoss-W64-S65536-none", "gpt-oss-20b", 64, 65536, N, "freed", None),
+    ("r8-qwen3-W1-S32768-none", "qwen3-30b-a3b", 1, 32768, N, "accumulate", None),
+    ("r8-dsv2-W8-S65536-none-llep", "deepseek-v2-lite", 8, 65536, {**N, "dispatch": "llep"}, "accumulate", None),
+]
+ROUNDS = {1: CASES, 2: CASES_2, 3: CASES_3, 4: CASES_4, 5: CASES_5, 6: CASES_6, 7: CASES_7, 8: CASES_8}
 
 
 def planfile(model: str, W: int, S: int, knobs: dict | None):
@@ -154,7 +168,7 @@ def main(argv=None) -> int:
                          "other operator choices, and HSDP; 5: no checkpointing on every family and "
                          "dispatcher, LLEP and standard EP at new shapes; 6: no checkpointing at shapes round 5's "
                          "fixes were not read from; 7: the regimes whose rows sit nearest the bounds (short N "
-                         "per rank without checkpointing, MLA at D > 1, LLEP at W = 64)")
+                         "per rank without checkpointing, MLA at D > 1, LLEP at W = 64); 8: shapes round 7's fixes were not read from")
     ap.add_argument("--case", action="append", help="run only the named case(s) of the round")
     args = ap.parse_args(argv)
     out = Path(args.out)
