@@ -124,7 +124,8 @@ def moe_grads(ctx: Ctx) -> int:
     gradient into the normed input (standing for the outgoing one), or the incoming one alone under
     LLEP and standard EP, whose dispatcher makes the latter at its end (``dispatch`` counts it there:
     H200 allocator history of qwen3-30b-a3b W = 8 LLEP, backward[4]/[2], one N·H autograd gradient
-    at the combine's backward)."""
+    at the combine's backward), and without checkpointing under PipelinedLLEP's destination variant,
+    which makes it from its first chunk's backward on (``dispatch_edges.books_region_io``)."""
     return 1 if books_region_io(ctx) else 2
 
 

@@ -38,7 +38,7 @@ from planner.budget import dispatch_inventory as inv
 from planner.context.ctx import Ctx
 from planner.context.derive import chunk_symbols
 from planner.budget.dispatch_buffers import OUTPUT
-from planner.budget.dispatch_edges import books_own_grads, books_region_io, inventory_flags
+from planner.budget.dispatch_edges import UNCHUNKED, books_own_grads, books_region_io, inventory_flags
 from planner.budget.terms import Term
 from planner.budget.work_bounds import check_expected_work
 from planner.plans import chunking, dispatch as plans_dispatch, llep, routing
@@ -71,8 +71,9 @@ def rank_sizes(plan: plans_dispatch.DispatchPlan, d: int) -> dict:
 
 def moments(op: str, shape: inv.Shape, sz: dict, n_local: int, *, standalone: bool,
             own_grads: bool = False, region_io: bool = False) -> dict:
-    """The inventory timelines of ``op`` for one rank (see ``dispatch_inventory``; ``own_grads``,
-    ``region_io``: standard EP and LLEP only, ``inventory_flags``)."""
+    """The inventory timelines of ``op`` for one rank (see ``dispatch_inventory``; ``own_grads``:
+    standard EP and LLEP only, ``region_io`` also PipelinedLLEP's destination variant,
+    ``inventory_flags``)."""
     s = inv.Shape(sz["N"], shape.H, shape.I, shape.E, shape.k, shape.b)
     if op == SOURCE_OP:
         return inv.pipelined_source(s, sz["C"], sz["Q"], sz["r"], sz["X"], sz["X_e"],
@@ -80,7 +81,7 @@ def moments(op: str, shape: inv.Shape, sz: dict, n_local: int, *, standalone: bo
     if op == "pipelined_llep":
         resid = np.cumsum(sz["Q"]).tolist()
         return inv.pipelined(s, sz["C"], sz["Q"], sz["r"], resid, sz["X"], sz["X_e"],
-                             standalone=standalone)
+                             standalone=standalone, region_io=region_io)
     return inv.unchunked(s, sum(sz["Q"]), sz["r"][0], sz["X"], sz["X_e"], n_local,
                          standalone=standalone, own_grads=own_grads, region_io=region_io)
 
@@ -94,7 +95,9 @@ def peak(moment_list: list[dict]) -> tuple[int, dict]:
 def phase_moments(mom: dict, regime: str, keep_output: bool = False) -> dict[str, list[dict]]:
     """Moments per phase kind: ``standalone`` (one step of the bare operator), ``checkpointed``
     (inside a non-reentrant region checkpoint) or ``saved`` (no checkpointing). The forward's
-    output accumulator belongs to ``boundaries`` unless ``keep_output`` (``books_region_io``)."""
+    output accumulator belongs to ``boundaries`` unless ``keep_output`` (``books_region_io``);
+    then a ``saved`` forward also holds the region's residual add after the operator
+    (``region_end``: LLEP, standard EP)."""
     def drop_out(ms):
         if keep_output:
             return ms
@@ -104,7 +107,8 @@ def phase_moments(mom: dict, regime: str, keep_output: bool = False) -> dict[str
         return {"forward": mom["forward"], "backward": mom["backward"]}
     if regime == "checkpointed":
         return {"forward": drop_out(mom["forward_nosave"]), "backward": mom["forward"] + mom["backward"]}
-    return {"forward": drop_out(mom["forward"]), "backward": mom["backward"], "saved": [mom["saved_end"]]}
+    fwd = mom["forward"] + (mom.get("region_end", []) if keep_output else [])
+    return {"forward": drop_out(fwd), "backward": mom["backward"], "saved": [mom["saved_end"]]}
 
 
 # ---- expected: the plan on the profile --------------------------------------------------------
@@ -179,7 +183,7 @@ def guarantee_moments(op: str, shape: inv.Shape, g: dict, *, standalone: bool, o
                                     standalone=standalone)
     if op == "pipelined_llep":
         return inv.pipelined(s, sz["C"], sz["Q"], sz["r"], sz["resid"], sz["X"], sz["X_e"],
-                             standalone=standalone, tokc=sz["tok"])
+                             standalone=standalone, tokc=sz["tok"], region_io=region_io)
     return inv.unchunked(s, sz["resid"][0], sz["resid"][0], sz["X"], sz["X_e"],
                          shape.E // np.asarray(g["E_p"]), standalone=standalone, own_grads=own_grads,
                          region_io=region_io)
@@ -360,7 +364,8 @@ def components(ctx: Ctx) -> tuple[str, str, dict, str]:
             + ("binding rank" if ctx.dispatch_rank is None else f"expert-group rank {ctx.dispatch_rank}"))
     if books_region_io(ctx):
         how += ("; the region output and the dispatcher's input gradient made at the operator's end, "
-                "counted here")
+                "counted here" + ("" if reg != "saved" or op not in UNCHUNKED else
+                                  ", and the region's residual sum beside them and every saved buffer"))
     if books_own_grads(ctx):
         how += "; the region's own expert gradients (freed lifetime) counted here from the grouped MLP's backward"
     return op, reg, comps, how

@@ -25,7 +25,10 @@ ROUTER_WEIGHTS = Buf("router weights", "N·(2k+1) fp32 (top-k values, their sum,
 SEND_ORDER = Buf("send order", "k·N int64 route indices in send order (×5 while sorting; ×2 with tokens)")
 IMPORTED_WEIGHTS = Buf("imported weights", "X·3·H·I (X imported experts)")
 OUTPUT = Buf("output", "N·H (the output accumulator; the region output belongs to boundaries in forward, but "
-          "LLEP's and standard EP's, made at the operator's end, to dispatch in a composed MoE region)")
+          "LLEP's and standard EP's, made at the operator's end, to dispatch in a composed MoE region, and so "
+          "does PipelinedLLEP's destination variant's without checkpointing)")
+REGION_SUM = Buf("region output (residual sum)", "N·H (the region's residual add h + out after LLEP's or standard "
+          "EP's end, beside their output and saved buffers: checkpoint = none)")
 RESIDUE_ROWS = Buf("residue rows",
           "Σ_{j≤i} Q_j·H (reentrant-checkpoint inputs kept to the layer's backward; guarantee: Σ Q ≤ "
           "min(E_p·k·N_max, max(ceil(max(α,λ)·k·N_max) + (E/E_p)(m−1), U)), U = rows of a rank left "
@@ -46,7 +49,8 @@ NEXT_CHUNK_ROWS = Buf("next chunk rows", "Q_{i+1}·H")
 NEXT_CHUNK_ROUTE_WEIGHTS = Buf("next chunk route weights", "Q_{i+1} fp32")
 NEXT_CHUNK_TOKEN_IDS = Buf("next chunk token ids", "C_{i±1} int64 (the prefetched chunk's token ids)")
 INPUT_GRADIENT = Buf("input gradient", "N·H (standalone runs; LLEP and standard EP in a composed MoE region: the "
-          "dispatcher's input gradient, made at its end)")
+          "dispatcher's input gradient, made at its end; PipelinedLLEP's destination variant without "
+          "checkpointing: from its first chunk's backward scatter on)")
 IMPORTED_WEIGHT_GRADS = Buf("imported weight grads", "X·3·H·I")
 GRAD_CHUNK_OUTPUTS = Buf("grad chunk outputs", "Q_i·H")
 GRAD_COMBINED_ROWS = Buf("grad combined rows", "C_i·H")

@@ -16,7 +16,9 @@ Q_i / C_i rows received / sent in chunk ``i``, r_i rows of the largest GEMM bloc
 out.backward(torch.randn_like(out))``, as a decoder layer's backward delivers a dense ``N×H``
 gradient): the output ``N·H·b`` and that upstream gradient ``N·H·b`` stay resident through backward,
 and the input gradient ``N·H·b`` appears in backward after the first chunk; otherwise these belong
-to the ``boundaries`` live set and are left out.
+to the ``boundaries`` live set and are left out, but for ``region_io`` (``dispatch_edges``): the
+output and the input gradient counted where the operator makes them, the upstream gradient left to
+``boundaries``.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from planner.budget.dispatch_buffers import (
     GRAD_CHUNK_ROWS, GRAD_COMBINED_ROWS, GRAD_EXPERT_OUTPUTS, GRAD_RECEIVED_ROWS,
     GRAD_ROUTE_WEIGHTS, GRAD_SENT_ROWS, IMPORTED_WEIGHTS, IMPORTED_WEIGHT_GRADS, INPUT_GRADIENT,
     NEXT_CHUNK_ROUTE_WEIGHTS, NEXT_CHUNK_ROWS, NEXT_CHUNK_TOKEN_IDS, OUTPUT, PERMUTATION_INDICES,
-    PREFETCH_SEND_ROWS, PREFETCH_SEND_WEIGHTS, RECEIVED_ROWS, RECOMPUTED_GATE_UP,
+    PREFETCH_SEND_ROWS, PREFETCH_SEND_WEIGHTS, RECEIVED_ROWS, RECOMPUTED_GATE_UP, REGION_SUM,
     RESIDUE_ROUTE_WEIGHTS, RESIDUE_ROWS, RETURNED_EXPERT_GRADS, ROUTER_INPUT_GRAD,
     ROUTER_LOGITS_GRAD, ROUTER_SOFTMAX, ROUTER_WEIGHTS, ROUTE_WEIGHT_GRAD, SAVED_GATE_UP_SILU_H,
     SEND_ORDER, SENT_ROUTE_WEIGHTS, SENT_ROWS, SLOT_MAJOR_ROWS, STACKED_WEIGHT_GRADS,
@@ -116,12 +118,14 @@ def grouped_backward(s: Shape, r):
 
 # ---- PipelinedLLEP ----------------------------------------------------------------------------
 def pipelined(s: Shape, C, Q, r, resid, X, X_e, *, standalone: bool,
-              tokc=None) -> dict[str, list[dict]]:
+              tokc=None, region_io: bool = False) -> dict[str, list[dict]]:
     """Moments of ``run_pipelined``. ``C, Q, r``: per chunk (lists); ``resid[i]`` = rows received
     up to chunk ``i`` (or its bound); ``X``/``X_e`` imports/exports. Keys: ``forward`` (saving, as
     standalone or in the outer recompute), ``forward_nosave`` (inside a non-reentrant checkpoint),
     ``backward``, ``saved_end`` (what the layer keeps for backward). ``tokc[i]``: chunk token ids
-    kept after chunk ``i`` (default ``Σ_{j≤i} C_j``)."""
+    kept after chunk ``i`` (default ``Σ_{j≤i} C_j``). ``region_io`` (a composed MoE region without
+    checkpointing, ``dispatch_edges``): the input gradient ``N·H`` counted as standalone, from
+    ``Dispatch``'s first backward scatter on, and no upstream gradient."""
     K = len(Q)
     if tokc is None:
         tokc = np.cumsum(np.asarray(C, dtype=object)) if K else []
@@ -151,7 +155,7 @@ def pipelined(s: Shape, C, Q, r, resid, X, X_e, *, standalone: bool,
         nxt = ({(NEXT_CHUNK_ROWS, s.b): Q[i + 1] * s.H, (NEXT_CHUNK_ROUTE_WEIGHTS, F32): Q[i + 1]}
                if i + 1 < K else {})
         nos += [_m(base_ns, cur, nxt, prefetch(i + 1), chunk), _m(base_ns, nxt, comb)]
-    gx = {(INPUT_GRADIENT, s.b): s.N * s.H} if standalone else {}
+    gx = {(INPUT_GRADIENT, s.b): s.N * s.H} if standalone or region_io else {}
     up = upstream(s, standalone)
     bbase = _m(router_saved(s), up, {(SEND_ORDER, I64): s.R, (IMPORTED_WEIGHTS, s.b): X * s.w3,
                                      (IMPORTED_WEIGHT_GRADS, s.b): X * s.w3})
@@ -262,10 +266,13 @@ def unchunked(s: Shape, Q, r, X, X_e, n_local, *, standalone: bool, own_grads: b
     own share out of its ``backward[r]``). Otherwise (gradients kept, standalone runs) they are added
     into the resident gradients and freed, or wait in autograd's input buffer for the weight transfer.
 
-    ``region_io`` (a composed MoE region in a checkpoint): the region's output accumulator and the
-    dispatcher's input gradient ``N·H`` each are made at the operator's end (``run_unchunked``'s
+    ``region_io`` (a composed MoE region, ``dispatch_edges``): the region's output accumulator and
+    the dispatcher's input gradient ``N·H`` each are made at the operator's end (``run_unchunked``'s
     ``index_add_``; ``index_select``'s backward), so these moments count them and ``boundaries``
-    leaves them out (``phase_moments`` keeps the output then)."""
+    leaves them out (``phase_moments`` keeps the output then). ``region_end`` is then the region's
+    residual add after the operator (``model.py`` ``ffn_region``: ``h + out``): its sum ``N·H``
+    beside the output accumulator and everything the operator saved, a moment of the region's
+    forward where the operator's buffers are saved (no checkpointing)."""
     R, H, I, b, N = s.R, s.H, s.I, s.b, s.N
     wb = R if b != F32 else 0                      # route weights cast to the activation dtype
     base = _m(router_saved(s), {(SEND_ORDER, I64): 2 * R, (SENT_ROUTE_WEIGHTS, F32): R,
@@ -324,7 +331,9 @@ def unchunked(s: Shape, Q, r, X, X_e, n_local, *, standalone: bool, own_grads: b
         _m(gx, held if own_grads else {}, _router_backward(s)),
     ]
     saved_end = _m(base, saved, {(COMBINED_ROWS, b): 2 * R * H, (WEIGHTS_CAST, b): wb})
+    region_end = [_m(saved_end, {(OUTPUT, b): N * H, (REGION_SUM, b): N * H})] if region_io else []
     if standalone:
         bwd = [_m(m, up) for m in bwd]
         fwd.append(_m(saved_end, up))
-    return {"forward": fwd, "forward_nosave": nos, "backward": bwd, "saved_end": saved_end}
+    return {"forward": fwd, "forward_nosave": nos, "backward": bwd, "saved_end": saved_end,
+            "region_end": region_end}

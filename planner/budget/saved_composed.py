@@ -48,6 +48,7 @@ import functools
 import numpy as np
 
 from planner.budget import boundaries, fsdp2_saved
+from planner.budget.dispatch_edges import NONE_SOURCE, books_region_io
 from planner.budget.terms import ALL_STEP, Phase, Term
 from planner.context.ctx import Ctx
 
@@ -173,13 +174,17 @@ def terms(ctx: Ctx, disp_comps: dict | None, op_name: str) -> list[Term]:
         Term("saved activations (fp32: norms' copies and rsqrt, lse, RoPE tables)", "boundaries", cum_f[-1], 4,
              formula + " (fp32 tensors)", ALL_STEP, at=saved(1), source=SOURCE),
         Term("region input (the residual)", "boundaries", N * H, b, "N·H", ("forward",), source=SOURCE),
-        Term("region output", "boundaries", N * H, b, "N·H  [after the interior: not in an attention region's]",
-             ("forward",), regions=("dense_mlp", "moe"), source=boundaries.SOURCE),
+        Term("region output", "boundaries", N * H, b, "N·H  [after the interior: not in an attention region's; "
+             "MoE regions under LLEP and standard EP (and PipelinedLLEP's destination variant): dispatch's]",
+             ("forward",), regions=("dense_mlp",) if books_region_io(ctx) else ("dense_mlp", "moe"),
+             source=boundaries.SOURCE),
         Term("boundary grad in/out", "boundaries", _int(most * N * H), b,
              "N·H in attention and dense FFN regions (the incoming one: the outgoing one is made later, in the "
-             "input norm's backward); MoE regions, and MLA attention regions at D > 1, 2·N·H",
+             "input norm's backward), and in MoE regions under LLEP, standard EP and PipelinedLLEP's destination "
+             "variant (their dispatcher makes the gradient into the normed input, counted there); other MoE "
+             "regions, and MLA attention regions at D > 1, 2·N·H",
              ("backward",), at=lambda ph: grads_nh[ph.region_kind] * N * H,
-             source=boundaries.SOURCE + GRAD_SOURCE),
+             source=boundaries.SOURCE + GRAD_SOURCE + "; " + NONE_SOURCE),
     ] + boundaries.final_norm_terms(ctx, N, H)
     if "dense_mlp" in set(ctx.regions):
         extra = _dense_backward_extra(ctx)
@@ -231,18 +236,23 @@ def _bytes(moment: dict):
 
 def _shared(ctx: Ctx, comps: dict) -> list[Term]:
     """A MoE region's shared experts: their forward sub-step (the routed output, the dispatcher's
-    saves, gate, silu, up, product and the down output) as the excess over the dispatch's; in
-    backward the gradient they sent to the normed input, held through the dispatch's backward."""
+    saves, gate, silu, up, product and the down output, then the sum of the two outputs) as the
+    excess over the dispatch's; in backward the gradient they sent to the normed input, held
+    through the dispatch's backward. At the sum three ``N·H`` are live (the routed output, the
+    shared experts' and their sum): the region output term counts the routed output, so the
+    sub-step books 2, or all 3 where ``dispatch`` books the routed output (``books_region_io``)."""
     I_s, N, H, b = ctx.model.shared_expert_ffn, ctx.tokens_per_rank, ctx.hidden_size, ctx.act_bytes
     if not I_s:
         return []
-    sub = _bytes(comps.get("saved", {})) + (4 * N * I_s + 2 * N * H) * b
+    outs = 3 if books_region_io(ctx) else 2
+    sub = _bytes(comps.get("saved", {})) + (4 * N * I_s + outs * N * H) * b
     v = np.maximum(sub - _bytes(comps.get("forward", {})), 0)
     v = -(-v // b)
     return [
         Term("shared experts forward: 4 saved products and the down output beside the dispatcher's saves "
              "(excess over the dispatch sub-step)", "boundaries", int(v) if np.ndim(v) == 0 else v, b,
-             "max(0, dispatcher's saves + (4·N·I_s + 2·N·H)·b − dispatch forward)/b", ("forward",),
+             "max(0, dispatcher's saves + (4·N·I_s + 2·N·H)·b − dispatch forward)/b; 3·N·H (the routed output, "
+             "the shared one and their sum) where dispatch books the routed output", ("forward",),
              regions=("moe",), source=SOURCE),
         Term("shared experts' input gradient, held through the dispatch backward", "boundaries", N * H, b, "N·H",
              ("backward",), regions=("moe",), source=SOURCE),
