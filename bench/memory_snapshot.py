@@ -82,6 +82,9 @@ CASES = {
     "dsv2-W8-S16384-none-destination": ("deepseek-v2-lite", 8, 16384,
                                         {"checkpoint": "none", "dispatch_residue": "destination"}, "freed"),
     "gptoss-W1-S8192-none": ("gpt-oss-20b", 1, 8192, {"checkpoint": "none"}, "freed"),
+    # held-out round 8's W = 1 MoE backward rows under without checkpointing
+    "gptoss-W1-S32768-none": ("gpt-oss-20b", 1, 32768, {"checkpoint": "none"}, "freed"),
+    "qwen3-W1-S32768-none": ("qwen3-30b-a3b", 1, 32768, {"checkpoint": "none"}, "accumulate"),
 }
 
 _labels: list[tuple[str, int]] = []
