@@ -190,11 +190,11 @@ def _unreduced_grads(ctx: Ctx, P) -> Term:
 
         late = dense_backward_moment(ctx)[1]
         own = [np.asarray(u) - late if k == "dense_mlp" else u for u, k in zip(own, ctx.regions)]
-    if ctx.model.attention == "mla" and ctx.model.mla is not None:   # not made yet at the recompute
+    if ctx.model.attention == "mla" and ctx.model.mla is not None:   # wo's at the kernel, none at the recompute
         from planner.budget import attention_mla
 
-        rec = attention_mla.recompute_binds(ctx)
-        own = [np.where(rec, 0, u) if k == "attention" else u for u, k in zip(own, ctx.regions)]
+        rec, wo = attention_mla.recompute_binds(ctx), attention_mla.kernel_grad_params(ctx)
+        own = [np.where(rec, 0, wo) if k == "attention" else u for u, k in zip(own, ctx.regions)]
     elif "attention" in set(ctx.regions):   # a global layer's q, k, v grads come after its kernel
         from planner.budget.attention_sliding import local_regions
 
@@ -206,12 +206,14 @@ def _unreduced_grads(ctx: Ctx, P) -> Term:
     return Term("unreduced grads: region r's, and the held reduce-scatter input of region r+1 (bf16)",
                 "gathered", big, ctx.act_bytes,
                 "Θ_region(r) + Θ_unit(r+1)  (unit L_b+1: final norm [+ V·H when the head is ZeRO-3]; dense FFN "
-                "region r: − the weight gradients not yet made at its binding moment (ffn.dense_backward_moment); MLA attention region r whose recompute sub-step binds: − Θ_region(r); "
+                "region r: − the weight gradients not yet made at its binding moment (ffn.dense_backward_moment); MLA attention region r: Θ_wo at its kernel sub-step, 0 where its recompute sub-step binds; "
                 "global GQA attention region r: − min(Θ_qkv, the kernel's or QK-norm's sub-step's lead over attention_norm's))", ("backward",), at=at,
                 source=SOURCE + "; H200 allocator history of planner validate: qwen3-W1 backward[4] holds "
                 "2 × V·H·b (the [norm, head] unit's reduce-scatter input and output), gpt-oss-W8 backward[2] "
                 "holds region 3's 50.6 MiB reduce-scatter input beside region 1's all-gather buffer; whole-step trace "
-                "of deepseek-v2-lite W = 8 backward[3]: no gradient of the region at its recompute's peak")
+                "of deepseek-v2-lite W = 8 backward[3]: no gradient of the region at its recompute's peak; H200 "
+                "allocator histories of deepseek-v2-lite W = 1 S = 8192 and W = 32 S = 32768 without "
+                "checkpointing, backward[3]: wo's 8 MiB gradient (MmBackward0) alone at the kernel's backward")
 
 
 def terms(ctx: Ctx) -> list[Term]:
