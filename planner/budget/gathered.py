@@ -73,6 +73,11 @@ def _region1_bytes(ctx: Ctx, kind: str, own: list[Term]):
     return sum((np.asarray(t.bytes_in(ph), dtype=np.int64) for t in ts), np.int64(0))
 
 
+EMBEDDING_FEATURE_KERNEL_MAX = 3072
+"""``embedding_dense_backward_cuda`` takes its feature kernel (no sort, no per-segment fp32 sums)
+for at most this many indices without ``scale_grad_by_freq``."""
+
+
 def _embedding_substeps(ctx: Ctx, own: list[Term]) -> list[Term]:
     b, N, H = ctx.act_bytes, ctx.tokens_per_rank, ctx.hidden_size
     VH = ctx.vocab_size * H
@@ -103,7 +108,9 @@ def _embedding_substeps(ctx: Ctx, own: list[Term]) -> list[Term]:
     #   the reduce-scatter output (a new shard in either gradient lifetime; gpt-oss-20b W = 8, N = 4096)
     theta_1 = np.asarray(_unit_params(ctx, np.asarray(ctx.vocab_parallel))[0])
     rs_out = 0 if ctx.model.tie_embeddings else -(-VH // np.asarray(ctx.world_size))
-    seg_sums = -(-(N * H * 4) // b)
+    # the per-segment fp32 sums exist only on the sorting path: at most EMBEDDING_FEATURE_KERNEL_MAX
+    # indices take embedding_backward_feature_kernel, which accumulates into the gradient directly
+    seg_sums = np.where(np.asarray(N) > EMBEDDING_FEATURE_KERNEL_MAX, -(-(N * H * 4) // b), 0)
     bwd = excess(np.maximum(2 * VH + rs_out * multi, 2 * VH + theta_1 + N * H + seg_sums) * b, "backward")
     return [prefetch,
         Term("embedding sub-step: all-gather output + unsharded table + output (excess over region 1)",
@@ -112,13 +119,16 @@ def _embedding_substeps(ctx: Ctx, own: list[Term]) -> list[Term]:
              "qwen3-30b-a3b and deepseek-v2-lite S16384 forward[1] measured one V·H below 2·V·H + N·H"),
         Term("embedding backward sub-steps: its backward beside the unsharded table, or its reduce-scatter "
              "(excess over region 1)", "gathered", bwd, b,
-             "max(0, max(2·V·H + ceil(V·H/W)·[W > 1], 2·V·H + Θ_region(1) + N·H + N·H·4/b) − A_b)", ("backward",),
+             "max(0, max(2·V·H + ceil(V·H/W)·[W > 1], 2·V·H + Θ_region(1) + N·H + N·H·4/b·[N > 3072]) − A_b)",
+             ("backward",),
              first_region_only=True, source=SOURCE + "; H200 allocator histories in the cluster's allocator mode "
              "(bench/results/memory_snapshot/gptoss-W8-S32768.json, gptoss-W64-S32768.json: "
              "EmbeddingBackward0's table-sized gradient beside the resized unsharded table at W = 64, beside the "
              "reduce-scatter input and output at W = 8); planner validate of the same cases "
              "(bench/results/validate/validate_expandable.json); gpt-oss-20b W1 S16384 backward[1]: the phase "
-             "peaks in region 1's attention backward (12.31 GiB), below both"),
+             "peaks in region 1's attention backward (12.31 GiB), below both; deepseek-v2-lite W = 32 / 64, "
+             "N = 2048 (dsv2-W32-S32768-none.json, dsv2-W64-S32768.json): no per-segment sums, the phase "
+             "peaks at the prefetched table's copy-out, 2·V·H + Θ_region(1) + N·H"),
     ]
 
 
