@@ -112,6 +112,14 @@ def _scalar(v):
     return int(v) if np.ndim(v) == 0 else v
 
 
+def norm_end_bytes(ctx: Ctx):
+    """The **end** sub-step: attention_norm's fp32 RMSNorm backward, its fp32 input and five fp32
+    temporaries ``6·N·H`` and the gradient into its output with the outgoing boundary gradient
+    ``2·N·H`` (b) (module docstring; MLA's attention_norm is the same RMSNorm)."""
+    N, H = ctx.tokens_per_rank, ctx.hidden_size
+    return 6 * N * H * FP32 + 2 * N * H * ctx.act_bytes
+
+
 def substeps(ctx: Ctx) -> dict[str, object]:
     """Bytes of each sub-step as a trace sees it (``kernel``, ``qk_norm``, ``end``) and of the
     kernel's workspace (``accum``, ``expansion``, ``copies``)."""
@@ -123,7 +131,7 @@ def substeps(ctx: Ctx) -> dict[str, object]:
     qkn_saved = N * (n_h + n_kv) * ((d + 1) * FP32 + d * b) if m.qk_norm else 0
     kernel = norm_saved + rope + qkn_saved + (k.q + k.kv + k.out) * b + k.rows * FP32 + (k.out + k.q + k.kv) * b
     qkn = (6 * N * n_h * d * FP32 + 2 * N * n_kv * d * b + norm_saved) if m.qk_norm else 0
-    end = 6 * N * H * FP32 + 2 * N * H * b
+    end = norm_end_bytes(ctx)
     sr = -(-np.asarray(k.S_k) // SEQ_TILE) * SEQ_TILE
     accum = k.B * sr * k.h_l * (head_round(k.d_k) + 1) * FP32
     expansion = np.where(np.asarray(k.h_kv) < np.asarray(k.h_l), k.B * k.S_k * k.h_l * (k.d_k + k.d_vk) * b, 0)

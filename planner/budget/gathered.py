@@ -73,6 +73,11 @@ def _region1_bytes(ctx: Ctx, kind: str, own: list[Term]):
     return sum((np.asarray(t.bytes_in(ph), dtype=np.int64) for t in ts), np.int64(0))
 
 
+EMBEDDING_FEATURE_KERNEL_MAX = 3072
+"""``embedding_dense_backward_cuda`` takes its feature kernel (no sort, no per-segment fp32 sums)
+for at most this many indices without ``scale_grad_by_freq``."""
+
+
 def _embedding_substeps(ctx: Ctx, own: list[Term]) -> list[Term]:
     b, N, H = ctx.act_bytes, ctx.tokens_per_rank, ctx.hidden_size
     VH = ctx.vocab_size * H
@@ -103,7 +108,9 @@ def _embedding_substeps(ctx: Ctx, own: list[Term]) -> list[Term]:
     #   the reduce-scatter output (a new shard in either gradient lifetime; gpt-oss-20b W = 8, N = 4096)
     theta_1 = np.asarray(_unit_params(ctx, np.asarray(ctx.vocab_parallel))[0])
     rs_out = 0 if ctx.model.tie_embeddings else -(-VH // np.asarray(ctx.world_size))
-    seg_sums = -(-(N * H * 4) // b)
+    # the per-segment fp32 sums exist only on the sorting path: at most EMBEDDING_FEATURE_KERNEL_MAX
+    # indices take embedding_backward_feature_kernel, which accumulates into the gradient directly
+    seg_sums = np.where(np.asarray(N) > EMBEDDING_FEATURE_KERNEL_MAX, -(-(N * H * 4) // b), 0)
     bwd = excess(np.maximum(2 * VH + rs_out * multi, 2 * VH + theta_1 + N * H + seg_sums) * b, "backward")
     return [prefetch,
         Term("embedding sub-step: all-gather output + unsharded table + output (excess over region 1)",
@@ -112,13 +119,16 @@ def _embedding_substeps(ctx: Ctx, own: list[Term]) -> list[Term]:
              "qwen3-30b-a3b and deepseek-v2-lite S16384 forward[1] measured one V·H below 2·V·H + N·H"),
         Term("embedding backward sub-steps: its backward beside the unsharded table, or its reduce-scatter "
              "(excess over region 1)", "gathered", bwd, b,
-             "max(0, max(2·V·H + ceil(V·H/W)·[W > 1], 2·V·H + Θ_region(1) + N·H + N·H·4/b) − A_b)", ("backward",),
+             "max(0, max(2·V·H + ceil(V·H/W)·[W > 1], 2·V·H + Θ_region(1) + N·H + N·H·4/b·[N > 3072]) − A_b)",
+             ("backward",),
              first_region_only=True, source=SOURCE + "; H200 allocator histories in the cluster's allocator mode "
              "(bench/results/memory_snapshot/gptoss-W8-S32768.json, gptoss-W64-S32768.json: "
              "EmbeddingBackward0's table-sized gradient beside the resized unsharded table at W = 64, beside the "
              "reduce-scatter input and output at W = 8); planner validate of the same cases "
              "(bench/results/validate/validate_expandable.json); gpt-oss-20b W1 S16384 backward[1]: the phase "
-             "peaks in region 1's attention backward (12.31 GiB), below both"),
+             "peaks in region 1's attention backward (12.31 GiB), below both; deepseek-v2-lite W = 32 / 64, "
+             "N = 2048 (dsv2-W32-S32768-none.json, dsv2-W64-S32768.json): no per-segment sums, the phase "
+             "peaks at the prefetched table's copy-out, 2·V·H + Θ_region(1) + N·H"),
     ]
 
 
@@ -190,11 +200,11 @@ def _unreduced_grads(ctx: Ctx, P) -> Term:
 
         late = dense_backward_moment(ctx)[1]
         own = [np.asarray(u) - late if k == "dense_mlp" else u for u, k in zip(own, ctx.regions)]
-    if ctx.model.attention == "mla" and ctx.model.mla is not None:   # not made yet at the recompute
+    if ctx.model.attention == "mla" and ctx.model.mla is not None:   # wo's at the kernel, none at the recompute
         from planner.budget import attention_mla
 
-        rec = attention_mla.recompute_binds(ctx)
-        own = [np.where(rec, 0, u) if k == "attention" else u for u, k in zip(own, ctx.regions)]
+        rec, wo = attention_mla.recompute_binds(ctx), attention_mla.kernel_grad_params(ctx)
+        own = [np.where(rec, 0, wo) if k == "attention" else u for u, k in zip(own, ctx.regions)]
     elif "attention" in set(ctx.regions):   # a global layer's q, k, v grads come after its kernel
         from planner.budget.attention_sliding import local_regions
 
@@ -206,12 +216,14 @@ def _unreduced_grads(ctx: Ctx, P) -> Term:
     return Term("unreduced grads: region r's, and the held reduce-scatter input of region r+1 (bf16)",
                 "gathered", big, ctx.act_bytes,
                 "Θ_region(r) + Θ_unit(r+1)  (unit L_b+1: final norm [+ V·H when the head is ZeRO-3]; dense FFN "
-                "region r: − the weight gradients not yet made at its binding moment (ffn.dense_backward_moment); MLA attention region r whose recompute sub-step binds: − Θ_region(r); "
+                "region r: − the weight gradients not yet made at its binding moment (ffn.dense_backward_moment); MLA attention region r: Θ_wo at its kernel sub-step, 0 where its recompute sub-step binds; "
                 "global GQA attention region r: − min(Θ_qkv, the kernel's or QK-norm's sub-step's lead over attention_norm's))", ("backward",), at=at,
                 source=SOURCE + "; H200 allocator history of planner validate: qwen3-W1 backward[4] holds "
                 "2 × V·H·b (the [norm, head] unit's reduce-scatter input and output), gpt-oss-W8 backward[2] "
                 "holds region 3's 50.6 MiB reduce-scatter input beside region 1's all-gather buffer; whole-step trace "
-                "of deepseek-v2-lite W = 8 backward[3]: no gradient of the region at its recompute's peak")
+                "of deepseek-v2-lite W = 8 backward[3]: no gradient of the region at its recompute's peak; H200 "
+                "allocator histories of deepseek-v2-lite W = 1 S = 8192 and W = 32 S = 32768 without "
+                "checkpointing, backward[3]: wo's 8 MiB gradient (MmBackward0) alone at the kernel's backward")
 
 
 def terms(ctx: Ctx) -> list[Term]:

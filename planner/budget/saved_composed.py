@@ -37,8 +37,10 @@ add), the final norm's saves through the head. A region's backward holds the inc
 gradient, a MoE region's also the gradient into its normed input; a GQA/MHA attention or dense FFN
 region makes its outgoing one only in its input norm's backward (``attention_backward``'s end
 sub-step counts it), so it books one ``N·H`` (``grads_per_nh``: two were one ``N·H·b`` over in every
-such backward, held-out rounds 5 and 6; an MLA region at ``D > 1`` still books two, beside its
-checkpointed sub-steps).
+such backward, held-out rounds 5 and 6); so does an MLA region, whose backward peaks in the
+efficient kernel's backward with the incoming gradient alone (``attention_mla``: without
+checkpointing there is no recompute sub-step; its kernel sub-step books the output's and q, k, v's
+gradients, wo's weight gradient and the kernel's workspace).
 """
 
 from __future__ import annotations
@@ -66,10 +68,10 @@ GRAD_SOURCE = ("; H200 allocator history of the composed step without checkpoint
                "and 6: Qwen3 W = 64 N = 16384 backward[1] 1.023, W = 1 N = 16384 1.007, W = 8 N = 8192 "
                "1.012-1.015; "
                "DeepSeek-V2-Lite W = 1 N = 16384 backward[1]-[3] 1.008-1.011, all 64 MiB at N·H·b = 64). "
-               "MLA at D > 1 with one: DeepSeek-V2-Lite W = 8-32 backward[3] 0.990-0.993, its allocator history "
-               "(dsv2-W32-S32768-none.json backward[3], N = 2048) holding seq_to_head's 8 MiB output gradient "
-               "(attention.py:47) beside 90.9 MiB of unattributed autograd blocks, against a booked recompute "
-               "sub-step")
+               "MLA at D > 1 (dsv2-W32-S32768-none.json backward[3], N = 2048, D = 16): one 8 MiB incoming "
+               "gradient among the autograd blocks at the efficient kernel's backward (its 42.8 MiB workspace, "
+               "dq, dk, dv, delta and wo's 8 MiB weight gradient, beside seq_to_head's 8 MiB output gradient, "
+               "attention.py:47)")
 
 
 def _int(v):
@@ -78,17 +80,12 @@ def _int(v):
 
 def grads_per_nh(ctx: Ctx, kind: str):
     """Boundary gradients (in ``N·H``) a region of ``kind`` books in its backward: the incoming one
-    alone in a GQA/MHA attention or dense FFN region, whose outgoing one is made in the input norm's
-    backward (``attention_backward``'s end sub-step; the dense FFN's, after its gated MLP's larger
-    moment), as in a checkpointed region (``boundaries.PAST_RECOMPUTE``); two in a MoE region
-    (``boundaries.moe_grads``). An MLA attention region at ``D > 1`` books two: its backward is
-    booked on the checkpointed recompute sub-step (``attention_mla``), which holds no gradient,
-    where the H200 holds autograd's gradients and ``seq_to_head``'s head-layout output gradient
-    (``GRAD_SOURCE``); at ``D = 1`` it books one."""
+    alone in an attention (GQA/MHA or MLA) or dense FFN region, whose outgoing one is made in the
+    input norm's backward (``attention_backward``'s end sub-step; after MLA's efficient-kernel
+    backward; the dense FFN's, after its gated MLP's larger moment), as in a checkpointed region
+    (``boundaries.PAST_RECOMPUTE``); two in a MoE region (``boundaries.moe_grads``)."""
     if kind == "moe":
         return boundaries.moe_grads(ctx)
-    if kind == "attention" and ctx.model.attention == "mla":
-        return _int(np.where(np.asarray(ctx.seq_parallel) > 1, 2, 1))
     return 1
 
 
@@ -182,7 +179,7 @@ def terms(ctx: Ctx, disp_comps: dict | None, op_name: str) -> list[Term]:
              "N·H in attention and dense FFN regions (the incoming one: the outgoing one is made later, in the "
              "input norm's backward), and in MoE regions under LLEP, standard EP and PipelinedLLEP's destination "
              "variant (their dispatcher makes the gradient into the normed input, counted there); other MoE "
-             "regions, and MLA attention regions at D > 1, 2·N·H",
+             "regions 2·N·H",
              ("backward",), at=lambda ph: grads_nh[ph.region_kind] * N * H,
              source=boundaries.SOURCE + GRAD_SOURCE + "; " + NONE_SOURCE),
     ] + boundaries.final_norm_terms(ctx, N, H)

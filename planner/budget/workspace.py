@@ -16,7 +16,9 @@
     sliding-window layers          w_fa · N·n_h·d_qk bytes (the memory-efficient kernel's fp32
                                    accumulator; w_fa measured on the flash backward)
     MLA (efficient kernel)         4·N·n_h·d_v forward (fp32 output accumulator, max(d_qk,d_v) > 128),
-                                   4·N·n_h·(d_qk + 1) backward (fp32 grad-q accumulator + delta)
+                                   backward: the CUTLASS workspace (grad_k/grad_v staging for
+                                   the split keys, grad-q tiles) and delta, fp32
+                                   (attention_mla.backward_workspace_elems)
                                    in place of the FlashAttention terms (planner.budget.attention_mla)
 
 The FlashAttention terms are freed before the later sub-steps of the attention backward (QK-norm's
@@ -115,9 +117,10 @@ def terms(ctx: Ctx) -> list[Term]:
                  "workspace", attention_mla.output_accumulator_excess_bytes(ctx), 1,
                  "max(0, 4·N·n_h·d_v [max(d_qk, d_v) > 128] − 2·N·n_h·d_v·b [D > 1]) (bytes)",
                  ("forward",), regions=regions, source=attention_mla.SOURCE + " (sdpa.py:56)"),
-            Term("efficient attention backward fp32 grad-q accumulator + delta", "workspace",
-                 attention_mla.backward_workspace_bytes(ctx), 1,
-                 "max(0, 4·(N·n_h·d_qk + N·n_h) − the recompute sub-step's lead over the kernel's) (bytes)",
+            Term("efficient attention backward fp32 workspace (grad_k/grad_v staging, grad-q tiles) + delta",
+                 "workspace", attention_mla.backward_workspace_bytes(ctx), 1,
+                 "max(0, 4·(B·h_l·(n_sk·64·(⌈d_qk⌉₁₂₈ + ⌈d_v⌉₁₂₈) + ⌈S/128⌉·⌈d_qk/64⌉·(128·64 + 4)) + N·n_h) "
+                 "− the recompute sub-step's lead over the kernel's) (bytes); n_sk = min(⌈S/64⌉, ⌊200/(B·h_l)⌋)",
                  ("backward",), regions=regions,
                  source=attention_mla.SOURCE + " (ScaledDotProductEfficientAttentionBackward0)"),
         ]

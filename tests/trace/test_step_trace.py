@@ -51,6 +51,11 @@ QKV_WS = ("global-attention backward of gpt-oss (N = 4096): the formula books th
           "(validate_expandable.json, bench/results/memory_snapshot/gptoss-W64-S32768.json)")
 SLIDE = ("sliding-window backward at W = 64, N = 4096: formula 0.98 of the trace (1.02 of the H200 measurement "
          "at W = 8, N = 16384)")
+EMBED_FEATURE = ("backward[1] of DeepSeek-V2-Lite at W = 64, N = 2048: the embedding's backward binds; on the GPU "
+                 "embedding_dense_backward_cuda takes its feature kernel at <= 3072 indices (no per-segment fp32 sums) and "
+                 "the H200 peaks at the table's copy-out, 2·V·H + Θ_region(1) + N·H (validate_expandable.json W = 64 "
+                 "S = 32768: 1.0000; bench/results/memory_snapshot/dsv2-W64-S32768.json), while the CPU fake-tensor trace "
+                 "holds 25.6 MB more there (formula 0.975 of the trace)")
 T = "phase total"
 KNOWN_GAPS = {
     ("gpt-oss-20b", 8): {("backward[1]", T): SUBSTEP_WS, ("backward[3]", T): QKV_WS},
@@ -58,7 +63,7 @@ KNOWN_GAPS = {
     ("qwen3-30b-a3b", 8): {},
     ("qwen3-30b-a3b", 64): {},
     ("deepseek-v2-lite", 8): {},
-    ("deepseek-v2-lite", 64): {},
+    ("deepseek-v2-lite", 64): {("backward[1]", T): EMBED_FEATURE},
 }
 """Per traced case, the rows (phase, what) known to miss ``FORMULA_VS_TRACE``, with the reason. A row
 outside the list that misses fails the test; a listed row that comes within tolerance fails it too

@@ -3,7 +3,8 @@
 The counts are checked against the shapes of ``planner/runtime/attention.py`` MLAttention +
 UlyssesCore: at ``D = 1`` no head layout and no ``head_to_seq`` buffers; at ``D > 1`` the head
 layout ``N·n_h·(2·d_qk + d_v)`` and the two ``head_to_seq`` buffers, which in bf16 cover the fp32
-output accumulator (so its workspace excess is 0).
+output accumulator (so its workspace excess is 0); without checkpointing the o-projection moment
+and the kernel sub-step with wo's gradient (H200 allocator histories, bench/results/memory_snapshot/).
 """
 
 from __future__ import annotations
@@ -17,8 +18,8 @@ MODEL = "deepseek-v2-lite"
 SEQ_LEN = 65536
 
 
-def _ctx(W):
-    pf = build_planfile(model=MODEL, gpus=W, seq_len=SEQ_LEN)
+def _ctx(W, S=SEQ_LEN, **overrides):
+    pf = build_planfile(model=MODEL, gpus=W, seq_len=S, overrides=overrides or None)
     return make_context(pf.model, pf.cluster, pf.workload, pf.plan)
 
 
@@ -38,7 +39,7 @@ def test_head_layout_only_under_ulysses():
         heads = N * m.num_heads * (2 * m.head_dim + m.v_dim) * b
         assert _bytes(ts, "q, k, v, head layout", fw) == (heads if D > 1 else 0)
         h2s = 2 * N * m.num_heads * m.v_dim * b
-        assert _bytes(ts, "head_to_seq", fw) == (h2s if D > 1 else 0)
+        assert _bytes(ts, "o-projection moment", fw) == (h2s if D > 1 else 0)
         acc = 4 * N * m.num_heads * m.v_dim            # d_qk = 192 > 128: the kernel accumulates in fp32
         ws = _bytes(workspace.terms(ctx), "efficient attention forward", fw)
         assert ws == max(acc - (h2s if D > 1 else 0), 0)
@@ -57,29 +58,57 @@ def test_backward_saved_inputs_follow_the_layout():
         extra = 0 if int(ctx.seq_parallel) > 1 else N * m.num_heads * d_nope * b
         assert saved == N * m.num_heads * (2 * m.head_dim + m.v_dim) * b + extra
         ws = _bytes(workspace.terms(ctx), "efficient attention backward", bw)
-        assert ws == max(4 * N * m.num_heads * (m.head_dim + 1) - max(_recompute_lead(ctx), 0), 0)
+        assert ws == max(4 * attention_mla.backward_workspace_elems(ctx) - max(_recompute_lead(ctx), 0), 0)
         assert _bytes(workspace.terms(ctx), "FlashAttention", bw) == 0
+
+
+def test_backward_workspace_is_the_measured_one():
+    """The efficient backward's workspace + delta, as ScaledDotProductEfficientAttentionBackward0
+    allocated them on the H200 (bench/results/memory_snapshot/: dsv2-W32-S32768-none, dsv2-W1-S8192-none,
+    dsv2-W8-S8192-no-checkpoint backward[3]; delta is its own S·B·h_l·4 block)."""
+    for W, S, ws in ((32, 32768, 44838912), (1, 8192, 119586816), (8, 8192, 32249856)):
+        ctx = _ctx(W, S, checkpoint="none")
+        delta = int(ctx.tokens_per_rank) * ctx.model.num_heads * 4
+        assert attention_mla.backward_workspace_elems(ctx) * 4 == ws + delta
+
+
+def test_no_checkpoint_o_projection_and_kernel_substep():
+    """checkpoint = none: the forward peaks at wo's output (h_l = 1 at D = 16: the receive, wo's input
+    copy and output; h_l = 2: the larger of receive + copy and copy + output); the backward at the
+    kernel sub-step with the output's and q, k, v's gradients, never the recompute."""
+    from planner.budget import attention
+
+    for W, S in ((32, 32768), (8, 32768), (1, 8192)):
+        ctx = _ctx(W, S, checkpoint="none")
+        m, N, H, b = ctx.model, int(ctx.tokens_per_rank), ctx.hidden_size, ctx.act_bytes
+        D, o = int(ctx.seq_parallel), N * m.num_heads * m.v_dim
+        want = N * H if D == 1 else (2 * o + N * H if m.num_heads // D == 1 else o + max(o, N * H))
+        ts = attention.terms(ctx)
+        assert _bytes(ts, "o-projection moment", Phase("forward", 3, "attention")) == want * b
+        assert not attention_mla.recompute_binds(ctx)
+        bw = Phase("backward", 3, "attention")
+        assert _bytes(ts, "recompute", bw) == 0
+        assert _bytes(ts, "grads of q, k, v", bw) == N * m.num_heads * (2 * m.head_dim + m.v_dim) * b
+        assert _bytes(ts, "RoPE", Phase("forward", 3, "attention")) == 0   # boundaries books them
 
 
 def _recompute_lead(ctx) -> int:
     """The recompute sub-step's bytes over the kernel's, from MLAttention's shapes (D > 1): the kv
     latent, roped k_pe, the k_nope | v block, q and k, head_to_seq's two buffers and the restored
-    input, less the region's weight gradients, against the output's and q, k, v's gradients."""
-    from planner.budget.regions import attention_region_params
-
+    input, against the output's and q, k, v's gradients and wo's weight gradient."""
     m, N, H, b = ctx.model, int(ctx.tokens_per_rank), ctx.hidden_size, ctx.act_bytes
     if int(ctx.seq_parallel) == 1:
         return -1
     a, n_h, d_qk, d_v = m.mla, m.num_heads, m.head_dim, m.v_dim
     rec = (N * (a.kv_lora_rank + a.qk_rope_head_dim) + N * a.qk_rope_head_dim
            + N * n_h * (a.qk_nope_head_dim + d_v) + 2 * N * n_h * d_qk + 2 * N * n_h * d_v + N * H)
-    ker = N * n_h * d_v + N * n_h * (2 * d_qk + d_v)
-    return (rec - attention_region_params(m) - ker) * b
+    ker = N * n_h * d_v + N * n_h * (2 * d_qk + d_v) + H * n_h * d_v     # wo's gradient
+    return (rec - ker) * b
 
 
 def test_backward_holds_the_larger_of_kernel_and_recompute():
     """At D > 1 (the trace's W = 8, S = 32768: N = 4096) the recompute sub-step binds: its terms,
-    the restored input and no region gradient replace the kernel's gradients; at D = 1 the kernel's."""
+    the restored input and no region gradient replace the kernel's gradients and wo's; at D = 1 the kernel's."""
     from planner.budget import attention, boundaries, gathered
 
     for W, S, rec in ((1, SEQ_LEN, False), (8, 32768, True)):
@@ -98,5 +127,5 @@ def test_backward_holds_the_larger_of_kernel_and_recompute():
         from planner.budget import regions
 
         assert ctx.regions[1] == "dense_mlp"    # region 2 (layer 0's dense FFN): its held reduce-scatter input
-        own = 0 if rec else regions.attention_region_params(m)
+        own = 0 if rec else ctx.hidden_size * m.num_heads * m.v_dim       # wo's gradient alone at the kernel
         assert unred == (own + regions.dense_region_params(m)) * b
