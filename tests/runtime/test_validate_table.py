@@ -22,9 +22,18 @@ _PERSISTENT = ("DeepSeek-V2-Lite W = 64 step start and optimizer 0.985 (5.1 MiB 
                "sit in unsplit 12 MiB blocks there (bench/results/allocator_modes: allocated − requested 5.08 MiB "
                "at step start). In the cluster file's mode, which planner validate now sets "
                "(validate_fsdp2_expandable), the case is 0.9999-1.0002 and allocated − requested is 0.02 MiB")
+_W1_NONE_MOE_BACKWARD = (
+    "held-out round 8: without checkpointing at W = 1 and N = 32768, the MoE regions' backward is under "
+    "(gpt-oss-20b backward[2] 0.961 and backward[4] 0.966, -572 MiB; Qwen3-30B-A3B backward[2] 0.989, -119 MiB) "
+    "while the same cases at N = 4096-16384 (rounds 5-7) are within 0.995-1.002 and the step's peak, in "
+    "another phase, is 1.000: a tensor that appears only at this N, not yet read from an allocator history "
+    "(bench/memory_snapshot.py has the cases gptoss-W1-S32768-none and qwen3-W1-S32768-none; no GPU was "
+    "lent for it)")
 KNOWN_UNDER = {
     # (stack, case, W, S, lifetime): reason
     ("fsdp2", "dsv2-W64-full", 64, 32768, "accumulate"): _PERSISTENT,
+    ("composed", "r8-gptoss-W1-S32768-none", 1, 32768, "freed"): _W1_NONE_MOE_BACKWARD,
+    ("composed", "r8-qwen3-W1-S32768-none", 1, 32768, "accumulate"): _W1_NONE_MOE_BACKWARD,
 }
 """Phases below the measurement by more than ``UNDER`` today, each with its reason: the default
 allocator mode's DeepSeek W = 64 FSDP2 rows. (Held-out round 4's ``per_layer`` MoE backward, 0.988,
@@ -140,8 +149,13 @@ now compared with the measured rank's own plan, and 1.071 at backward[2], before
 backward moments, ``planner.budget.ffn.dense_backward_moment``.)"""
 
 
-KNOWN_UNDER_ROWS: dict = {}
-"""The rows of the cluster-mode runs below ``MEMORY_UNDER`` today (none)."""
+KNOWN_UNDER_ROWS = {
+    ("composed", "r8-gptoss-W1-S32768-none", 1, 32768, "freed", "backward[2]"): 0.9614,
+    ("composed", "r8-gptoss-W1-S32768-none", 1, 32768, "freed", "backward[4]"): 0.9656,
+    ("composed", "r8-qwen3-W1-S32768-none", 1, 32768, "accumulate", "backward[2]"): 0.9891,
+}
+"""The rows of the cluster-mode runs below ``MEMORY_UNDER`` today, each with its measured ratio: held-out
+round 8's W = 1 MoE backward without checkpointing at N = 32768 (``_W1_NONE_MOE_BACKWARD``)."""
 
 
 @pytest.fixture(scope="module")
@@ -202,13 +216,14 @@ def test_every_row_within_both_bounds_in_the_cluster_mode(cluster_mode):
     from planner.runtime.validate_compare import memory_ok
 
     rows = cluster_mode["rows"]
-    assert len(CLUSTER_MODE_STEMS) == 13 and len(rows) > 700
+    assert len(CLUSTER_MODE_STEMS) == 15 and len(rows) > 700
     off = {k: round(r.ratio, 4) for k, r in rows if not memory_ok(int(r.predicted), int(r.measured))}
     known = KNOWN_OVER | KNOWN_UNDER_ROWS
     assert {k: v for k, v in off.items() if k not in known} == {}
     assert sorted(k for k in known if k not in off) == []
     assert all(v > 1 for k, v in off.items() if k in KNOWN_OVER)   # the listed ones are over: conservative
     assert all(v < 1 for k, v in off.items() if k in KNOWN_UNDER_ROWS)
+    assert {k: off[k] for k in KNOWN_UNDER_ROWS} == KNOWN_UNDER_ROWS   # at the ratios listed
 
 
 def test_summary_counts_every_case_and_row(records):
