@@ -150,7 +150,20 @@ CASES_8 = [   # shapes round 7's fixes were not read from: LLEP without checkpoi
     ("r8-qwen3-W1-S32768-none", "qwen3-30b-a3b", 1, 32768, N, "accumulate", None),
     ("r8-dsv2-W8-S65536-none-llep", "deepseek-v2-lite", 8, 65536, {**N, "dispatch": "llep"}, "accumulate", None),
 ]
-ROUNDS = {1: CASES, 2: CASES_2, 3: CASES_3, 4: CASES_4, 5: CASES_5, 6: CASES_6, 7: CASES_7, 8: CASES_8}
+CASES_9 = [   # where the MoE input norm's backward without checkpointing binds at other N, D, families and
+    # lifetimes than the two W = 1 32k histories it was read from (shared experts: DeepSeek), and three
+    # controls where the formula says the dispatch backward still binds (LLEP, standard EP, D = 8 DeepSeek)
+    ("r9-gptoss-W1-S49152-none", "gpt-oss-20b", 1, 49152, N, "freed", None),
+    ("r9-qwen3-W1-S65536-none", "qwen3-30b-a3b", 1, 65536, N, "freed", None),
+    ("r9-dsv2-W1-S65536-none", "deepseek-v2-lite", 1, 65536, N, "accumulate", None),
+    ("r9-dsv2-W1-S131072-none", "deepseek-v2-lite", 1, 131072, N, "freed", None),
+    ("r9-gptoss-W8-S262144-none", "gpt-oss-20b", 8, 262144, N, "freed", None),
+    ("r9-qwen3-W8-S262144-none", "qwen3-30b-a3b", 8, 262144, N, "freed", None),
+    ("r9-qwen3-W1-S32768-none-ep", "qwen3-30b-a3b", 1, 32768, {**N, "dispatch": "ep"}, "freed", None),
+    ("r9-gptoss-W1-S32768-none-llep", "gpt-oss-20b", 1, 32768, {**N, "dispatch": "llep"}, "freed", None),
+    ("r9-dsv2-W8-S262144-none", "deepseek-v2-lite", 8, 262144, N, "accumulate", None),
+]
+ROUNDS = {1: CASES, 2: CASES_2, 3: CASES_3, 4: CASES_4, 5: CASES_5, 6: CASES_6, 7: CASES_7, 8: CASES_8, 9: CASES_9}
 
 
 def planfile(model: str, W: int, S: int, knobs: dict | None):
@@ -168,7 +181,8 @@ def main(argv=None) -> int:
                          "other operator choices, and HSDP; 5: no checkpointing on every family and "
                          "dispatcher, LLEP and standard EP at new shapes; 6: no checkpointing at shapes round 5's "
                          "fixes were not read from; 7: the regimes whose rows sit nearest the bounds (short N "
-                         "per rank without checkpointing, MLA at D > 1, LLEP at W = 64); 8: shapes round 7's fixes were not read from")
+                         "per rank without checkpointing, MLA at D > 1, LLEP at W = 64); 8: shapes round 7's fixes were not read from; "
+                         "9: where the MoE input norm's backward without checkpointing binds, held out from it")
     ap.add_argument("--case", action="append", help="run only the named case(s) of the round")
     args = ap.parse_args(argv)
     out = Path(args.out)
