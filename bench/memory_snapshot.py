@@ -85,6 +85,7 @@ CASES = {
     # held-out round 8's W = 1 MoE backward rows under without checkpointing
     "gptoss-W1-S32768-none": ("gpt-oss-20b", 1, 32768, {"checkpoint": "none"}, "freed"),
     "qwen3-W1-S32768-none": ("qwen3-30b-a3b", 1, 32768, {"checkpoint": "none"}, "accumulate"),
+    "dsv2-W1-S131072-none": ("deepseek-v2-lite", 1, 131072, {"checkpoint": "none"}, "freed"),
 }
 
 _labels: list[tuple[str, int]] = []

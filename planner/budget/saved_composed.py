@@ -49,7 +49,7 @@ import functools
 
 import numpy as np
 
-from planner.budget import boundaries, fsdp2_saved, saved_norm_backward
+from planner.budget import boundaries, fsdp2_saved, saved_substeps
 from planner.budget.dispatch_edges import NONE_SOURCE, books_region_io
 from planner.budget.terms import ALL_STEP, Phase, Term
 from planner.context.ctx import Ctx
@@ -190,10 +190,11 @@ def terms(ctx: Ctx, disp_comps: dict | None, op_name: str) -> list[Term]:
                         "max(0, dense backward moment − 4·N·I_d)  (ffn.dense_backward_moment; the down projection's "
                         "saved input is freed by then)", ("backward",), regions=("dense_mlp",),
                         source=SOURCE + "; held-out round 5, deepseek-v2-lite W = 1 backward[2] 0.942 without it"))
+        out += saved_substeps.dense_residual_add(ctx)
     if disp_comps is not None:
         out += _dispatch_saved(ctx, disp_comps, op_name) + _shared(ctx, disp_comps)
-        out += saved_norm_backward.terms(ctx, _bytes(disp_comps.get("backward", {})), grads_nh["moe"],
-                                         bool(ctx.model.shared_expert_ffn))
+        out += saved_substeps.moe_norm_backward(ctx, _bytes(disp_comps.get("backward", {})), grads_nh["moe"],
+                                                bool(ctx.model.shared_expert_ffn))
     return out
 
 
