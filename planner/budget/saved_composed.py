@@ -40,7 +40,9 @@ sub-step counts it), so it books one ``N·H`` (``grads_per_nh``: two were one ``
 such backward, held-out rounds 5 and 6); so does an MLA region, whose backward peaks in the
 efficient kernel's backward with the incoming gradient alone (``attention_mla``: without
 checkpointing there is no recompute sub-step; its kernel sub-step books the output's and q, k, v's
-gradients, wo's weight gradient and the kernel's workspace).
+gradients, wo's weight gradient and the kernel's workspace). The sub-steps that outgrow their
+interior at large ``N`` (a MoE region's input-norm backward, a dense FFN's residual add) are
+``saved_substeps``'.
 """
 
 from __future__ import annotations
