@@ -163,7 +163,20 @@ CASES_9 = [   # where the MoE input norm's backward without checkpointing binds 
     ("r9-gptoss-W1-S32768-none-llep", "gpt-oss-20b", 1, 32768, {**N, "dispatch": "llep"}, "freed", None),
     ("r9-dsv2-W8-S262144-none", "deepseek-v2-lite", 8, 262144, N, "accumulate", None),
 ]
-ROUNDS = {1: CASES, 2: CASES_2, 3: CASES_3, 4: CASES_4, 5: CASES_5, 6: CASES_6, 7: CASES_7, 8: CASES_8, 9: CASES_9}
+CASES_10 = [   # the regimes least covered: D > 1 with N per rank above 32k (SCO and none, every family), W = 1
+    # beyond 128k, and FSDP2's context parallelism at N per rank above 32k without CPU offload
+    ("r10-gptoss-W8-S524288", "gpt-oss-20b", 8, 524288, C, "freed", None),
+    ("r10-qwen3-W8-S393216", "qwen3-30b-a3b", 8, 393216, C, "accumulate", None),
+    ("r10-dsv2-W8-S393216", "deepseek-v2-lite", 8, 393216, C, "freed", None),
+    ("r10-gptoss-W8-S524288-none", "gpt-oss-20b", 8, 524288, N, "accumulate", None),
+    ("r10-qwen3-W8-S393216-none", "qwen3-30b-a3b", 8, 393216, N, "freed", None),
+    ("r10-dsv2-W8-S393216-none", "deepseek-v2-lite", 8, 393216, N, "accumulate", None),
+    ("r10-dsv2-W1-S163840", "deepseek-v2-lite", 1, 163840, C, "freed", None),
+    ("r10-fsdp2-qwen3-W8-S393216-cp8", "qwen3-30b-a3b", 8, 393216, {"cp": 8}, "freed", None),
+    ("r10-fsdp2-dsv2-W8-S393216-cp8", "deepseek-v2-lite", 8, 393216, {"cp": 8}, "accumulate", None),
+    ("r10-fsdp2-qwen3-W16-S393216-cp8", "qwen3-30b-a3b", 16, 393216, {"cp": 8}, "accumulate", None),
+]
+ROUNDS = {1: CASES, 2: CASES_2, 3: CASES_3, 4: CASES_4, 5: CASES_5, 6: CASES_6, 7: CASES_7, 8: CASES_8, 9: CASES_9, 10: CASES_10}
 
 
 def planfile(model: str, W: int, S: int, knobs: dict | None):
@@ -182,7 +195,8 @@ def main(argv=None) -> int:
                          "dispatcher, LLEP and standard EP at new shapes; 6: no checkpointing at shapes round 5's "
                          "fixes were not read from; 7: the regimes whose rows sit nearest the bounds (short N "
                          "per rank without checkpointing, MLA at D > 1, LLEP at W = 64); 8: shapes round 7's fixes were not read from; "
-                         "9: where the MoE input norm's backward without checkpointing binds, held out from it")
+                         "9: where the MoE input norm's backward without checkpointing binds, held out from it; 10: D > 1 "
+                         "with N per rank above 32k, W = 1 beyond 128k, FSDP2 context parallelism at N above 32k")
     ap.add_argument("--case", action="append", help="run only the named case(s) of the round")
     args = ap.parse_args(argv)
     out = Path(args.out)
