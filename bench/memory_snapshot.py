@@ -57,6 +57,7 @@ CASES = {
     "gptoss-W64-S32768": ("gpt-oss-20b", 64, 32768, {}, "freed"),
     "dsv2-W64-S32768": ("deepseek-v2-lite", 64, 32768, {}, "freed"),
     "fsdp2-dsv2-W1-S4096": ("deepseek-v2-lite", 1, 4096, {"stack": "fsdp2"}, "freed"),
+    "fsdp2-dsv2-W8-S393216-cp8": ("deepseek-v2-lite", 8, 393216, {"stack": "fsdp2", "cp": 8}, "accumulate"),
     "fsdp2-qwen3-W8-cp8": ("qwen3-30b-a3b", 8, 131072,
                            {"stack": "fsdp2", "cp": 8, "cpu_offload": True, "cp_rotate": "allgather"}, "freed"),
     # the misses of bench/validate_heldout.py --round 4 (tests/runtime/test_validate_table.py lists them)
@@ -86,6 +87,7 @@ CASES = {
     "gptoss-W1-S32768-none": ("gpt-oss-20b", 1, 32768, {"checkpoint": "none"}, "freed"),
     "qwen3-W1-S32768-none": ("qwen3-30b-a3b", 1, 32768, {"checkpoint": "none"}, "accumulate"),
     "dsv2-W1-S131072-none": ("deepseek-v2-lite", 1, 131072, {"checkpoint": "none"}, "freed"),
+    "dsv2-W8-S393216-none": ("deepseek-v2-lite", 8, 393216, {"checkpoint": "none"}, "accumulate"),
 }
 
 _labels: list[tuple[str, int]] = []
