@@ -32,6 +32,8 @@ from planner.runtime.validate_plan import truncate  # noqa: E402
 LAYERS = 2
 STEPS = 2
 TOP = 40
+LARGEST = 24
+"""Block sizes kept per group (largest first)."""
 """Groups kept per phase."""
 MAX_ENTRIES = 3_000_000
 # name: model, W, S, overrides, lifetime
@@ -186,7 +188,7 @@ def analyse(snap: dict, labels: list[tuple[str, int]]) -> dict:
             top = sorted(groups.items(), key=lambda kv: -kv[1][0])[:TOP]
             out[peaks[i]] = {"peak_bytes": total, "event": i,
                              "groups": [{"site": s, "bytes": b, "blocks": n,
-                                         "largest_blocks": sorted(sizes[s], reverse=True)[:4]}
+                                         "largest_blocks": sorted(sizes[s], reverse=True)[:LARGEST]}
                                         for s, (b, n) in top]}
     return out
 
