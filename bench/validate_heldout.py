@@ -176,7 +176,20 @@ CASES_10 = [   # the regimes least covered: D > 1 with N per rank above 32k (SCO
     ("r10-fsdp2-dsv2-W8-S393216-cp8", "deepseek-v2-lite", 8, 393216, {"cp": 8}, "accumulate", None),
     ("r10-fsdp2-qwen3-W16-S393216-cp8", "qwen3-30b-a3b", 16, 393216, {"cp": 8}, "accumulate", None),
 ]
-ROUNDS = {1: CASES, 2: CASES_2, 3: CASES_3, 4: CASES_4, 5: CASES_5, 6: CASES_6, 7: CASES_7, 8: CASES_8, 9: CASES_9, 10: CASES_10}
+CASES_11 = [   # FSDP2 context parallelism where the dense layer's ring attention binds
+    # (planner.budget.fsdp2_ring, read from round 10's W = 8 cp = 8 S = 393216 history) at other N, cp, F,
+    # checkpointing and lifetimes; all-to-all rotation as a control (the formula says the FFN binds there)
+    ("r11-fsdp2-dsv2-W8-S262144-cp8", "deepseek-v2-lite", 8, 262144, {"cp": 8}, "accumulate", None),
+    ("r11-fsdp2-dsv2-W16-S524288-cp16", "deepseek-v2-lite", 16, 524288, {"cp": 16}, "freed", None),
+    ("r11-fsdp2-dsv2-W4-S196608-cp4", "deepseek-v2-lite", 4, 196608, {"cp": 4}, "freed", None),
+    ("r11-fsdp2-dsv2-W16-S393216-cp8", "deepseek-v2-lite", 16, 393216, {"cp": 8}, "accumulate", None),
+    ("r11-fsdp2-dsv2-W8-S262144-cp8-selective", "deepseek-v2-lite", 8, 262144, {"cp": 8, "ac": "selective"},
+     "freed", None),
+    ("r11-fsdp2-dsv2-W8-S131072-cp8-none", "deepseek-v2-lite", 8, 131072, {"cp": 8, "ac": "none"}, "accumulate", None),
+    ("r11-fsdp2-dsv2-W8-S262144-cp8-alltoall", "deepseek-v2-lite", 8, 262144, {"cp": 8, "cp_rotate": "alltoall"},
+     "freed", None),
+]
+ROUNDS = {1: CASES, 2: CASES_2, 3: CASES_3, 4: CASES_4, 5: CASES_5, 6: CASES_6, 7: CASES_7, 8: CASES_8, 9: CASES_9, 10: CASES_10, 11: CASES_11}
 
 
 def planfile(model: str, W: int, S: int, knobs: dict | None):
@@ -196,7 +209,8 @@ def main(argv=None) -> int:
                          "fixes were not read from; 7: the regimes whose rows sit nearest the bounds (short N "
                          "per rank without checkpointing, MLA at D > 1, LLEP at W = 64); 8: shapes round 7's fixes were not read from; "
                          "9: where the MoE input norm's backward without checkpointing binds, held out from it; 10: D > 1 "
-                         "with N per rank above 32k, W = 1 beyond 128k, FSDP2 context parallelism at N above 32k")
+                         "with N per rank above 32k, W = 1 beyond 128k, FSDP2 context parallelism at N above 32k; 11: "
+                         "FSDP2 ring attention where it binds, held out from round 10's history")
     ap.add_argument("--case", action="append", help="run only the named case(s) of the round")
     args = ap.parse_args(argv)
     out = Path(args.out)

@@ -14,8 +14,10 @@ Sub-steps (GPU allocator history of ``planner validate``'s step, ``bench/memory_
 the site named is the allocating line of ``planner/runtime``):
 
 forward[r]
-    attention      normed input N·H, qkv, o, lse N·h_q (fp32), o-proj output N·H, the context-
-                   parallel K/V buffers, the layer's all-gather output Θ^d held by FSDP2 [F>1]
+    attention      at the kernel: normed input N·H, qkv, o, lse N·h_q (fp32), the context-parallel
+                   K/V buffers, the ring's and MLA's own tensors (``planner.budget.fsdp2_ring``), the
+                   layer's all-gather output Θ^d held by FSDP2 [F>1]
+    attention o-proj  after it: normed input, qkv, o, lse, o-proj output N·H, Θ^d held [F>1]
     ffn (moe)      the attention-region output N_sp·H (``model.py`` attention_region), the normed
                    FFN input N·H (``model_layers.py`` RMSNorm; without checkpointing its saved fp32
                    copy N_sp·H·4 and both outputs 2·N·H instead), D; the experts' all-gather output
@@ -57,7 +59,10 @@ again; ac = none keeps them from the forward)
     attention      A, the gradients of q, k, v and o, the context-parallel K/V buffers, the
                    attention-region gradient N_sp·H, the
                    attention's weight gradients Θ_attn/tp, FlashAttention's dq_accum/softmax_d
-                   ``w_fa·N·h_q·d_qk`` bytes and (GQA) its dk/dv expansion ``N·h_q·(d_qk+d_v)·b``
+                   ``w_fa·N·h_q·d_qk`` bytes and (GQA) its dk/dv expansion ``N·h_q·(d_qk+d_v)·b``,
+                   the ring backward's buffers and (dense) the FFN's weight gradients
+    dK/dV exchange (cp > 1) after the ring's first kernel: its fp32 dK/dV send and receive instead
+                   of the workspace, wo's weight gradient only (``planner.budget.fsdp2_ring``)
     reductions     (``planner.budget.fsdp2_reduce``) the routed experts' (MoE: while the rest of
                    the layer's backward is still to run), the layer unit's, on a one-rank mesh the
                    previous layer's unshard (r ≥ 2), and at r = 1 the embedding's backward and
@@ -77,7 +82,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from planner.budget import dispatch, fsdp2_gathered as fg, fsdp2_moments as moments, fsdp2_reduce, regions
+from planner.budget import dispatch, fsdp2_gathered as fg, fsdp2_moments as moments, fsdp2_reduce, fsdp2_ring as ring, regions
 from planner.budget.fsdp2_moments import Item
 from planner.context.ctx import Ctx
 from planner.budget.fsdp2_saved import SAC_SOURCE, attention_saved_counts, dims, local_layers, sac_saved_parts
@@ -124,12 +129,12 @@ def _substeps(ctx: Ctx, kind: str, rkind: str, local: bool) -> tuple[dict[str, l
     I_d = ceil_div(ctx.dense_ffn, ctx.tp) if not moe else 0
     I_s = ceil_div(ctx.model.shared_expert_ffn or 0, ctx.tp)
     if kind == "forward":
-        att = [Item("attention", "normed attention input (all-gathered)", N * H, b, "N·H"),
-               Item("attention", "q, k, v", qkv, b, "qkv"), Item("attention", "attention output", o, b, "o"),
-               Item("attention", "log-sum-exp (fp32)", N * hq, 4, "N·h_q"),
-               Item("attention", "o-proj output (before reduce-scatter)", N * H, b, "N·H"),
-               _cp_kv(ctx, N, hkv, d_qk, d_v),
-               Item("gathered", "layer all-gather output held (dense part)", th_d * (F > 1), b, "Θ^d·[F>1]")]
+        base = [Item("attention", "normed attention input (all-gathered)", N * H, b, "N·H"),
+                Item("attention", "q, k, v", qkv, b, "qkv"), Item("attention", "attention output", o, b, "o"),
+                Item("attention", "log-sum-exp (fp32)", N * hq, 4, "N·h_q")]
+        held = Item("gathered", "layer all-gather output held (dense part)", th_d * (F > 1), b, "Θ^d·[F>1]")
+        att = base + ring.forward_kernel(ctx, N, hq, hkv, d_qk, d_v, b) + [_cp_kv(ctx, N, hkv, d_qk, d_v), held]
+        oproj = base + [Item("attention", "o-proj output (before reduce-scatter)", N * H, b, "N·H"), held]
         if ctx.ac == "selective":
             def sac(current: bool, stage: str) -> list[Item]:   # current: beside D, which counts the top-k values
                 return [Item("attention", f"this layer's {n}", c, b if eb is None else eb, f, SAC_SOURCE)
@@ -138,11 +143,12 @@ def _substeps(ctx: Ctx, kind: str, rkind: str, local: bool) -> tuple[dict[str, l
             keep, keep_beside_d, keep_routed = sac(False, "mlp"), sac(True, "dispatch"), sac(False, "dispatch")
         else:
             keep = keep_beside_d = keep_routed = attention_saved(ctx, False, local) if saved_regime else []
-        rope = att[:2] + moments.rope(ctx, N, hq, hkv, d_qk, b) + att[-1:]
+        rope = base[:2] + moments.rope(ctx, N, hq, hkv, d_qk, b) + [held]
+        attention = {"attention": att, "attention o-projection": oproj, "attention RoPE": rope}
         if moe:
             ffn = mid + keep_beside_d + [Item("gathered", "experts' all-gather output held", th_e * (Fe > 1),
                                               b, "Θ^e·[F·tp/ep>1]")]
-            out = {"ffn": ffn, "attention": att, "attention RoPE": rope}
+            out = {"ffn": ffn, **attention}
             extra = fsdp2_reduce.experts_unshard_extra(ctx, rkind)
             if np.any(extra):
                 out["experts' unshard (one-rank mesh)"] = mid + keep_routed + [
@@ -161,7 +167,7 @@ def _substeps(ctx: Ctx, kind: str, rkind: str, local: bool) -> tuple[dict[str, l
         else:
             dense = [Item("ffn", "dense FFN: gate, silu, up", 3 * N * I_d, b, "3·N·I_d/tp")]
         ffn = mid + keep + dense + [Item("gathered", "layer all-gather output held", th_d * (F > 1), b, "Θ^d·[F>1]")]
-        return {"ffn": ffn, "attention": att, "attention RoPE": rope}, "ffn"
+        return {"ffn": ffn, **attention}, "ffn"
     A = attention_saved(ctx, local=local)
     norm = [Item("ffn", "FFN norm: saved fp32 copy", N_sp * H, 4, "N_sp·H"),
             Item("ffn", "FFN norm: saved normed input and its weighted copy", 2 * N * H, b, "2·N·H")]
@@ -169,11 +175,19 @@ def _substeps(ctx: Ctx, kind: str, rkind: str, local: bool) -> tuple[dict[str, l
     fa = N * hq * d_qk * int(mem.flash_workspace_bytes_per_elem.value)
     exp = N * hq * (d_qk + d_v) * b if hkv < hq else 0
     att_params = ceil_div(regions.attention_region_params(ctx.model), ctx.tp)
-    att = A + [Item("attention", "grads of q, k, v, o", qkv + o, b, "qkv + o"), _cp_kv(ctx, N, hkv, d_qk, d_v),
-               Item("attention", "attention-region gradient", N_sp * H, b, "N_sp·H"),
-               Item("attention", "attention weight gradients", att_params, b, "Θ_attn/tp"),
-               Item("workspace", "FlashAttention backward dq_accum/softmax_d", fa, 1, "w_fa·N·h_q·d_qk (bytes)"),
-               Item("workspace", "FlashAttention GQA dk/dv expansion", exp, 1, "N·h_q·(d_qk+d_v)·b if h_kv < h_q")]
+    # at the SDPA backward wo's has run: its weight gradient exists, its saved input is freed
+    common = A + ring.backward_kernel(ctx, N, hq, hkv, d_qk, d_v, b) + [
+        Item("attention", "grads of q, k, v, o", qkv + o, b, "qkv + o"), _cp_kv(ctx, N, hkv, d_qk, d_v)]
+    if not moe:   # the layer unit is reduce-scattered after its whole backward: the FFN's gradients wait
+        common.append(Item("ffn", "dense FFN: weight gradients, held until the layer's reduce-scatter",
+                           3 * ctx.hidden_size * I_d, b, "3·H·I_d/tp", ring.SOURCE))
+    att = common + [
+        Item("attention", "attention-region gradient", N_sp * H, b, "N_sp·H"),
+        Item("attention", "attention weight gradients", att_params, b, "Θ_attn/tp"),
+        Item("workspace", "FlashAttention backward dq_accum/softmax_d", fa, 1, "w_fa·N·h_q·d_qk (bytes)"),
+        Item("workspace", "FlashAttention GQA dk/dv expansion", exp, 1, "N·h_q·(d_qk+d_v)·b if h_kv < h_q")]
+    exchange = common + ring.backward_exchange(ctx, N, hkv, d_qk, d_v) + [
+        Item("attention", "wo's weight gradient", ctx.hidden_size * hq * d_v, b, "H·h_q·d_v", ring.SOURCE)]
     out = {}
     if moe:
         ffn = A + norm
@@ -195,7 +209,7 @@ def _substeps(ctx: Ctx, kind: str, rkind: str, local: bool) -> tuple[dict[str, l
         out["FFN norm backward"] = A + norm[:1] + [
             Item("ffn", "FFN norm backward: fp32 gradients", 5 * N_sp * H, 4, "5·N_sp·H", NORM_BWD_SOURCE),
             Item("ffn", "dense FFN: weight gradients, and the norm's", 3 * H * I_d + H, b, "3·H·I_d/tp + H")]
-    out.update({"ffn": ffn, "attention": att})
+    out.update({"ffn": ffn, "attention": att, "attention, dK/dV exchange": exchange})
     return out, "ffn"
 
 
@@ -264,6 +278,7 @@ def terms(ctx: Ctx) -> list[Term]:
                                  fg.prefetch_params(ctx, r) * fg.prefetch_in_attention(ctx), ctx.act_bytes,
                                  "Θ^d_{r−1} (V·H/tp at r = 1)·[F>1]·[tp>1, QK-norm units]")]
                     out = {"attention": s_r["attention"] + late,
+                           "attention, dK/dV exchange": s_r["attention, dK/dV exchange"] + late,
                            "layer gradient reduction": fsdp2_reduce.layer_reduce(ctx, r, rkind, Item) + late}
                     if rkind == "moe":
                         out["experts' gradient reduction"] = fsdp2_reduce.experts_reduce(ctx, r, rkind, live, Item)
