@@ -60,6 +60,8 @@ CASES = {
     "dsv2-W64-S32768": ("deepseek-v2-lite", 64, 32768, {}, "freed"),
     "fsdp2-dsv2-W1-S4096": ("deepseek-v2-lite", 1, 4096, {"stack": "fsdp2"}, "freed"),
     "fsdp2-dsv2-W8-S393216-cp8": ("deepseek-v2-lite", 8, 393216, {"stack": "fsdp2", "cp": 8}, "accumulate"),
+    "fsdp2-dsv2-W8-S262144-cp8-selective": ("deepseek-v2-lite", 8, 262144,
+                                            {"stack": "fsdp2", "cp": 8, "ac": "selective"}, "freed"),
     "fsdp2-dsv2-W8-S262144-cp8-alltoall": ("deepseek-v2-lite", 8, 262144,
                                            {"stack": "fsdp2", "cp": 8, "cp_rotate": "alltoall"}, "freed"),
     "fsdp2-qwen3-W8-cp8": ("qwen3-30b-a3b", 8, 131072,
