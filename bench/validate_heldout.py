@@ -189,7 +189,18 @@ CASES_11 = [   # FSDP2 context parallelism where the dense layer's ring attentio
     ("r11-fsdp2-dsv2-W8-S262144-cp8-alltoall", "deepseek-v2-lite", 8, 262144, {"cp": 8, "cp_rotate": "alltoall"},
      "freed", None),
 ]
-ROUNDS = {1: CASES, 2: CASES_2, 3: CASES_3, 4: CASES_4, 5: CASES_5, 6: CASES_6, 7: CASES_7, 8: CASES_8, 9: CASES_9, 10: CASES_10, 11: CASES_11}
+CASES_12 = [   # round 11's two fixes held out: the all-to-all rotation's third K/V buffer and SAC's saved q
+    # projection (planner.budget.fsdp2_ring) at other N, cp and lifetimes, where the formula says the attention binds
+    ("r12-fsdp2-dsv2-W8-S393216-cp8-alltoall", "deepseek-v2-lite", 8, 393216, {"cp": 8, "cp_rotate": "alltoall"},
+     "accumulate", None),
+    ("r12-fsdp2-dsv2-W16-S524288-cp16-alltoall", "deepseek-v2-lite", 16, 524288, {"cp": 16, "cp_rotate": "alltoall"},
+     "freed", None),
+    ("r12-fsdp2-dsv2-W8-S393216-cp8-selective", "deepseek-v2-lite", 8, 393216, {"cp": 8, "ac": "selective"},
+     "accumulate", None),
+    ("r12-fsdp2-dsv2-W16-S524288-cp16-selective", "deepseek-v2-lite", 16, 524288, {"cp": 16, "ac": "selective"},
+     "freed", None),
+]
+ROUNDS = {1: CASES, 2: CASES_2, 3: CASES_3, 4: CASES_4, 5: CASES_5, 6: CASES_6, 7: CASES_7, 8: CASES_8, 9: CASES_9, 10: CASES_10, 11: CASES_11, 12: CASES_12}
 
 
 def planfile(model: str, W: int, S: int, knobs: dict | None):
@@ -210,7 +221,8 @@ def main(argv=None) -> int:
                          "per rank without checkpointing, MLA at D > 1, LLEP at W = 64); 8: shapes round 7's fixes were not read from; "
                          "9: where the MoE input norm's backward without checkpointing binds, held out from it; 10: D > 1 "
                          "with N per rank above 32k, W = 1 beyond 128k, FSDP2 context parallelism at N above 32k; 11: "
-                         "FSDP2 ring attention where it binds, held out from round 10's history")
+                         "FSDP2 ring attention where it binds, held out from round 10's history; 12: round 11's "
+                         "two fixes held out")
     ap.add_argument("--case", action="append", help="run only the named case(s) of the round")
     args = ap.parse_args(argv)
     out = Path(args.out)

@@ -134,7 +134,8 @@ def _substeps(ctx: Ctx, kind: str, rkind: str, local: bool) -> tuple[dict[str, l
                 Item("attention", "log-sum-exp (fp32)", N * hq, 4, "N·h_q")]
         held = Item("gathered", "layer all-gather output held (dense part)", th_d * (F > 1), b, "Θ^d·[F>1]")
         att = base + ring.forward_kernel(ctx, N, hq, hkv, d_qk, d_v, b) + [_cp_kv(ctx, N, hkv, d_qk, d_v), held]
-        oproj = base + [Item("attention", "o-proj output (before reduce-scatter)", N * H, b, "N·H"), held]
+        oproj = base + ring.sac_projection(ctx, N, hq, hkv, d_qk, b) + [
+            Item("attention", "o-proj output (before reduce-scatter)", N * H, b, "N·H"), held]
         if ctx.ac == "selective":
             def sac(current: bool, stage: str) -> list[Item]:   # current: beside D, which counts the top-k values
                 return [Item("attention", f"this layer's {n}", c, b if eb is None else eb, f, SAC_SOURCE)

@@ -11,7 +11,14 @@ forward, at the first ring step's merge (its kernel output converted to fp32; th
 all-gathered ``cp·kv`` is ``fsdp2_layer._cp_kv``)
     K/V contiguous copies       kv [cp]          the ring's ``key.contiguous()``, ``value.contiguous()``
                                                  (q, k, v reach the kernel as transposed views)
-    K/V send buffer             kv [cp·ag]       ``torch.cat([k, v])``, the all-gather's input
+    K/V send buffer             kv [cp]          ``torch.cat([k, v])``, the all-gather's input; under
+                                                 the all-to-all rotation (``2·kv`` of send and receive
+                                                 in ``_cp_kv``) the previous step's receive, which k
+                                                 and v still view at step 1's exchange (cp > 2; one
+                                                 kv over at cp = 2)
+    SAC-saved q projection      N·h_q·d_qk [ac = selective]  torchtitan's policy keeps the first
+                                                 ``mm`` of the layer, q's (+ k's under attention
+                                                 bias), whose roped copy the kernel reads
     fp32 output                 N·h_q·d_v (fp32) the merger's copy (``convert_to_f32``) [cp], or the
                                                  memory-efficient kernel's output accumulator
                                                  [max(d_qk, d_v) > 128]: one moment or the other
@@ -44,7 +51,11 @@ where the dense first layer's attention binds): forward[1] ``sdpa.py`` 7 blocks 
 output, lse), ``attention.py`` latent 576 and ``kv_b`` block 4096; backward[1]
 ScaledDotProductEfficientAttentionBackward0 13 blocks of 40960, 2 × 10240, 2 × 6144, 2 × 5120,
 4096, 3 × 3072, 2 × 2048 ``N·b``. The booked forward[1] read 0.847 and backward[1] 0.824 of it
-without these rows.
+without these rows. Held out in round 11 (``validate_heldout_r11.json``): cp = 4, 8, 16, F = 16, N =
+16384–49152, ac = none, both lifetimes within; the two misses were read from their own histories:
+the all-to-all rotation's third K/V buffer (``fsdp2-dsv2-W8-S262144-cp8-alltoall.json``, ``sdpa.py``
+3 × 5120 ``N·b``; forward[1] 0.962) and SAC's saved q projection (``…-selective.json``,
+``attention.py`` q's 3072 ``N·b``; forward[1] 0.971).
 """
 
 from __future__ import annotations
@@ -52,7 +63,7 @@ from __future__ import annotations
 import numpy as np
 
 from planner.budget.fsdp2_moments import Item
-from planner.budget.fsdp2_saved import rot_dim
+from planner.budget.fsdp2_saved import SAC_SOURCE, rot_dim
 from planner.context.ctx import Ctx
 
 SOURCE = ("torch's ring attention (_templated_ring_attention and its backward); H200 allocator history, "
@@ -93,12 +104,29 @@ def forward_kernel(ctx: Ctx, N, hq, hkv, d_qk, d_v, b: int) -> list[Item]:
     on, ag = _flags(ctx)
     kv = N * hkv * (d_qk + d_v)
     return [Item("attention", "ring attention: K/V contiguous copies", kv * on, b, "kv·[cp>1]", SOURCE),
-            Item("attention", "ring attention: K/V send buffer (all-gather input)", kv * ag, b,
-                 "kv·[cp>1, allgather]", SOURCE),
+            Item("attention", "ring attention: K/V send buffer (all-gather input; all-to-all: the previous "
+                 "step's receive, which k and v still view)", kv * on, b, "kv·[cp>1]", SOURCE),
             Item("attention", "attention output in fp32 (ring merge, or the efficient kernel's accumulator)",
                  fp32_output_elems(ctx, N, hq, d_v), 4, "N·h_q·d_v·[cp>1 or max(d_qk,d_v)>128, MLA]", SOURCE),
             Item("attention", "RoPE cos/sin tables (fp32)", N * rot_dim(ctx), 4, "N·d_rot", SOURCE),
-            *mla_forward(ctx, N, hq, b)]
+            *mla_forward(ctx, N, hq, b), *sac_projection(ctx, N, hq, hkv, d_qk, b)]
+
+
+def sac_projection_elems(ctx: Ctx, N, hq, hkv, d_qk):
+    """Elements of the projections SAC keeps beside the kernel's (roped) q and k under ``ac =
+    selective``: q's output (the layer's first ``mm``, saved), and k's too where an attention bias
+    makes every projection an ``addmm`` (all saved; v's output is the kernel's v itself)."""
+    if ctx.ac != "selective":
+        return 0
+    m = ctx.model
+    biased = bool(m.attention_bias) and m.attention != "mla"
+    return N * hq * d_qk + (N * hkv * d_qk if biased else 0)
+
+
+def sac_projection(ctx: Ctx, N, hq, hkv, d_qk, b: int) -> list[Item]:
+    return [Item("attention", "SAC-saved q (and biased k) projection output beside its roped copy",
+                 sac_projection_elems(ctx, N, hq, hkv, d_qk), b, "N·h_q·d_qk (+ N·h_kv·d_qk biased) [ac = selective]",
+                 SAC_SOURCE)]
 
 
 def backward_kernel(ctx: Ctx, N, hq, hkv, d_qk, d_v, b: int) -> list[Item]:
