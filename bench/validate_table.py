@@ -65,7 +65,7 @@ STEMS = ("validate", "validate_w1", "validate_w1_run3", "validate_w1_run4", "val
          "validate_heldout", "validate_heldout_r2", "validate_heldout_r3", "validate_heldout_r4", "validate_heldout_r5",
          "validate_heldout_r6", "validate_fsdp2_run3_expandable", "validate_w1_run6_expandable",
          "validate_heldout_r5_rerun", "validate_heldout_r6_rerun", "validate_heldout_r7", "validate_heldout_r8",
-         "validate_heldout_r9", "validate_heldout_r10", "validate_heldout_r11")
+         "validate_heldout_r9", "validate_heldout_r10", "validate_heldout_r11", "validate_heldout_r12")
 """The committed runs: the composed matrix, the composed W = 1 runs at three context lengths (timed
 as the median of steps 2–4), the FSDP2 baseline's cases, and held-out cases of both stacks run
 through the CLI (``validate_heldout``, one process each). The ``*_expandable`` and held-out runs ran
@@ -84,7 +84,7 @@ FRESH_STEMS = ("validate_w1_run5", "validate_fsdp2_run2", "validate_expandable",
                "validate_w1_expandable", "validate_heldout", "validate_heldout_r2", "validate_heldout_r3",
                "validate_heldout_r4", "validate_heldout_r5", "validate_heldout_r6", "validate_fsdp2_run3_expandable",
                "validate_w1_run6_expandable", "validate_heldout_r5_rerun", "validate_heldout_r6_rerun",
-               "validate_heldout_r7", "validate_heldout_r8", "validate_heldout_r9", "validate_heldout_r10", "validate_heldout_r11")
+               "validate_heldout_r7", "validate_heldout_r8", "validate_heldout_r9", "validate_heldout_r10", "validate_heldout_r11", "validate_heldout_r12")
 """Runs made with each case's cuBLAS workspaces cleared first (``bench/_validate_runner.fresh``):
 nothing carries over between their cases."""
 
@@ -151,7 +151,7 @@ def markdown(records: list[dict]) -> str:
     return "\n".join(out)
 
 
-W_GROUPS = ((1,), (8,), (16, 32), (64,))
+W_GROUPS = ((1,), (4, 8), (16, 32), (64,))
 """The summary's world-size groups (every W the runs emulate)."""
 
 
