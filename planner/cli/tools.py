@@ -42,9 +42,9 @@ GradLifetimeC = enum_of("grad_lifetime")
 @app.command()
 def validate(
     plan: Annotated[str, typer.Argument(help="Plan file (planner search --out).")],
-    layers: Annotated[Optional[int], typer.Option(help="Truncate to N decoder layers (widths, N and degrees kept).")] = None,
+    layers: Annotated[Optional[int], typer.Option(help="Truncate to N decoder layers (widths, N and degrees kept).", show_default="all layers")] = None,
     steps: Annotated[int, typer.Option(help="Steps to run; the last one is compared.")] = 3,
-    rank: Annotated[Optional[int], typer.Option(help="Rank to run (default: the rank class that binds).")] = None,
+    rank: Annotated[Optional[int], typer.Option(help="Rank to run.", show_default="the rank class that binds")] = None,
     grad_lifetime: Annotated[Optional[GradLifetimeC], typer.Option(help="freed: zero_grad(set_to_none=True) between steps; accumulate: gradients kept. Default: an FSDP2 plan's baseline.grad_lifetime, freed for the composed stack.")] = None,
     json_out: Json = False,
 ) -> None:

@@ -148,7 +148,7 @@ def resolve_baseline(model: ModelSpec, workload: Workload, plan: Plan) -> Baseli
           f"world_size ({W})", "drop --dp-shard to derive it")
     _need(k.head != "chunked" or k.tp == 1, "plan.baseline.head", k.head,
           f"must be dense when tp > 1 ({k.tp}): the chunked head needs the whole vocabulary on the rank",
-          "use --head dense (loss parallel) or --tp 1")
+          "set baseline.head: dense in the plan file (loss parallel), or --tp 1")
     E = model.num_experts
     pool = dp * k.cp
     ep = k.ep or largest_divisor(pool, lambda d: E > 0 and E % d == 0)

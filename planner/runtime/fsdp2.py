@@ -229,7 +229,7 @@ def check_knobs(layout: Layout, ac: str, head: str, cp_rotate: str, grad_lifetim
         if v not in ok:
             raise InvalidPlan(name, v, f"must be one of {', '.join(ok)}", f"use {ok[0]}")
     if head == "chunked" and layout.tp > 1:
-        raise InvalidPlan("plan.baseline.head", head, "needs tp = 1", "use --head dense (loss parallel)")
+        raise InvalidPlan("plan.baseline.head", head, "needs tp = 1", "set baseline.head: dense (loss parallel), or tp = 1")
 
 
 def build_fsdp2_step(spec, layout: Layout, rank: int, *, num_layers: int | None = None, device=None,

@@ -74,6 +74,14 @@ def test_unknown_key_in_a_cluster_reference_is_refused(tmp_path, plan_doc, capsy
     assert "profile, sha256, topology" in line, line
 
 
+def test_model_name_in_a_plan_file_says_how_to_write_one(tmp_path, plan_doc, capsys):
+    doc = copy.deepcopy(plan_doc)
+    doc["model"] = "gpt-oss-20b"
+    line = _one_line(["check", "--plan", _plan(tmp_path, doc)], capsys)
+    assert line.startswith("error: model ('gpt-oss-20b') must be the model's fields, not a profile name"), line
+    assert "planner search gpt-oss-20b --gpus W --seq-len S --out plan.yaml" in line, line
+
+
 def test_bare_cluster_name_in_a_plan_file_says_how_to_write_it(tmp_path, plan_doc, capsys):
     doc = copy.deepcopy(plan_doc)
     doc["cluster"] = "h200"
