@@ -74,20 +74,17 @@ def test_unknown_key_in_a_cluster_reference_is_refused(tmp_path, plan_doc, capsy
     assert "profile, sha256, topology" in line, line
 
 
-def test_model_name_in_a_plan_file_says_how_to_write_one(tmp_path, plan_doc, capsys):
+@pytest.mark.parametrize("key, name, start, fix", [
+    ("model", "gpt-oss-20b", "model ('gpt-oss-20b') must be the model's fields, not a profile name",
+     "planner search gpt-oss-20b --gpus W --seq-len S --out plan.yaml"),
+    ("cluster", "h200", "cluster ('h200') must be a mapping", "cluster: {profile: h200}"),
+])
+def test_bare_name_in_a_plan_file_says_how_to_write_it(tmp_path, plan_doc, capsys, key, name, start, fix):
     doc = copy.deepcopy(plan_doc)
-    doc["model"] = "gpt-oss-20b"
+    doc[key] = name
     line = _one_line(["check", "--plan", _plan(tmp_path, doc)], capsys)
-    assert line.startswith("error: model ('gpt-oss-20b') must be the model's fields, not a profile name"), line
-    assert "planner search gpt-oss-20b --gpus W --seq-len S --out plan.yaml" in line, line
-
-
-def test_bare_cluster_name_in_a_plan_file_says_how_to_write_it(tmp_path, plan_doc, capsys):
-    doc = copy.deepcopy(plan_doc)
-    doc["cluster"] = "h200"
-    line = _one_line(["check", "--plan", _plan(tmp_path, doc)], capsys)
-    assert line.startswith("error: cluster ('h200') must be a mapping"), line
-    assert "cluster: {profile: h200}" in line, line
+    assert line.startswith(f"error: {start}"), line
+    assert fix in line, line
 
 
 # ---- a file of one kind given where another is read -------------------------------------------------
