@@ -59,7 +59,10 @@ _CONTROL = {c: "?" for c in (*range(0x00, 0x20), *range(0x7F, 0xA0), 0x2028, 0x2
 
 def value_text(value: Any) -> str:
     """``repr(value)``, or for an integer too long to print (Python refuses more than 4300 digits)
-    its size: an error about an absurd number is still one line."""
+    its size: an error about an absurd number is still one line. ``None`` (a flag or key not given,
+    or YAML's ``null``) reads "none given"."""
+    if value is None:
+        return "none given"
     try:
         return repr(value)
     except ValueError:

@@ -295,3 +295,8 @@ def test_an_output_path_that_looks_like_markup_is_reported_as_written(tmp_path, 
     out = tmp_path / "a[/]b.yaml"
     assert cli.main(["import-hf", str(HF_CONFIG), "-o", str(out)]) == 0
     assert f"wrote {out}: " in capsys.readouterr().err and out.is_file()
+
+
+def test_a_flag_not_given_reads_none_given(capsys):
+    line = _one_line(["check", "olmoe-1b-7b", "--gpus", "8"], capsys)
+    assert line == "error: --seq-len (none given) is required without --plan; fix: add e.g. --seq-len 128k", line
