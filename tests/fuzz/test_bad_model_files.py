@@ -66,7 +66,7 @@ def _import_or_invalid(cfg) -> None:
 def test_missing_required_key(file, key):
     cfg = copy.deepcopy(CONFIGS[file])
     del _section(cfg)[key]
-    with pytest.raises(InvalidPlan, match=rf"config\.{key} \(None\) is missing"):
+    with pytest.raises(InvalidPlan, match=rf"config\.{key} \(none given\) is missing"):
         import_hf(cfg, "fuzz")
 
 
@@ -153,5 +153,5 @@ def test_profile_top_k_above_expert_count_and_missing_key():
     with pytest.raises(InvalidPlan, match=r"^model\.top_k \(33\) must be <= model\.num_experts \(32\)"):
         load_model_profile(data)
     data = {k: v for k, v in PROFILES["gpt-oss-20b"].items() if k != "hidden_size"}
-    with pytest.raises(InvalidPlan, match=r"^model\.hidden_size \(None\) is missing"):
+    with pytest.raises(InvalidPlan, match=r"^model\.hidden_size \(none given\) is missing"):
         load_model_profile(data)

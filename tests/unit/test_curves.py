@@ -206,7 +206,7 @@ def test_noise_within_tolerance_accepted():
 def test_missing_field_rejected():
     data = _bw().model_dump(mode="json")
     del data["time_s"]
-    with pytest.raises(InvalidPlan, match=r"curves\.h2d\.time_s \(None\) is missing") as err:
+    with pytest.raises(InvalidPlan, match=r"curves\.h2d\.time_s \(none given\) is missing") as err:
         C.parse_curves({"h2d": data})
     _one_line(err)
     data = _bw().model_dump(mode="json")

@@ -210,9 +210,9 @@ def test_unknown_model_type_with_recognisable_fields_imports_with_warning():
 def test_missing_field_names_it():
     cfg = _cfg("mixtral-8x7b-v0.1.json")
     del cfg["hidden_size"]
-    with pytest.raises(InvalidPlan, match=r"^config\.hidden_size \(None\) is missing"):
+    with pytest.raises(InvalidPlan, match=r"^config\.hidden_size \(none given\) is missing"):
         import_hf(cfg, "t")
-    with pytest.raises(InvalidPlan, match=r"^config\.hidden_size \(None\) is missing"):
+    with pytest.raises(InvalidPlan, match=r"^config\.hidden_size \(none given\) is missing"):
         import_hf({"model_type": "foo"}, "t")
     cfg = _cfg("deepseek-v3.json")
     del cfg["moe_intermediate_size"], cfg["intermediate_size"]
