@@ -97,12 +97,18 @@ def _int(v):
     return int(v) if np.ndim(v) == 0 else v
 
 
+def needs_output_accumulator(model) -> bool:
+    """MLA on the efficient kernel with ``max(d_qk, d_v) > 128``: the CUTLASS kernel then iterates
+    over the value width and accumulates its output in fp32 (``kNeedsOutputAccumulatorBuffer``)."""
+    return model.attention == "mla" and max(model.head_dim, model.v_dim) > 128
+
+
 def output_accumulator_elems(ctx: Ctx):
-    """Elements of the efficient kernel's fp32 forward output accumulator ``N·n_h·d_v`` (present when
-    ``max(d_qk, d_v) > 128``: the CUTLASS kernel then iterates over the value width and accumulates
-    in fp32, ``kNeedsOutputAccumulatorBuffer``); 0 for other attention."""
+    """Elements of the efficient kernel's fp32 forward output accumulator ``N·n_h·d_v`` in the
+    composed stack (``needs_output_accumulator``); 0 for other attention (the FSDP2 baseline's is
+    ``planner.budget.fsdp2_ring``'s fp32 output)."""
     m = ctx.model
-    if ctx.stack != "composed" or m.attention != "mla" or max(m.head_dim, m.v_dim) <= 128:
+    if ctx.stack != "composed" or not needs_output_accumulator(m):
         return 0
     return ctx.tokens_per_rank * m.num_heads * m.v_dim
 

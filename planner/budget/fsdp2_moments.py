@@ -32,6 +32,11 @@ class Item:
         return np.asarray(self.count, dtype=np.int64) * self.elem_bytes
 
 
+def rope_tables(ctx: Ctx, N) -> Item:
+    """The attention's RoPE cos/sin tables, ``N·d_rot`` fp32, held through its forward."""
+    return Item("attention", "RoPE cos/sin tables (fp32)", N * rot_dim(ctx), 4, "N·d_rot")
+
+
 def rope(ctx: Ctx, N, hq, hkv, d_qk, b: int) -> list[Item]:
     """The forward's RoPE moment (``model_layers.py`` apply_rope, in fp32): its cos/sin tables and the
     working set of one rotation beyond its input. Rotating ``x`` of ``n`` elements holds its fp32
@@ -44,7 +49,7 @@ def rope(ctx: Ctx, N, hq, hkv, d_qk, b: int) -> list[Item]:
     h_kr = 1 if m.attention == "mla" else hkv
     per = 8 + 4 * (np.asarray(b) < 4)
     ws = np.maximum(N * hq * d_rot * per, N * hq * d_qk * b + N * h_kr * d_rot * per)
-    return [Item("attention", "RoPE cos/sin tables (fp32)", N * d_rot, 4, "N·d_rot"),
+    return [rope_tables(ctx, N),
             Item("attention", "RoPE working set: fp32 copy, half-width products (fp32)", ws, 1,
                  "max(N·h_q·d_rot·ρ, N·h_q·d_qk·b + N·h_kv·d_rot·ρ), ρ = 8 + 4·[b<4] (bytes; MLA: one key "
                  "head)", ROPE_SOURCE)]

@@ -62,26 +62,29 @@ from __future__ import annotations
 
 import numpy as np
 
-from planner.budget.fsdp2_moments import Item
-from planner.budget.fsdp2_saved import SAC_SOURCE, rot_dim
+from planner.budget.attention_mla import needs_output_accumulator
+from planner.budget.fsdp2_moments import Item, rope_tables
+from planner.budget.fsdp2_saved import SAC_SOURCE
 from planner.context.ctx import Ctx
 
 SOURCE = ("torch's ring attention (_templated_ring_attention and its backward); H200 allocator history, "
           "bench/results/memory_snapshot/fsdp2-dsv2-W8-S393216-cp8.json")
 
 
-def _flags(ctx: Ctx):
-    on = np.asarray(ctx.cp) > 1
-    return on, on & (ctx.cp_rotate == "allgather")
+def _ring(ctx: Ctx):
+    """``[cp > 1]``: the ring attention runs."""
+    return np.asarray(ctx.cp) > 1
+
+
+def _kv(N, hkv, d_qk, d_v):
+    return N * hkv * (d_qk + d_v)
 
 
 def fp32_output_elems(ctx: Ctx, N, hq, d_v):
     """``N·h_q·d_v`` where an fp32 copy of the attention output exists at the kernel: the ring's
-    merged output (``cp > 1``) or the memory-efficient kernel's accumulator (``max(d_qk, d_v) > 128``,
-    ``kNeedsOutputAccumulatorBuffer``)."""
-    m = ctx.model
-    acc = max(m.head_dim, m.v_dim) > 128 and m.attention == "mla"
-    return N * hq * d_v * ((np.asarray(ctx.cp) > 1) | acc)
+    merged output (``cp > 1``) or the memory-efficient kernel's accumulator
+    (``attention_mla.needs_output_accumulator``)."""
+    return N * hq * d_v * (_ring(ctx) | needs_output_accumulator(ctx.model))
 
 
 def mla_forward(ctx: Ctx, N, hq, b: int) -> list[Item]:
@@ -101,14 +104,13 @@ def mla_forward(ctx: Ctx, N, hq, b: int) -> list[Item]:
 def forward_kernel(ctx: Ctx, N, hq, hkv, d_qk, d_v, b: int) -> list[Item]:
     """Items at the forward kernel's moment beyond normed input, q, k, v, output, lse and the
     all-gathered K/V (module docstring)."""
-    on, ag = _flags(ctx)
-    kv = N * hkv * (d_qk + d_v)
+    on, kv = _ring(ctx), _kv(N, hkv, d_qk, d_v)
     return [Item("attention", "ring attention: K/V contiguous copies", kv * on, b, "kv·[cp>1]", SOURCE),
             Item("attention", "ring attention: K/V send buffer (all-gather input; all-to-all: the previous "
                  "step's receive, which k and v still view)", kv * on, b, "kv·[cp>1]", SOURCE),
             Item("attention", "attention output in fp32 (ring merge, or the efficient kernel's accumulator)",
                  fp32_output_elems(ctx, N, hq, d_v), 4, "N·h_q·d_v·[cp>1 or max(d_qk,d_v)>128, MLA]", SOURCE),
-            Item("attention", "RoPE cos/sin tables (fp32)", N * rot_dim(ctx), 4, "N·d_rot", SOURCE),
+            rope_tables(ctx, N),
             *mla_forward(ctx, N, hq, b), *sac_projection(ctx, N, hq, hkv, d_qk, b)]
 
 
@@ -132,8 +134,8 @@ def sac_projection(ctx: Ctx, N, hq, hkv, d_qk, b: int) -> list[Item]:
 def backward_kernel(ctx: Ctx, N, hq, hkv, d_qk, d_v, b: int) -> list[Item]:
     """Items of the ring backward live at its kernel (and after it): the K/V copies, send buffers
     and the fp32 gradient accumulators."""
-    on, ag = _flags(ctx)
-    kv = N * hkv * (d_qk + d_v)
+    on, kv = _ring(ctx), _kv(N, hkv, d_qk, d_v)
+    ag = on & (ctx.cp_rotate == "allgather")
     return [Item("attention", "ring attention's o-projection input copy, freed by wo's backward",
                  -N * hq * d_v * on, b, "−N·h_q·d_v·[cp>1] (booked in the saved tensors A)", SOURCE),
             Item("attention", "ring attention backward: K/V contiguous copies", kv * on, b, "kv·[cp>1]", SOURCE),
@@ -145,7 +147,6 @@ def backward_kernel(ctx: Ctx, N, hq, hkv, d_qk, d_v, b: int) -> list[Item]:
 
 def backward_exchange(ctx: Ctx, N, hkv, d_qk, d_v) -> list[Item]:
     """The dK/dV exchange after the first ring step's kernel: its fp32 send and receive."""
-    on, _ = _flags(ctx)
-    kv = N * hkv * (d_qk + d_v)
+    on, kv = _ring(ctx), _kv(N, hkv, d_qk, d_v)
     return [Item("attention", "ring attention backward: dK/dV exchange, send and receive (fp32)", 2 * kv * on, 4,
                  "2·kv·[cp>1]", SOURCE)]

@@ -129,6 +129,11 @@ def read_plan_document(path: str) -> tuple[PlanFile, dict | None, ClusterSpec | 
     absolute."""
     data = read_structured(path)
     ref = base = None
+    if isinstance(data, dict) and isinstance(data.get("model"), str):
+        name = data["model"]
+        raise InvalidPlan("model", name, "must be the model's fields, not a profile name",
+                          f"a plan file embeds the whole model: write one with planner search {name} --gpus W "
+                          "--seq-len S --out plan.yaml")
     if isinstance(data, dict) and isinstance(data.get("cluster"), str):
         name = data["cluster"]
         raise InvalidPlan("cluster", name, "must be a mapping that names the profile, not a bare name",

@@ -119,10 +119,6 @@ def validation_error(exc: ValidationError, prefix: str, cls: type[BaseModel] | N
                            "write a plain integer (8, not 8.0; 131072, not 1.31072e5)")
     if kind == "float_not_bool":
         return InvalidPlan(field, value, "must be a number, not a boolean", "write a number")
-    if kind in ("model_type", "dict_type") and field == "model" and isinstance(value, str):
-        return InvalidPlan(field, value, "must be the model's fields, not a profile name",
-                           f"a plan file embeds the whole model: write one with planner search {value} --gpus W "
-                           "--seq-len S --out plan.yaml")
     if kind in _TYPE_PROBLEMS:
         problem, fix = _TYPE_PROBLEMS[kind]
         return InvalidPlan(field, value, problem, fix)
