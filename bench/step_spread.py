@@ -5,18 +5,21 @@
 
 Each case is ``planner validate``'s own W = 1 step (``planner.runtime.validate``: the plan truncated
 to 2 layers, the allocator in the cluster's mode, the dispatch on the routing profile's plan, the
-phase recorder, CUDA events around each step). It runs ``STEPS`` steps in each of three blocks:
-Python's garbage collector as ``planner validate`` leaves it (``gc on``), then frozen and disabled
-during the steps, collected between them (``gc off``, the practice of training loops such as
-torchtitan's), then ``gc on`` again (so a drift in time shows as a difference between the two ``gc
-on`` blocks). The first step of each block is not timed. Beside every timed step it records:
+phase recorder, CUDA events around each step). It runs ``STEPS`` steps in each of three blocks: the
+launching thread free to run on any core (``unpinned``, as every run before
+``planner.runtime.host_cores``), pinned to the fastest core as ``planner validate`` pins it
+(``pinned``), and free again (so a drift in time shows as a difference between the two free
+blocks). The first step of each block is not timed. Beside every timed step it records:
 
 - ``host_s``: the main thread's CPU seconds in the step (``time.thread_time``);
 - ``nivcsw``: the process's involuntary context switches in the step (the host took its cores away);
 - ``steal_s``: the virtual machine's stolen seconds over all cores (``/proc/stat``);
-- ``gc_s`` and ``gc_n``: the collector's seconds and collections in the step (``gc.callbacks``);
+- ``gc_s`` and ``gc_n``: the garbage collector's seconds and collections in the step (``gc.callbacks``);
 - ``launch_us``: before the step, the host seconds per launch of ``PROBE_LAUNCHES`` tiny kernels;
-- ``python_us``: before the step, a fixed pure-Python loop (the host core's speed alone).
+- ``python_us``: before the step, ``host_cores``' fixed pure-Python loop (the core's speed alone);
+- ``cpu``: the core the thread was on when the step started.
+
+Before the cases, every core is timed (``host_cores.time_cores``, ``CORE_ROUNDS`` rounds).
 
 Writes ``step_spread.json`` and ``.md`` (per case: median step of each block, the prediction, and the
 probes' medians; over all cases the correlation of step time with each probe inside a case).
@@ -25,6 +28,7 @@ probes' medians; over all cases the correlation of step time with each probe ins
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import json
 import resource
@@ -35,10 +39,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from planner.runtime import host_cores  # noqa: E402
+
 LAYERS = 2
 STEPS = 5
 PROBE_LAUNCHES = 2000
-PYTHON_LOOP = 200_000
 # name, model, stack knobs, S, gradient lifetime: the W = 1 steps of KNOWN_SLOW and a GPU-bound control
 CASES = (
     ("composed-qwen3-S32768", "qwen3-30b-a3b", {}, 32768, "freed"),
@@ -54,7 +59,8 @@ CASES = (
 )
 SMOKE_CASES = (("composed-qwen3-tiny", "qwen3-30b-a3b", {}, 512, "freed"),
                ("fsdp2-dsv2-tiny", "deepseek-v2-lite", {"stack": "fsdp2"}, 512, "freed"))
-BLOCKS = ("gc on", "gc off", "gc on")
+BLOCKS = ("unpinned", "pinned", "unpinned")
+CORE_ROUNDS = 3
 
 
 def proc_steal_s() -> float:
@@ -99,10 +105,16 @@ def probes(torch, device) -> dict:
         x.add_(1.0)
     t1 = time.perf_counter()
     sync()
-    t2 = time.perf_counter()
-    sum(range(PYTHON_LOOP))
-    t3 = time.perf_counter()
-    return {"launch_us": (t1 - t0) / PROBE_LAUNCHES * 1e6, "python_us": (t3 - t2) * 1e6}
+    return {"launch_us": (t1 - t0) / PROBE_LAUNCHES * 1e6, "python_us": host_cores.probe_s() * 1e6,
+            "cpu": _getcpu()}
+
+
+def _getcpu() -> int:
+    try:
+        import ctypes
+        return int(ctypes.CDLL(None).sched_getcpu())
+    except (OSError, AttributeError):
+        return -1
 
 
 def spread_timer(torch, device, records: list, clock: GcClock):
@@ -172,22 +184,18 @@ def run_case(name: str, model: str, knobs: dict, S: int, lifetime: str, torch, s
         for mode in BLOCKS:
             records: list = []
             gc.collect()
-            if mode == "gc off":
-                gc.freeze()
-                gc.disable()
-            try:
-                with GcClock() as clock:
-                    if cuda:
-                        v.run_steps(step, rec, tokens, targets, steps=steps, timer=spread_timer(torch, dev, records, clock))
-                    else:
-                        timer = spread_timer(torch, dev, records, clock)
-                        for _ in range(steps):
-                            t = timer()
-                            step.step(tokens, targets)
-                            t()
-            finally:
-                gc.enable()
-                gc.unfreeze()
+            with GcClock() as clock, (host_cores.pinned(torch) if mode == "pinned" else contextlib.nullcontext()) as cores:
+                if cuda:
+                    v.run_steps(step, rec, tokens, targets, steps=steps, timer=spread_timer(torch, dev, records, clock))
+                else:
+                    timer = spread_timer(torch, dev, records, clock)
+                    for _ in range(steps):
+                        t = timer()
+                        step.step(tokens, targets)
+                        t()
+            if cores is not None:
+                blocks.append({"mode": mode, "host_cores": cores.to_json(), "steps": records[1:]})
+                continue
             blocks.append({"mode": mode, "steps": records[1:]})
     finally:
         if hasattr(step, "close"):
@@ -227,7 +235,7 @@ def markdown(doc: dict) -> str:
              f"`{doc['command']}` — torch {p['torch']}, {p['date']}, host instance `{p.get('host_instance') or 'unknown'}`, "
              f"CPU {doc.get('cpu', '?')}", "",
              "| case | predicted s | " + " | ".join(f"{m} median s" for m in BLOCKS)
-             + " | step spread (max/min) | host s (thread CPU) | gc s per step (gc on) | launch µs | python µs | nivcsw | steal s |",
+             + " | step spread (max/min) | host s (thread CPU) | gc s per step | launch µs | python µs | nivcsw | steal s |",
              "|---|---|" + "---|" * len(BLOCKS) + "---|---|---|---|---|---|---|"]
     for c in doc["cases"]:
         if "error" in c:
@@ -236,11 +244,10 @@ def markdown(doc: dict) -> str:
         B = c["blocks"]
         allsteps = [s for b in B for s in b["steps"]]
         st = [s["step_s"] for s in allsteps]
-        on = [s for b in B if b["mode"] == "gc on" for s in b["steps"]]
         med = lambda k, xs=allsteps: statistics.median(s[k] for s in xs)  # noqa: E731
         lines.append(f"| {c['name']} | {c['predicted_step_s'] or 0:.3f} | "
                      + " | ".join(f"{_median(b, 'step_s'):.3f}" for b in B)
-                     + f" | {max(st) / min(st):.3f} | {med('host_s'):.3f} | {med('gc_s', on):.4f} | {med('launch_us'):.2f} | "
+                     + f" | {max(st) / min(st):.3f} | {med('host_s'):.3f} | {med('gc_s'):.4f} | {med('launch_us'):.2f} | "
                      f"{med('python_us'):.0f} | {med('nivcsw'):.0f} | {med('steal_s'):.2f} |")
     lines += ["", "Correlation of a step's time with the host's state over the timed steps, each case about its own mean: "
               + ", ".join(f"{k} r = {v:+.2f}" if v is not None else f"{k} n/a" for k, v in doc["correlation"].items())]
@@ -274,7 +281,11 @@ def main(argv=None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     cmd = command_line("python3 bench/step_spread.py", argv)
-    doc = {"provenance": provenance(cmd), "command": cmd, "cpu": cpu_model(), "cases": []}
+    rounds = [host_cores.time_cores() for _ in range(CORE_ROUNDS)]
+    doc = {"provenance": provenance(cmd), "command": cmd, "cpu": cpu_model(),
+           "core_probe_s": {str(c): [r[c] for r in rounds] for c in rounds[0]}, "cases": []}
+    print("core probe ms: " + ", ".join(f"{c} {statistics.median(v) * 1e3:.2f}" for c, v in doc["core_probe_s"].items()),
+          flush=True)
     for name, model, knobs, S, lt in cases:
         t0 = time.perf_counter()
         try:

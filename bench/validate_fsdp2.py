@@ -104,12 +104,16 @@ def summary_line(c: dict) -> str:
 
 
 def main(argv=None) -> int:
-    args = parser(__doc__, "bench/results/validate_fsdp2", BUDGET_S, STEPS).parse_args(argv)
+    ap = parser(__doc__, "bench/results/validate_fsdp2", BUDGET_S, STEPS)
+    ap.add_argument("--worlds", type=int, nargs="+", default=None, help="world sizes to run (default: all)")
+    args = ap.parse_args(argv)
     out = Path(args.out)
     (out / "plans").mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     results = []
     for name, model, W, S, knobs, lt, pf, pred, note in planned():
+        if args.worlds and W not in args.worlds:
+            continue
         c = {"name": name, "model": model, "W": W, "S": S, "knobs": knobs, "lifetime": lt, "layers": LAYERS}
         if pf is None or note:
             c["status"] = note

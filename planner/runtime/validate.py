@@ -53,6 +53,8 @@ class Measurement:
     losses: list[float] = field(default_factory=list)
     allocator: str = ""
     """The caching allocator's mode the step ran under (``planner.runtime.allocator``)."""
+    host_cores: object = None
+    """The cores' speeds and the one the launching thread ran on (``planner.runtime.host_cores``)."""
 
 
 @dataclass
@@ -89,6 +91,7 @@ class Outcome:
                                                 default=0),
             "step_s": meas.step_s, "predicted_step_s": pred.step_s, "losses": meas.losses,
             "allocator": meas.allocator,
+            "host_cores": meas.host_cores.to_json() if meas.host_cores is not None else None,
             "tolerances": {"memory_under": MEMORY_UNDER, "memory_over": MEMORY_OVER,
                            "time": TIME_TOLERANCE, "time_judged": meas.mode == "real"},
             "rows": [r.asdict() for r in self.rows], "phases": phases,
@@ -244,7 +247,7 @@ def measure(planfile, ctx, *, rank: int, steps: int, grad_lifetime: str) -> Meas
     torch = _require_gpu()
     import torch.distributed as dist
 
-    from planner.runtime import allocator
+    from planner.runtime import allocator, host_cores
     from planner.runtime.phase_recorder import CudaSource, PhaseRecorder
 
     alloc_line = allocator.configure(torch, planfile.cluster.memory.expandable_segments)
@@ -252,23 +255,24 @@ def measure(planfile, ctx, *, rank: int, steps: int, grad_lifetime: str) -> Meas
     mode, rank = _world(ctx.world_size, rank, torch)
     try:
         device = torch.device("cuda", torch.cuda.current_device())
-        torch.manual_seed(SEED)
-        composed = build_step(planfile, device=device, grad_lifetime=grad_lifetime, rank=rank)
-        try:
-            plan_dispatch(composed.model, ctx)
-            tokens, targets = synthetic_batch(ctx, device, torch)
-            rec = PhaseRecorder(CudaSource(device))
-            samples, start, times, losses = run_steps(composed, rec, tokens, targets, steps=steps,
-                                                      timer=_cuda_timer(torch))
-        finally:
-            if hasattr(composed, "close"):
-                composed.close()  # pinned host memory (SCO pool, offloaded optimizer state)
+        with host_cores.pinned(torch) as cores:  # the launching thread on the fastest core
+            torch.manual_seed(SEED)
+            composed = build_step(planfile, device=device, grad_lifetime=grad_lifetime, rank=rank)
+            try:
+                plan_dispatch(composed.model, ctx)
+                tokens, targets = synthetic_batch(ctx, device, torch)
+                rec = PhaseRecorder(CudaSource(device))
+                samples, start, times, losses = run_steps(composed, rec, tokens, targets, steps=steps,
+                                                          timer=_cuda_timer(torch))
+            finally:
+                if hasattr(composed, "close"):
+                    composed.close()  # pinned host memory (SCO pool, offloaded optimizer state)
         step_s = statistics.median(times[1:]) if len(times) > 1 else (times[0] if times else None)
         name = torch.cuda.get_device_name(device)
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
-    return Measurement(samples, start, step_s, mode, name, losses, alloc_line)
+    return Measurement(samples, start, step_s, mode, name, losses, alloc_line, cores)
 
 
 def plan_grad_lifetime(pf) -> str:
@@ -330,6 +334,8 @@ def render(o: Outcome, console) -> None:
     console.print(f"rank {o.rank} ({o.rank_reason}); gradients {pred.ctx.grad_lifetime}")
     if meas.allocator:
         console.print(meas.allocator)
+    if meas.host_cores is not None:
+        console.print(meas.host_cores.line())
     for c in o.changes:
         console.print(f"  truncated: {c}")
     t = Table(title="predicted vs measured (GiB; allocated, reserved shown beside)")

@@ -1,0 +1,118 @@
+"""The host core a step's launching thread runs on: a launch-bound step's time follows that core.
+
+The virtual machines that carry one H200 here do not give every vCPU the same speed: a fixed
+pure-Python loop takes 2.6–2.8 ms on some cores and 4.3–5.5 ms on others of the same machine, the
+same cores slow for seconds at a time (``bench/results/step_spread``). A step that waits on its host
+launches (the short FSDP2 steps, Qwen3's expert loops) ran 1.2–1.5× longer on a slow core than on a
+fast one, which is most of what separated one run of the same step from the next.
+
+So ``planner validate`` and the host calibrations (``calibration.step_host``,
+``calibration.dispatch_kernels``) time every core this process may use and pin the calling thread
+(the one that launches the kernels) to the fastest, for the duration of a ``with pinned(torch)``.
+CPU worker threads started before it keep every core: the intra-op pool is started first, so the
+host optimizer's threads are not confined. Where the platform cannot pin, nothing is pinned and the
+record says so.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import time
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+
+PROBE_LOOP = 200_000
+"""Iterations of the fixed pure-Python loop that times a core (~3 ms on a fast H200-host core)."""
+PROBE_REPEATS = 5
+"""Probes per core; the median is kept."""
+POOL_WARM_ELEMENTS = 1 << 20
+"""Elements of the CPU op that starts the intra-op thread pool before the calling thread is pinned
+(enough grains for every thread of the pool)."""
+
+
+@dataclass
+class HostCores:
+    """Each core's probe seconds and the core the calling thread was pinned to (``None``: not pinned)."""
+
+    probe_s: dict[int, float] = field(default_factory=dict)
+    core: int | None = None
+    reason: str = ""
+    """Why nothing was pinned (one core, or the platform cannot pin)."""
+
+    @property
+    def spread(self) -> float | None:
+        """Slowest / fastest core's probe."""
+        v = list(self.probe_s.values())
+        return max(v) / min(v) if v and min(v) > 0 else None
+
+    def to_json(self) -> dict:
+        d = asdict(self)
+        d["probe_s"] = {str(k): v for k, v in self.probe_s.items()}
+        d["spread"] = self.spread
+        return d
+
+    def line(self) -> str:
+        """One line for a report."""
+        if self.core is None:
+            return f"host core: not pinned ({self.reason})"
+        v = self.probe_s
+        return (f"host core: the launching thread pinned to core {self.core} of {len(v)} "
+                f"(probe {v[self.core] * 1e3:.2f} ms; cores {min(v.values()) * 1e3:.2f}–{max(v.values()) * 1e3:.2f} ms, "
+                f"{self.spread:.2f}×)")
+
+
+def probe_s() -> float:
+    """Seconds of the fixed pure-Python loop on the calling thread's core, now."""
+    t0 = time.perf_counter()
+    sum(range(PROBE_LOOP))
+    return time.perf_counter() - t0
+
+
+def time_cores(cores=None, repeats: int = PROBE_REPEATS) -> dict[int, float]:
+    """Median probe seconds of each core in ``cores`` (default: every core this thread may use),
+    the calling thread moved onto each in turn and its affinity restored after.
+
+    Raises:
+        ValueError: ``repeats`` < 1 or an empty ``cores``.
+    """
+    if repeats < 1:
+        raise ValueError(f"repeats = {repeats}: must be >= 1 (give PROBE_REPEATS, {PROBE_REPEATS})")
+    before = os.sched_getaffinity(0)
+    cores = sorted(before if cores is None else cores)
+    if not cores:
+        raise ValueError("cores is empty: give at least one core this process may use")
+    out = {}
+    try:
+        for c in cores:
+            os.sched_setaffinity(0, {c})
+            out[c] = statistics.median(probe_s() for _ in range(repeats))
+    finally:
+        os.sched_setaffinity(0, before)
+    return out
+
+
+def _start_pool(torch) -> None:
+    if torch is not None:
+        torch.ones(POOL_WARM_ELEMENTS).add_(1.0)
+
+
+@contextmanager
+def pinned(torch=None):
+    """Pin the calling thread to the fastest core for the block; yields its ``HostCores``. ``torch``:
+    start its intra-op pool first (module docstring)."""
+    if not (hasattr(os, "sched_getaffinity") and hasattr(os, "sched_setaffinity")):
+        yield HostCores(reason="this platform cannot set a thread's cores")
+        return
+    before = os.sched_getaffinity(0)
+    if len(before) < 2:
+        yield HostCores(time_cores(before), reason="one core")
+        return
+    _start_pool(torch)
+    speeds = time_cores(before)
+    core = min(speeds, key=speeds.get)
+    os.sched_setaffinity(0, {core})
+    try:
+        yield HostCores(speeds, core)
+    finally:
+        os.sched_setaffinity(0, before)
