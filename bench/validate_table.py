@@ -21,6 +21,7 @@ measurement, so the formula is held against what the case itself allocated.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import sys
 from pathlib import Path
@@ -65,7 +66,8 @@ STEMS = ("validate", "validate_w1", "validate_w1_run3", "validate_w1_run4", "val
          "validate_heldout", "validate_heldout_r2", "validate_heldout_r3", "validate_heldout_r4", "validate_heldout_r5",
          "validate_heldout_r6", "validate_fsdp2_run3_expandable", "validate_w1_run6_expandable",
          "validate_heldout_r5_rerun", "validate_heldout_r6_rerun", "validate_heldout_r7", "validate_heldout_r8",
-         "validate_heldout_r9", "validate_heldout_r10", "validate_heldout_r11", "validate_heldout_r12")
+         "validate_heldout_r9", "validate_heldout_r10", "validate_heldout_r11", "validate_heldout_r12",
+         "validate_w1_pinned_expandable", "validate_fsdp2_pinned_expandable")
 """The committed runs: the composed matrix, the composed W = 1 runs at three context lengths (timed
 as the median of steps 2–4), the FSDP2 baseline's cases, and held-out cases of both stacks run
 through the CLI (``validate_heldout``, one process each). The ``*_expandable`` and held-out runs ran
@@ -84,7 +86,8 @@ FRESH_STEMS = ("validate_w1_run5", "validate_fsdp2_run2", "validate_expandable",
                "validate_w1_expandable", "validate_heldout", "validate_heldout_r2", "validate_heldout_r3",
                "validate_heldout_r4", "validate_heldout_r5", "validate_heldout_r6", "validate_fsdp2_run3_expandable",
                "validate_w1_run6_expandable", "validate_heldout_r5_rerun", "validate_heldout_r6_rerun",
-               "validate_heldout_r7", "validate_heldout_r8", "validate_heldout_r9", "validate_heldout_r10", "validate_heldout_r11", "validate_heldout_r12")
+               "validate_heldout_r7", "validate_heldout_r8", "validate_heldout_r9", "validate_heldout_r10", "validate_heldout_r11", "validate_heldout_r12",
+               "validate_w1_pinned_expandable", "validate_fsdp2_pinned_expandable")
 """Runs made with each case's cuBLAS workspaces cleared first (``bench/_validate_runner.fresh``):
 nothing carries over between their cases."""
 
@@ -97,9 +100,34 @@ def carried_workspace_bytes(own: int, held: int) -> int:
     return max(0, held - own)
 
 
-def cases(stem: str):
+INSTANCE_SECTIONS = ("dispatch_kernels", "step_host")
+"""The host calibrations one instance can re-run in half a minute (``--calibration``)."""
+
+
+@functools.lru_cache(maxsize=None)
+def _instance_fragments(folder: str) -> tuple:
+    from calibration.io import read_yaml
+
+    d = RESULTS.parent / "calibration" / folder
+    return tuple(read_yaml(d / f"{section}.yaml") for section in INSTANCE_SECTIONS if (d / f"{section}.yaml").exists())
+
+
+def instance_cluster(folder: str, cluster):
+    """``cluster`` with the calibration sections under ``bench/results/calibration/folder`` merged in."""
+    from calibration.merge import merge_data
+    from planner.timing.curves import parse_cluster
+
+    data = cluster.model_dump(mode="json")
+    for frag in _instance_fragments(folder):
+        data = merge_data(data, frag)
+    return parse_cluster(data)
+
+
+def cases(stem: str, calibration: str | None = None):
     """``(case, plan file)`` of every case that ran, in run order; each case carries
-    ``carried_bytes`` (``carried_workspace_bytes``; 0 for ``FRESH_STEMS``)."""
+    ``carried_bytes`` (``carried_workspace_bytes``; 0 for ``FRESH_STEMS``). ``calibration``: a folder
+    under ``bench/results/calibration`` whose sections are merged into every case's cluster
+    (``instance_cluster``)."""
     doc = json.loads((RESULTS / f"{stem}.json").read_text())
     held = 0
     for c in doc["cases"]:
@@ -109,6 +137,8 @@ def cases(stem: str):
         ov = {"stack": "fsdp2", **knobs} if _fsdp2(stem, c) else (dict(knobs) or None)
         pf = truncate(build_planfile(model=c["model"], gpus=c["W"], seq_len=c["S"], overrides=ov),
                       c["layers"]).planfile
+        if calibration:
+            pf = pf.model_copy(update={"cluster": instance_cluster(calibration, pf.cluster)})
         own = blaslt_bytes(make_context(pf.model, pf.cluster, pf.workload, pf.plan))
         carried = 0 if stem in FRESH_STEMS else carried_workspace_bytes(own, held)
         held = max(held, own)
@@ -178,8 +208,12 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--summary", action="store_true", help="one line per model and W group, both stacks")
+    ap.add_argument("--stems", nargs="+", default=None, help="runs to read (default: every committed run)")
+    ap.add_argument("--calibration", default=None, metavar="DIR",
+                    help="predict with the sections of bench/results/calibration/DIR merged into the profile "
+                         "(e.g. instance_7542d85e, the instance of validate_w1_pinned_expandable)")
     args = ap.parse_args(argv)
-    recs = [row(stem, c, pf) for stem in STEMS for c, pf in cases(stem)]
+    recs = [row(stem, c, pf) for stem in (args.stems or STEMS) for c, pf in cases(stem, args.calibration)]
     if args.summary:
         print(summary(recs, "composed") + "\n\n" + summary(recs, "fsdp2"))
         return 0

@@ -233,7 +233,6 @@ def measure(smoke: bool, command: str) -> dict:
     """Run every section on this machine (CUDA unless ``smoke``): the JSON document."""
     import torch
 
-    from planner.runtime import host_cores
     from planner.runtime.measure import provenance
 
     cuda = torch.cuda.is_available() and not smoke
@@ -245,10 +244,7 @@ def measure(smoke: bool, command: str) -> dict:
         torch.cuda.empty_cache()
     doc = {"provenance": {**provenance(command), "host_instance": host_instance()}, "command": command, "shape": c,
            "adamw_ref_bytes_per_s": ref, "memory": mem, "gemm_layouts": gemm_layouts(c, dev, dt),
-           "sustained": sustained(c, dev, dt)}
-    with host_cores.pinned(torch) as cores:  # as planner validate runs the loops it predicts
-        doc["host_blocks"] = host_blocks(c, dev, dt)
-    doc["host_cores"] = cores.to_json()
+           "sustained": sustained(c, dev, dt), "host_blocks": host_blocks(c, dev, dt)}
     doc["wall_s"] = time.perf_counter() - t0
     return doc
 

@@ -3,7 +3,11 @@
 - The profile's **declared topology is kept as declared** (``gpu_name``, GPUs per node, host RAM
   and cores, interconnect); only measurements move.
 - Curves: each curve present in the measured file replaces the profile's; collective curves merge
-  per collective and group size.
+  per collective and group size. A ``dispatch_kernels`` curve without ``dispatch_kernels_widths``
+  beside it (``calibration.dispatch_kernels``) also gives every width curve the profile holds its
+  host loops and host call seconds: those are measured at tiny rows, the same at every width
+  (``calibration.coverage`` copies one host measurement into each width), so a host measured again
+  moves them all.
 - Memory constants: only those the measured file marks ``measured`` replace the profile's, so its
   ``assumed`` values and notes survive. ``KEEP_LARGER`` constants are never replaced by a
   smaller measurement (a smaller host baseline or CUDA context would make verdicts optimistic). ``expandable_segments`` follows the measured file when it
@@ -55,6 +59,10 @@ def merge_data(base: dict, measured: dict) -> dict:
             curves[key] = coll
         else:
             curves[key] = val
+    new_dk = (measured.get("curves") or {}).get("dispatch_kernels")
+    if new_dk and not (measured.get("curves") or {}).get("dispatch_kernels_widths") and curves.get("dispatch_kernels_widths"):
+        curves["dispatch_kernels_widths"] = [{**w, "host_loops": new_dk["host_loops"], "host_call_s": new_dk["host_call_s"]}
+                                             for w in curves["dispatch_kernels_widths"]]
     out["curves"] = curves
     memory = dict(base.get("memory") or {})
     new_mem = measured.get("memory") or {}

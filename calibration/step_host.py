@@ -204,7 +204,6 @@ def measure(smoke: bool, command: str) -> dict:
     import torch
     import torch.distributed as dist
 
-    from planner.runtime import host_cores
     from planner.runtime.measure import provenance
 
     cuda = torch.cuda.is_available() and not smoke
@@ -214,19 +213,17 @@ def measure(smoke: bool, command: str) -> dict:
     _start_world(dev)
     cases, failed = [], []
     try:
-        with host_cores.pinned(torch) as cores:  # as planner validate runs the step it predicts
-            for m in c.get("models", MODELS):
-                for ac in c.get("acs", ACS):
-                    try:
-                        cases.append(measure_case(m, ac, c, dev))
-                    except Exception as e:  # noqa: BLE001 - a case that cannot run is reported, not fatal
-                        failed.append(dict(model=m, ac=ac, error=f"{type(e).__name__}: {' '.join(str(e).split())[:300]}"))
-                        print(f"step_host: {m} ac={ac} failed: {failed[-1]['error']}", file=sys.stderr)
+        for m in c.get("models", MODELS):
+            for ac in c.get("acs", ACS):
+                try:
+                    cases.append(measure_case(m, ac, c, dev))
+                except Exception as e:  # noqa: BLE001 - a case that cannot run is reported, not fatal
+                    failed.append(dict(model=m, ac=ac, error=f"{type(e).__name__}: {' '.join(str(e).split())[:300]}"))
+                    print(f"step_host: {m} ac={ac} failed: {failed[-1]['error']}", file=sys.stderr)
     finally:
         dist.destroy_process_group()
     return {"provenance": provenance(command), "command": command, "shape": {k: v for k, v in c.items()},
-            "tiny": TINY, "layers": LAYERS, "host_cores": cores.to_json(), "cases": cases, "failed": failed,
-            "wall_s": time.perf_counter() - t0}
+            "tiny": TINY, "layers": LAYERS, "cases": cases, "failed": failed, "wall_s": time.perf_counter() - t0}
 
 
 def row(case: dict) -> dict:

@@ -43,7 +43,7 @@ GradLifetimeC = enum_of("grad_lifetime")
 def validate(
     plan: Annotated[str, typer.Argument(help="Plan file (planner search --out).")],
     layers: Annotated[Optional[int], typer.Option(help="Truncate to N decoder layers (widths, N and degrees kept).", show_default="all layers")] = None,
-    steps: Annotated[int, typer.Option(help="Steps to run; the last one is compared.")] = 3,
+    steps: Annotated[int, typer.Option(help="Steps to run (a real run steps on until its timed window is filled); the last one is compared.")] = 3,
     rank: Annotated[Optional[int], typer.Option(help="Rank to run.", show_default="the rank class that binds")] = None,
     grad_lifetime: Annotated[Optional[GradLifetimeC], typer.Option(help="freed: zero_grad(set_to_none=True) between steps; accumulate: gradients kept. Default: an FSDP2 plan's baseline.grad_lifetime, freed for the composed stack.")] = None,
     json_out: Json = False,

@@ -1,17 +1,18 @@
-"""The host core a step's launching thread runs on: a launch-bound step's time follows that core.
+"""How fast the host cores are while a step runs: a launch-bound step's time follows the core.
 
 The virtual machines that carry one H200 here do not give every vCPU the same speed: a fixed
-pure-Python loop takes 2.6–2.8 ms on some cores and 4.3–5.5 ms on others of the same machine, the
-same cores slow for seconds at a time (``bench/results/step_spread``). A step that waits on its host
-launches (the short FSDP2 steps, Qwen3's expert loops) ran 1.2–1.5× longer on a slow core than on a
-fast one, which is most of what separated one run of the same step from the next.
+pure-Python loop (``probe_s``) takes 2.3–2.8 ms on some cores and 4.1–5.5 ms on others of the same
+machine, and a core that was fast turns slow within seconds (``bench/results/step_spread``); the
+guest sees no stolen time and the garbage collector takes about 1 ms a step. A step that waits on its
+host launches (the short FSDP2 steps, Qwen3's expert loops) follows the speed of the core its
+thread is on, which is most of what separates one run of the same step from the next.
 
-So ``planner validate`` and the host calibrations (``calibration.step_host``,
-``calibration.dispatch_kernels``) time every core this process may use and pin the calling thread
-(the one that launches the kernels) to the fastest, for the duration of a ``with pinned(torch)``.
-CPU worker threads started before it keep every core: the intra-op pool is started first, so the
-host optimizer's threads are not confined. Where the platform cannot pin, nothing is pinned and the
-record says so.
+``planner validate`` therefore times every core before its steps (``survey``) and reports the spread
+beside the step time. It does not pin: pinned to the fastest core, the same steps ran no steadier
+(the core slowed during the run), and host calibrations pinned there priced the steps 0.78–0.83
+of their time (``bench/step_spread.py``, README: the time model). ``pinned`` is that comparison's
+pin: the calling thread on the fastest core for the block, the intra-op pool started first so its
+workers keep every core.
 """
 
 from __future__ import annotations
@@ -54,9 +55,12 @@ class HostCores:
 
     def line(self) -> str:
         """One line for a report."""
-        if self.core is None:
-            return f"host core: not pinned ({self.reason})"
         v = self.probe_s
+        if self.core is None:
+            if not v:
+                return f"host cores: not timed ({self.reason})"
+            return (f"host cores: {len(v)}, probe {min(v.values()) * 1e3:.2f}–{max(v.values()) * 1e3:.2f} ms "
+                    f"({self.spread:.2f}×); a launch-bound step's time follows the core its thread runs on")
         return (f"host core: the launching thread pinned to core {self.core} of {len(v)} "
                 f"(probe {v[self.core] * 1e3:.2f} ms; cores {min(v.values()) * 1e3:.2f}–{max(v.values()) * 1e3:.2f} ms, "
                 f"{self.spread:.2f}×)")
@@ -90,6 +94,13 @@ def time_cores(cores=None, repeats: int = PROBE_REPEATS) -> dict[int, float]:
     finally:
         os.sched_setaffinity(0, before)
     return out
+
+
+def survey() -> HostCores:
+    """Every core's probe, nothing pinned (what ``planner validate`` records before its steps)."""
+    if not hasattr(os, "sched_setaffinity"):
+        return HostCores(reason="this platform cannot move a thread between cores")
+    return HostCores(time_cores())
 
 
 def _start_pool(torch) -> None:

@@ -11,7 +11,7 @@ the budget against the allocator (DESIGN §8, issue 11).
   step's ``on_phase`` hook (``phase_recorder``): peak allocated and reserved bytes from the
   allocator's counters, reset at each boundary. The last of ``K`` steps is compared (the first
   builds the optimizer state and the library workspaces); the time is the median over steps 2..K
-  (CUDA events).
+  (CUDA events), a real run stepping on until those add up to ``TIME_WINDOW_S``.
 
 Exit codes: 0 every judged row within tolerance, 1 one is not, 2 invalid input or no GPU.
 """
@@ -33,6 +33,13 @@ from planner.units import GiB
 
 DEFAULT_STEPS = 3
 """Steps run; the last is compared (the first creates optimizer state and workspaces)."""
+TIME_WINDOW_S = 2.0
+"""A real run steps on past ``--steps`` until its timed steps (2..K) add up to this many seconds:
+a launch-bound step's time follows the speed of the host core its thread is on, which changes
+within seconds on the H200 machines (``planner.runtime.host_cores``), so a 0.1 s step's median is
+taken over a window of that length rather than over two steps."""
+MAX_STEPS = 40
+"""The most steps ``TIME_WINDOW_S`` adds a run up to."""
 SEED = 0
 COMPARED_BOUND = "expected"
 """A step measures the dispatch buffers of the routing it draws: compare them with the plan evaluated
@@ -144,14 +151,17 @@ def synthetic_batch(ctx, device, torch):
     return tokens, targets
 
 
-def run_steps(composed, recorder, tokens, targets, *, steps: int, timer=None):
-    """Run ``steps`` steps through the phase recorder; returns (samples of the last step, its
+def run_steps(composed, recorder, tokens, targets, *, steps: int, timer=None, min_timed_s: float = 0.0):
+    """Run ``steps`` steps through the phase recorder, and more (up to ``MAX_STEPS``) while the timed
+    steps 2..K add up to less than ``min_timed_s``; returns (samples of the last step, its
     step-start bytes, step times, losses). The step frees or keeps the gradients itself
     (``build_composed_step(set_to_none=...)``)."""
     times, losses = [], []
     samples, start = {}, 0
     composed.on_phase = recorder
-    for _ in range(steps):
+    k = 0
+    while k < steps or (timer is not None and sum(times[1:]) < min_timed_s and k < MAX_STEPS):
+        k += 1
         recorder.start()
         start = recorder._start
         t = timer() if timer is not None else None
@@ -255,18 +265,19 @@ def measure(planfile, ctx, *, rank: int, steps: int, grad_lifetime: str) -> Meas
     mode, rank = _world(ctx.world_size, rank, torch)
     try:
         device = torch.device("cuda", torch.cuda.current_device())
-        with host_cores.pinned(torch) as cores:  # the launching thread on the fastest core
-            torch.manual_seed(SEED)
-            composed = build_step(planfile, device=device, grad_lifetime=grad_lifetime, rank=rank)
-            try:
-                plan_dispatch(composed.model, ctx)
-                tokens, targets = synthetic_batch(ctx, device, torch)
-                rec = PhaseRecorder(CudaSource(device))
-                samples, start, times, losses = run_steps(composed, rec, tokens, targets, steps=steps,
-                                                          timer=_cuda_timer(torch))
-            finally:
-                if hasattr(composed, "close"):
-                    composed.close()  # pinned host memory (SCO pool, offloaded optimizer state)
+        cores = host_cores.survey()  # how fast each host core is, beside the step time
+        torch.manual_seed(SEED)
+        composed = build_step(planfile, device=device, grad_lifetime=grad_lifetime, rank=rank)
+        try:
+            plan_dispatch(composed.model, ctx)
+            tokens, targets = synthetic_batch(ctx, device, torch)
+            rec = PhaseRecorder(CudaSource(device))
+            samples, start, times, losses = run_steps(composed, rec, tokens, targets, steps=steps,
+                                                      timer=_cuda_timer(torch),
+                                                      min_timed_s=TIME_WINDOW_S if mode == "real" else 0.0)
+        finally:
+            if hasattr(composed, "close"):
+                composed.close()  # pinned host memory (SCO pool, offloaded optimizer state)
         step_s = statistics.median(times[1:]) if len(times) > 1 else (times[0] if times else None)
         name = torch.cuda.get_device_name(device)
     finally:

@@ -63,4 +63,12 @@ def test_the_record_is_json_ready():
     hc = host_cores.HostCores({0: 0.003, 3: 0.006}, 0)
     d = hc.to_json()
     assert d == {"probe_s": {"0": 0.003, "3": 0.006}, "core": 0, "reason": "", "spread": 2.0}
-    assert host_cores.HostCores(reason="one core").line() == "host core: not pinned (one core)"
+    assert host_cores.HostCores(reason="one core").line() == "host cores: not timed (one core)"
+
+
+def test_the_survey_pins_nothing():
+    before = os.sched_getaffinity(0)
+    hc = host_cores.survey()
+    assert hc.core is None and sorted(hc.probe_s) == sorted(before)
+    assert os.sched_getaffinity(0) == before
+    assert hc.line().startswith(f"host cores: {len(before)}, probe ")

@@ -53,6 +53,21 @@ def test_conversion_keeps_the_run(run_doc, tmp_path):
     assert merged["curves"]["dispatch_kernels"] == frag
 
 
+def test_a_new_host_measurement_moves_every_width_curves_host_loops(run_doc):
+    """A ``dispatch_kernels`` fragment alone gives each width curve its host loops (tiny rows: the
+    same at every width), and nothing else of theirs; a fragment with its own widths is left as is."""
+    frag = bench.fragment(run_doc)
+    new = frag["curves"]["dispatch_kernels"]
+    old = dict(new, host_loops={k: dict(v, s_per_block=2 * v["s_per_block"]) for k, v in new["host_loops"].items()},
+               host_call_s=2 * new["host_call_s"], widths=dict(new["widths"], H=4096))
+    merged = merge_data({"curves": {"dispatch_kernels_widths": [old, old]}}, frag)
+    assert [w["host_loops"] for w in merged["curves"]["dispatch_kernels_widths"]] == [new["host_loops"]] * 2
+    assert [w["host_call_s"] for w in merged["curves"]["dispatch_kernels_widths"]] == [new["host_call_s"]] * 2
+    assert [w["widths"]["H"] for w in merged["curves"]["dispatch_kernels_widths"]] == [4096, 4096]
+    both = {"curves": {**frag["curves"], "dispatch_kernels_widths": [old]}}
+    assert merge_data({"curves": {"dispatch_kernels_widths": [new]}}, both)["curves"]["dispatch_kernels_widths"] == [old]
+
+
 COVERAGE = RUN.parents[1] / "calibration" / "coverage" / "coverage.json"
 """The later coverage run (``bench/calibrate_coverage.py``): its shape-A width replaces the run above."""
 
