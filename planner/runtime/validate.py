@@ -62,6 +62,8 @@ class Measurement:
     """The caching allocator's mode the step ran under (``planner.runtime.allocator``)."""
     host_cores: object = None
     """The cores' speeds and the one the launching thread ran on (``planner.runtime.host_cores``)."""
+    phase_s: dict | None = None
+    """A real run's one step synchronised at each phase boundary (``planner.runtime.phase_times``)."""
 
 
 @dataclass
@@ -97,6 +99,7 @@ class Outcome:
             "measured_peak_reserved_bytes": max((s.peak_reserved_bytes or 0 for s in meas.samples.values()),
                                                 default=0),
             "step_s": meas.step_s, "predicted_step_s": pred.step_s, "losses": meas.losses,
+            "predicted_step_components_s": pred.step_components, "measured_phase_s": meas.phase_s,
             "allocator": meas.allocator,
             "host_cores": meas.host_cores.to_json() if meas.host_cores is not None else None,
             "tolerances": {"memory_under": MEMORY_UNDER, "memory_over": MEMORY_OVER,
@@ -257,7 +260,7 @@ def measure(planfile, ctx, *, rank: int, steps: int, grad_lifetime: str) -> Meas
     torch = _require_gpu()
     import torch.distributed as dist
 
-    from planner.runtime import allocator, host_cores
+    from planner.runtime import allocator, host_cores, phase_times
     from planner.runtime.phase_recorder import CudaSource, PhaseRecorder
 
     alloc_line = allocator.configure(torch, planfile.cluster.memory.expandable_segments)
@@ -275,6 +278,8 @@ def measure(planfile, ctx, *, rank: int, steps: int, grad_lifetime: str) -> Meas
             samples, start, times, losses = run_steps(composed, rec, tokens, targets, steps=steps,
                                                       timer=_cuda_timer(torch),
                                                       min_timed_s=TIME_WINDOW_S if mode == "real" else 0.0)
+            phase_s = (phase_times.phase_seconds(composed, tokens, targets, lambda: torch.cuda.synchronize(device))
+                       if mode == "real" else None)
         finally:
             if hasattr(composed, "close"):
                 composed.close()  # pinned host memory (SCO pool, offloaded optimizer state)
@@ -283,7 +288,7 @@ def measure(planfile, ctx, *, rank: int, steps: int, grad_lifetime: str) -> Meas
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
-    return Measurement(samples, start, step_s, mode, name, losses, alloc_line, cores)
+    return Measurement(samples, start, step_s, mode, name, losses, alloc_line, cores, phase_s)
 
 
 def plan_grad_lifetime(pf) -> str:
@@ -362,9 +367,28 @@ def render(o: Outcome, console) -> None:
             ok = "not judged"
         t.add_row(r.phase, r.what, fmt(r.predicted), fmt(r.measured), res, ratio, ok)
     console.print(t)
+    for line in time_lines(pred, meas):
+        console.print(line)
     console.print(f"tolerance: formula within −{MEMORY_UNDER:.0%} / +{MEMORY_OVER:.0%} of the measurement"
                   f" per phase; time ±{TIME_TOLERANCE:.0%} where communication is real")
     console.print("[green]every phase within tolerance[/]" if o.ok else "[red]a phase is outside the tolerance[/]")
+
+
+def time_lines(pred: Prediction, meas: Measurement) -> list[str]:
+    """Where the step's time goes: the model's components, and a real run's synchronised phases."""
+    from planner.runtime.phase_times import grouped
+
+    out = []
+    if pred.step_components:
+        parts = sorted(((k, v) for k, v in pred.step_components.items() if v), key=lambda kv: -kv[1])
+        total = pred.step_s or sum(v for _, v in parts) or 1.0
+        out.append(f"predicted step {pred.step_s or 0:.3f} s: "
+                   + ", ".join(f"{k} {v:.3f} ({v / total:.0%})" for k, v in parts))
+    if meas.phase_s:
+        g = grouped(meas.phase_s)
+        out.append(f"measured, one step synchronised at each phase ({sum(g.values()):.3f} s): "
+                   + ", ".join(f"{k} {v:.3f}" for k, v in g.items()))
+    return out
 
 
 def main(plan: str, *, layers: int | None = None, steps: int = DEFAULT_STEPS, rank: int | None = None,
