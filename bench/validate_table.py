@@ -109,7 +109,11 @@ def _instance_fragments(folder: str) -> tuple:
     from calibration.io import read_yaml
 
     d = RESULTS.parent / "calibration" / folder
-    return tuple(read_yaml(d / f"{section}.yaml") for section in INSTANCE_SECTIONS if (d / f"{section}.yaml").exists())
+    found = tuple(read_yaml(d / f"{section}.yaml") for section in INSTANCE_SECTIONS if (d / f"{section}.yaml").exists())
+    if not found:
+        raise SystemExit(f"--calibration {folder}: {d} holds none of {', '.join(s + '.yaml' for s in INSTANCE_SECTIONS)}; "
+                         "give a folder of bench/results/calibration that does (e.g. instance_7542d85e)")
+    return found
 
 
 def instance_cluster(folder: str, cluster):
@@ -208,7 +212,8 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--summary", action="store_true", help="one line per model and W group, both stacks")
-    ap.add_argument("--stems", nargs="+", default=None, help="runs to read (default: every committed run)")
+    ap.add_argument("--stems", nargs="+", default=None, choices=STEMS, metavar="STEM",
+                    help="runs to read (default: every committed run, STEMS)")
     ap.add_argument("--calibration", default=None, metavar="DIR",
                     help="predict with the sections of bench/results/calibration/DIR merged into the profile "
                          "(e.g. instance_7542d85e, the instance of validate_w1_pinned_expandable)")
