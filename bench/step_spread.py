@@ -1,14 +1,14 @@
 """Why a launch-bound W = 1 step's time varies between runs: every timed step beside the host's state.
 
     python3 bench/step_spread.py --out "$OUT"             # one H200: the listed W = 1 steps, ~5 min
-    python3 bench/step_spread.py --smoke --out /tmp/ss    # CPU (gloo), tiny widths, same code paths
+    python3 bench/step_spread.py --smoke --out /tmp/ss    # CPU (gloo), tiny widths: the blocks and records
 
 Each case is ``planner validate``'s own W = 1 step (``planner.runtime.validate``: the plan truncated
 to 2 layers, the allocator in the cluster's mode, the dispatch on the routing profile's plan, the
-phase recorder, CUDA events around each step). It runs ``STEPS`` steps in each of three blocks: the
-launching thread free to run on any core (``unpinned``, as every run before
-``planner.runtime.host_cores``), pinned to the fastest core as ``planner validate`` pins it
-(``pinned``), and free again (so a drift in time shows as a difference between the two free
+phase recorder, CUDA events around each step; on the CPU the step is called directly). It runs
+``STEPS`` steps in each of three blocks: the launching thread free to run on any core
+(``unpinned``, as ``planner validate`` runs it), pinned to the fastest core
+(``host_cores.pinned``), and free again (so a drift in time shows as a difference between the two free
 blocks). The first step of each block is not timed. Beside every timed step it records:
 
 - ``host_s``: the main thread's CPU seconds in the step (``time.thread_time``);
@@ -265,10 +265,17 @@ def cpu_model() -> str:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True)
-    ap.add_argument("--smoke", action="store_true", help="CPU (gloo), tiny widths, same code paths")
-    ap.add_argument("--cases", nargs="+", default=None, help="case names (default: all)")
-    ap.add_argument("--steps", type=int, default=STEPS)
+    ap.add_argument("--smoke", action="store_true", help="CPU (gloo), tiny widths")
+    ap.add_argument("--cases", nargs="+", default=None, metavar="CASE",
+                    help="case names (default: all): " + ", ".join(c[0] for c in CASES + SMOKE_CASES))
+    ap.add_argument("--steps", type=int, default=STEPS, help="steps per block, the first not timed (>= 2)")
     args = ap.parse_args(argv)
+    if args.steps < 2:
+        ap.error(f"--steps {args.steps}: must be >= 2 (the first step of a block is not timed); give --steps {STEPS}")
+    known = {c[0] for c in (SMOKE_CASES if args.smoke else CASES)}
+    if args.cases and set(args.cases) - known:
+        ap.error(f"--cases {' '.join(sorted(set(args.cases) - known))}: not a case of this mode; give some of "
+                 + ", ".join(sorted(known)))
     import torch
 
     from calibration.io import command_line

@@ -218,7 +218,14 @@ def main(argv=None) -> int:
                     help="predict with the sections of bench/results/calibration/DIR merged into the profile "
                          "(e.g. instance_7542d85e, the instance of validate_w1_pinned_expandable)")
     args = ap.parse_args(argv)
-    recs = [row(stem, c, pf) for stem in (args.stems or STEMS) for c, pf in cases(stem, args.calibration)]
+    if args.calibration is not None:
+        d = RESULTS.parent / "calibration" / args.calibration
+        if not args.calibration or not any((d / f"{s}.yaml").exists() for s in INSTANCE_SECTIONS):
+            ap.error(f"--calibration {args.calibration!r}: {d} holds none of "
+                     f"{', '.join(s + '.yaml' for s in INSTANCE_SECTIONS)}; give a folder of bench/results/calibration "
+                     "that does (e.g. instance_7542d85e)")
+    stems = list(dict.fromkeys(args.stems or STEMS))
+    recs = [row(stem, c, pf) for stem in stems for c, pf in cases(stem, args.calibration)]
     if args.summary:
         print(summary(recs, "composed") + "\n\n" + summary(recs, "fsdp2"))
         return 0

@@ -17,6 +17,7 @@ workers keep every core.
 
 from __future__ import annotations
 
+import math
 import os
 import statistics
 import time
@@ -43,9 +44,11 @@ class HostCores:
 
     @property
     def spread(self) -> float | None:
-        """Slowest / fastest core's probe."""
+        """Slowest / fastest core's probe; None unless every probe is a positive finite number."""
         v = list(self.probe_s.values())
-        return max(v) / min(v) if v and min(v) > 0 else None
+        if not v or not all(isinstance(x, (int, float)) and math.isfinite(x) and x > 0 for x in v):
+            return None
+        return max(v) / min(v)
 
     def to_json(self) -> dict:
         d = asdict(self)
@@ -56,14 +59,15 @@ class HostCores:
     def line(self) -> str:
         """One line for a report."""
         v = self.probe_s
-        if self.core is None:
-            if not v:
-                return f"host cores: not timed ({self.reason})"
-            return (f"host cores: {len(v)}, probe {min(v.values()) * 1e3:.2f}–{max(v.values()) * 1e3:.2f} ms "
-                    f"({self.spread:.2f}×); a launch-bound step's time follows the core its thread runs on")
-        return (f"host core: the launching thread pinned to core {self.core} of {len(v)} "
-                f"(probe {v[self.core] * 1e3:.2f} ms; cores {min(v.values()) * 1e3:.2f}–{max(v.values()) * 1e3:.2f} ms, "
-                f"{self.spread:.2f}×)")
+        if not v:
+            return f"host cores: not timed ({self.reason})"
+        sp = self.spread
+        if sp is None:
+            return f"host cores: {len(v)}, probes not usable ({sorted(v.values())!r})"
+        text = (f"{len(v)}, probe {min(v.values()) * 1e3:.2f}–{max(v.values()) * 1e3:.2f} ms ({sp:.2f}×)")
+        if self.core is not None and self.core in v:
+            return f"host core: the calling thread pinned to core {self.core} ({v[self.core] * 1e3:.2f} ms) of {text}"
+        return f"host cores: {text}; a launch-bound step's time follows the core its thread runs on"
 
 
 def probe_s() -> float:
@@ -78,17 +82,26 @@ def time_cores(cores=None, repeats: int = PROBE_REPEATS) -> dict[int, float]:
     the calling thread moved onto each in turn and its affinity restored after.
 
     Raises:
-        ValueError: ``repeats`` < 1 or an empty ``cores``.
+        ValueError: ``repeats`` not an integer >= 1, or ``cores`` empty, not integers, or naming a
+        core this thread may not use.
     """
-    if repeats < 1:
-        raise ValueError(f"repeats = {repeats}: must be >= 1 (give PROBE_REPEATS, {PROBE_REPEATS})")
+    if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
+        raise ValueError(f"repeats = {repeats!r}: must be an integer >= 1 (give PROBE_REPEATS, {PROBE_REPEATS})")
     before = os.sched_getaffinity(0)
-    cores = sorted(before if cores is None else cores)
+    if cores is None:
+        cores = before
+    elif isinstance(cores, (str, bytes)) or not hasattr(cores, "__iter__"):
+        raise ValueError(f"cores = {cores!r}: must be a collection of core numbers (e.g. [0, 1]), or None for all")
+    cores = list(dict.fromkeys(cores))
     if not cores:
         raise ValueError("cores is empty: give at least one core this process may use")
+    bad = [c for c in cores if isinstance(c, bool) or not isinstance(c, int) or c not in before]
+    if bad:
+        raise ValueError(f"cores = {bad!r}: not cores this thread may use (os.sched_getaffinity(0) = "
+                         f"{sorted(before)}); give some of those")
     out = {}
     try:
-        for c in cores:
+        for c in sorted(cores):
             os.sched_setaffinity(0, {c})
             out[c] = statistics.median(probe_s() for _ in range(repeats))
     finally:
@@ -111,7 +124,8 @@ def _start_pool(torch) -> None:
 @contextmanager
 def pinned(torch=None):
     """Pin the calling thread to the fastest core for the block; yields its ``HostCores``. ``torch``:
-    start its intra-op pool first (module docstring)."""
+    start its intra-op pool first (module docstring); a thread started inside the block (a pool
+    started there too) inherits the pin and keeps it after the block."""
     if not (hasattr(os, "sched_getaffinity") and hasattr(os, "sched_setaffinity")):
         yield HostCores(reason="this platform cannot set a thread's cores")
         return

@@ -19,6 +19,7 @@ Exit codes: 0 every judged row within tolerance, 1 one is not, 2 invalid input o
 from __future__ import annotations
 
 import json
+import math
 import os
 import statistics
 import sys
@@ -29,7 +30,6 @@ from planner.runtime.validate_compare import (MEMORY_OVER, MEMORY_UNDER, TIME_TO
                                               verdict)
 from planner.runtime.validate_plan import (GRAD_LIFETIMES, Prediction, binding_rank, context, predict, symbols,
                                           truncate)
-from planner.units import GiB
 
 DEFAULT_STEPS = 3
 """Steps run; the last is compared (the first creates optimizer state and workspaces)."""
@@ -99,13 +99,20 @@ class Outcome:
             "measured_peak_reserved_bytes": max((s.peak_reserved_bytes or 0 for s in meas.samples.values()),
                                                 default=0),
             "step_s": meas.step_s, "predicted_step_s": pred.step_s, "losses": meas.losses,
-            "predicted_step_components_s": pred.step_components, "measured_phase_s": meas.phase_s,
+            "predicted_step_components_s": finite_or_none(pred.step_components), "measured_phase_s": meas.phase_s,
             "allocator": meas.allocator,
             "host_cores": meas.host_cores.to_json() if meas.host_cores is not None else None,
             "tolerances": {"memory_under": MEMORY_UNDER, "memory_over": MEMORY_OVER,
                            "time": TIME_TOLERANCE, "time_judged": meas.mode == "real"},
             "rows": [r.asdict() for r in self.rows], "phases": phases,
         }
+
+
+def finite_or_none(d: dict | None) -> dict | None:
+    """``d`` with every value that is not a finite number as None (strict JSON has no NaN)."""
+    if d is None:
+        return None
+    return {k: (float(v) if isinstance(v, (int, float)) and math.isfinite(v) else None) for k, v in d.items()}
 
 
 # ---- the run ---------------------------------------------------------------------------------------
@@ -159,6 +166,11 @@ def run_steps(composed, recorder, tokens, targets, *, steps: int, timer=None, mi
     steps 2..K add up to less than ``min_timed_s``; returns (samples of the last step, its
     step-start bytes, step times, losses). The step frees or keeps the gradients itself
     (``build_composed_step(set_to_none=...)``)."""
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+        raise InvalidPlan("--steps", steps, "must be an integer >= 1", "give --steps 3 (the last step is compared)")
+    if not (isinstance(min_timed_s, (int, float)) and math.isfinite(min_timed_s) and min_timed_s >= 0):
+        raise InvalidPlan("min_timed_s", min_timed_s, "must be a finite number of seconds >= 0",
+                          f"give TIME_WINDOW_S ({TIME_WINDOW_S}) or 0 for no window")
     times, losses = [], []
     samples, start = {}, 0
     composed.on_phase = recorder
@@ -170,7 +182,10 @@ def run_steps(composed, recorder, tokens, targets, *, steps: int, timer=None, mi
         t = timer() if timer is not None else None
         loss = composed.step(tokens, targets)
         if t is not None:
-            times.append(t())
+            dt = t()
+            if not (math.isfinite(dt) and dt >= 0):
+                raise RuntimeError(f"step {k} timed {dt!r} s: the timer must return finite seconds >= 0")
+            times.append(dt)
         samples = recorder.finish()
         losses.append(0.0 if _is_fake(loss) else float(loss.detach().float().cpu()))
     return samples, start, times, losses
@@ -332,65 +347,6 @@ def validate(plan: str, *, layers: int | None = None, steps: int = DEFAULT_STEPS
     return Outcome(tr.changes, pred, meas, rank, why, rows)
 
 
-# ---- output ---------------------------------------------------------------------------------------
-def _gib(x: float) -> str:
-    return f"{x / GiB:.3f}"
-
-
-def render(o: Outcome, console) -> None:
-    """The validation as rich tables."""
-    from rich.table import Table
-
-    pred, meas = o.prediction, o.measurement
-    W = pred.ctx.world_size
-    how = ("real: every rank runs, communication is real" if meas.mode == "real" else
-           f"emulated: one rank of W = {W} under the fake process group (real memory, no-op communication; "
-           "time not judged)")
-    console.print(f"[bold]planner validate[/] on {meas.device}: {how}")
-    console.print(f"rank {o.rank} ({o.rank_reason}); gradients {pred.ctx.grad_lifetime}")
-    if meas.allocator:
-        console.print(meas.allocator)
-    if meas.host_cores is not None:
-        console.print(meas.host_cores.line())
-    for c in o.changes:
-        console.print(f"  truncated: {c}")
-    t = Table(title="predicted vs measured (GiB; allocated, reserved shown beside)")
-    for col in ("phase", "what", "predicted", "measured", "reserved", "ratio", "ok"):
-        t.add_column(col, justify="right" if col in ("predicted", "measured", "reserved", "ratio") else "left")
-    for r in o.rows:
-        s = meas.samples.get(r.phase)
-        res = _gib(s.peak_reserved_bytes) if (s is not None and s.peak_reserved_bytes and r.what == "phase total") else ""
-        fmt = (lambda v: f"{v:.3f}") if r.unit == "s" else _gib
-        ratio = f"{r.ratio:.4f}" if r.ratio is not None else "-"
-        ok = "[green]ok[/]" if r.ok else "[red]MISS[/]"
-        if not r.judged:
-            ok = "not judged"
-        t.add_row(r.phase, r.what, fmt(r.predicted), fmt(r.measured), res, ratio, ok)
-    console.print(t)
-    for line in time_lines(pred, meas):
-        console.print(line)
-    console.print(f"tolerance: formula within −{MEMORY_UNDER:.0%} / +{MEMORY_OVER:.0%} of the measurement"
-                  f" per phase; time ±{TIME_TOLERANCE:.0%} where communication is real")
-    console.print("[green]every phase within tolerance[/]" if o.ok else "[red]a phase is outside the tolerance[/]")
-
-
-def time_lines(pred: Prediction, meas: Measurement) -> list[str]:
-    """Where the step's time goes: the model's components, and a real run's synchronised phases."""
-    from planner.runtime.phase_times import grouped
-
-    out = []
-    if pred.step_components:
-        parts = sorted(((k, v) for k, v in pred.step_components.items() if v), key=lambda kv: -kv[1])
-        total = pred.step_s or sum(v for _, v in parts) or 1.0
-        out.append(f"predicted step {pred.step_s or 0:.3f} s: "
-                   + ", ".join(f"{k} {v:.3f} ({v / total:.0%})" for k, v in parts))
-    if meas.phase_s:
-        g = grouped(meas.phase_s)
-        out.append(f"measured, one step synchronised at each phase ({sum(g.values()):.3f} s): "
-                   + ", ".join(f"{k} {v:.3f}" for k, v in g.items()))
-    return out
-
-
 def main(plan: str, *, layers: int | None = None, steps: int = DEFAULT_STEPS, rank: int | None = None,
          grad_lifetime: str | None = None, json_out: bool = False, console=None) -> int:
     """``planner validate``: returns the exit code (0 within tolerance, 1 not)."""
@@ -402,6 +358,8 @@ def main(plan: str, *, layers: int | None = None, steps: int = DEFAULT_STEPS, ra
         sys.stdout.write(json.dumps(o.to_json(), indent=1) + "\n")
     else:
         from rich.console import Console
+
+        from planner.runtime.validate_report import render
 
         render(o, console or Console())
     return 0 if o.ok else 1

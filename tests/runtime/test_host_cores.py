@@ -21,11 +21,25 @@ def test_every_core_is_timed_and_the_affinity_restored():
     assert os.sched_getaffinity(0) == before
 
 
-def test_bad_arguments_are_refused():
-    with pytest.raises(ValueError, match="repeats = 0"):
-        host_cores.time_cores(repeats=0)
-    with pytest.raises(ValueError, match="cores is empty"):
-        host_cores.time_cores(cores=[])
+@pytest.mark.parametrize("repeats", [0, -1, 1.5, 2.0, True, "3", None])
+def test_bad_repeats_are_refused(repeats):
+    with pytest.raises(ValueError, match="repeats = .*must be an integer >= 1"):
+        host_cores.time_cores(repeats=repeats)
+
+
+@pytest.mark.parametrize("cores", [[], 3, "0", [-1], [2 ** 40], [True], [0.0], ["1"]])
+def test_bad_cores_are_refused(cores):
+    before = os.sched_getaffinity(0)
+    with pytest.raises(ValueError, match="cores"):
+        host_cores.time_cores(cores=cores, repeats=1)
+    assert os.sched_getaffinity(0) == before
+
+
+def test_a_core_outside_the_affinity_is_refused():
+    before = os.sched_getaffinity(0)
+    outside = max(before) + 1
+    with pytest.raises(ValueError, match=r"os.sched_getaffinity\(0\)"):
+        host_cores.time_cores(cores=[outside], repeats=1)
 
 
 def test_the_thread_is_pinned_to_the_fastest_core_for_the_block_only(monkeypatch):
@@ -38,7 +52,8 @@ def test_the_thread_is_pinned_to_the_fastest_core_for_the_block_only(monkeypatch
     with host_cores.pinned() as hc:
         assert os.sched_getaffinity(0) == {fastest}
         assert hc.core == fastest and hc.spread == 2.0
-        assert f"core {fastest} of {len(cores)}" in hc.line() and "2.00×" in hc.line()
+        assert f"pinned to core {fastest} (" in hc.line() and f"of {len(cores)}, probe" in hc.line()
+        assert "(2.00×)" in hc.line()
         seen = []
         t = threading.Thread(target=lambda: seen.append(os.sched_getaffinity(0)))
         t.start()
@@ -64,6 +79,11 @@ def test_the_record_is_json_ready():
     d = hc.to_json()
     assert d == {"probe_s": {"0": 0.003, "3": 0.006}, "core": 0, "reason": "", "spread": 2.0}
     assert host_cores.HostCores(reason="one core").line() == "host cores: not timed (one core)"
+    for bad in ({0: 0.0}, {0: -1.0}, {0: float("nan"), 1: 1e-3}, {1: 1e-3, 0: float("nan")}):
+        assert host_cores.HostCores(bad).spread is None
+        assert host_cores.HostCores(bad).line().startswith("host cores: ")
+        assert "not usable" in host_cores.HostCores(bad).line()
+    assert "pinned" not in host_cores.HostCores({0: 1e-3}, core=3).line()   # a core it did not time
 
 
 def test_the_survey_pins_nothing():

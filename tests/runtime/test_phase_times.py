@@ -55,7 +55,7 @@ def test_the_hook_is_restored_when_the_step_fails():
 def test_validate_prints_the_predicted_components_and_the_phases():
     from types import SimpleNamespace
 
-    from planner.runtime.validate import time_lines
+    from planner.runtime.validate_report import time_lines
     pred = SimpleNamespace(step_s=2.0, step_components={"attention": 0.5, "compute": 1.5, "copies": 0.0})
     meas = SimpleNamespace(phase_s={"embedding": 0.01, "forward[1]": 0.6, "head": 0.2, "backward[1]": 1.2,
                                     "optimizer": 0.1})
@@ -64,3 +64,17 @@ def test_validate_prints_the_predicted_components_and_the_phases():
     assert lines[1] == ("measured, one step synchronised at each phase (2.110 s): forward 0.600, head 0.200, "
                         "backward 1.200, optimizer 0.100, other 0.010")
     assert time_lines(SimpleNamespace(step_s=None, step_components=None), SimpleNamespace(phase_s=None)) == []
+
+
+def test_no_finite_step_time_reads_n_a_and_json_has_no_nan():
+    from types import SimpleNamespace
+
+    from planner.runtime.validate import finite_or_none
+    from planner.runtime.validate_report import time_lines
+    pred = SimpleNamespace(step_s=None, step_components={"compute": 0.18, "attention": float("nan")})
+    assert time_lines(pred, SimpleNamespace(phase_s=None)) == [
+        "predicted step: n/a (the time model gives no finite step time for this plan)"]
+    pred = SimpleNamespace(step_s=1.0, step_components={"compute": 0.5, "attention": float("nan"), "copies": 0.5})
+    assert time_lines(pred, SimpleNamespace(phase_s=None)) == ["predicted step 1.000 s: compute 0.500 (50%), copies 0.500 (50%)"]
+    assert finite_or_none({"a": float("nan"), "b": 1, "c": float("inf")}) == {"a": None, "b": 1.0, "c": None}
+    assert finite_or_none(None) is None

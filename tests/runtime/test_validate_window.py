@@ -3,6 +3,9 @@ add up to ``TIME_WINDOW_S`` (bounded by ``MAX_STEPS``); the last step is the one
 
 from __future__ import annotations
 
+import pytest
+
+from planner.errors import InvalidPlan
 from planner.runtime import validate as v
 
 
@@ -76,3 +79,21 @@ def test_without_a_timer_nothing_is_added():
     st = _Step()
     v.run_steps(st, _Recorder(), None, None, steps=2, timer=None, min_timed_s=2.0)
     assert st.n == 2
+
+
+@pytest.mark.parametrize("steps", [0, -1, 1.5, True])
+def test_bad_steps_are_refused(steps):
+    with pytest.raises(InvalidPlan, match="--steps"):
+        v.run_steps(_Step(), _Recorder(), None, None, steps=steps, timer=_timer(0.1))
+
+
+@pytest.mark.parametrize("window", [float("nan"), float("inf"), -1.0, None])
+def test_bad_windows_are_refused(window):
+    with pytest.raises(InvalidPlan, match="min_timed_s"):
+        v.run_steps(_Step(), _Recorder(), None, None, steps=2, timer=_timer(0.1), min_timed_s=window)
+
+
+@pytest.mark.parametrize("seconds", [float("nan"), -0.1])
+def test_a_bad_timing_is_an_error_not_a_window(seconds):
+    with pytest.raises(RuntimeError, match="timer must return finite seconds"):
+        v.run_steps(_Step(), _Recorder(), None, None, steps=2, timer=_timer(seconds), min_timed_s=2.0)
