@@ -35,6 +35,11 @@ class MasterAdamW(torch.optim.Optimizer):
                   for g in self.param_groups]
         self.inner = torch.optim.AdamW(groups, fused=True)
 
+    def device_tensors(self) -> list:
+        """What this optimizer holds on the device beside the working weights: the fp32 masters
+        (its inner AdamW's parameters; their moments are ``self.inner.state``)."""
+        return list(self._masters)
+
     @torch.no_grad()
     def step(self, closure=None):
         loss = None

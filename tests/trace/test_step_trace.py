@@ -182,6 +182,18 @@ def test_step_unchunked_dispatch_formula_vs_trace(dispatch, rank):
     assert [(r.phase, r.what) for r in res.rows if r.judged and not r.ok] == [], _table(res)
 
 
+@pytest.mark.skipif(not STEP_TRACES, reason="PLANNER_FAST_TRACES=1")
+def test_step_with_the_gpu_optimizer_formula_vs_trace():
+    """``optimizer: gpu`` (``MasterAdamW``): its fp32 masters and moments live outside the optimizer's
+    own ``state`` and are counted (they were not: every phase 934 MB under the formula for Qwen3 at
+    W = 8, while the H200 run r4-qwen3-W16-S16384-gpu-adamw agrees with the formula)."""
+    pytest.importorskip("planner.runtime.mop", reason="the composed step (planner/runtime/mop.py)")
+    pf = trace_planfile("qwen3-30b-a3b", world_size=8, seq_len=SEQ_LEN, optimizer="gpu", vocab="dense",
+                        checkpoint="none")
+    res = trace_step(pf, grad_lifetime="freed", tolerance=FORMULA_VS_TRACE)
+    assert [(r.phase, r.what) for r in res.rows if r.judged and not r.ok] == [], _table(res)
+
+
 REGIONS = [("qwen3-30b-a3b", 1), ("gpt-oss-20b", 3), ("gpt-oss-20b", 1), ("deepseek-v2-lite", 2)]
 """(model, region): Qwen3's attention (QK-norm, global), gpt-oss's global attention layer (sinks),
 gpt-oss's sliding-window layer 0 (sinks, block copies), DeepSeek-V2-Lite's dense FFN region
