@@ -13,7 +13,7 @@ from planner.budget.build import make_context
 from planner.context.ctx import Ctx
 from planner.budget.host import host_budget
 from planner.budget.peak import Evaluation, assumed_used, capacity_bytes, evaluate, outside_allocator_bytes
-from planner.context.resolve import seq_parallel_note
+from planner.context.resolve import released_context_note, seq_parallel_note
 from planner.budget.sensitivity import routing_sensitivity
 from planner.plans.routing import routing_basis
 from planner.budget.terms import LIVE_SETS, PHASE_KINDS
@@ -178,7 +178,8 @@ def check_planfile(pf: PlanFile) -> CheckReport:
         host=host, assumed=assumed_used(ctx), provisional=provisional, binding=int(ev.binding_index),
         extra={"dispatch_bounds": dispatch_bounds(ctx, ev), "step": step_summary(ctx),
                "routing": routing_basis(pf.model, pf.plan)},
-        warnings=[n for n in (seq_parallel_note(pf.model, pf.workload, pf.plan),) if n],
+        warnings=[n for n in (seq_parallel_note(pf.model, pf.workload, pf.plan),
+                              released_context_note(pf.model, pf.workload)) if n],
     )
 
 

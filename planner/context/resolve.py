@@ -37,6 +37,16 @@ def default_seq_parallel(model: ModelSpec, W: int, tokens: int) -> int:
     return largest_divisor(W, lambda d: heads % d == 0 and tokens % d == 0)
 
 
+def released_context_note(model: ModelSpec, workload: Workload) -> str | None:
+    """One line when ``S`` exceeds the model's released context (``max_position_embeddings``): the
+    memory verdict holds, the model may need context extension."""
+    released, S = model.max_position_embeddings, workload.seq_len
+    if not released or S <= released:
+        return None
+    return (f"S = {S:,} exceeds the model's released context ({released:,} tokens): the memory verdict holds, "
+            "the model may need context extension")
+
+
 def seq_parallel_note(model: ModelSpec, workload: Workload, plan: Plan) -> str | None:
     """One line when the default ``D`` fell below what the heads allow because the tokens are not
     divisible (``--seq-len 100001`` on 8 GPUs gives ``D = 1``): the plan is valid, so it is a

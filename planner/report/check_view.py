@@ -112,10 +112,6 @@ def render_check(rep, console: Console, explain: bool = False) -> None:
                  if j["step_s"] is not None else "not predicted (time-model gap; see --json step_gaps)")
         console.print(f"step: {t_txt} · {plural(j['tokens_per_step'], 'token')} per step "
                       f"({j['tokens_per_step_per_rank']:,} per rank)")
-        released = pf.model.max_position_embeddings
-    if released and S > released:
-        console.print(f"[yellow]note:[/] S = {fmt_count(S)} exceeds the model's released context "
-                      f"({plural(released, 'token')}): the memory verdict holds, the model may need context extension")
     if rep.assumed:
         console.print("[yellow]assumed constants:[/] " + ", ".join(rep.assumed))
     if rep.provisional:

@@ -300,3 +300,19 @@ def test_an_output_path_that_looks_like_markup_is_reported_as_written(tmp_path, 
 def test_a_flag_not_given_reads_none_given(capsys):
     line = _one_line(["check", "olmoe-1b-7b", "--gpus", "8"], capsys)
     assert line == "error: --seq-len (none given) is required without --plan; fix: add e.g. --seq-len 128k", line
+
+
+def test_a_context_beyond_the_released_one_is_a_warning_in_text_and_json(capsys):
+    """``S`` above the model's ``max_position_embeddings`` fits or not as any ``S`` does; the note
+    that the model may need context extension is one ``warning:`` line and in ``--json``'s
+    ``warnings`` (it was printed only by the text view)."""
+    import json
+
+    rc = cli.main(["check", "qwen3-30b-a3b", "--gpus", "16", "--seq-len", "256k", "--json"])
+    out, err = capsys.readouterr()
+    note = "S = 262,144 exceeds the model's released context (40,960 tokens)"
+    assert rc in (0, 1) and any(w.startswith(note) for w in json.loads(out)["warnings"])
+    assert [ln for ln in err.splitlines() if note in ln] == [f"warning: {note}: the memory verdict holds, "
+                                                            "the model may need context extension"]
+    rep = api.check(model="qwen3-30b-a3b", gpus=16, seq_len=32768)
+    assert not [w for w in rep.warnings if "released context" in w]
