@@ -58,6 +58,9 @@ def validate(
     if plan in shipped("models") and not os.path.exists(plan):
         raise InvalidPlan("PLAN", plan, "is a model name, not a plan file",
                           f"write a plan first: planner search {plan} --gpus W --seq-len S --out plan.yaml")
+    from planner.schema.io import load_planfile
+
+    load_planfile(plan)   # a bad plan file is named first, with or without torch
     if importlib.util.find_spec("torch") is None:
         raise InvalidPlan("planner validate", "torch", "needs torch, which is not installed",
                           "install the runtime extra on a machine with a GPU: pip install 'moe-planner[runtime]' "
