@@ -4,15 +4,16 @@ The virtual machines that carry one H200 here do not give every vCPU the same sp
 pure-Python loop (``probe_s``) reads about 2.4–3.0 ms or about 4.3–6.6 ms, one core 4.9 ms in one
 round and 2.4 ms in the next, so a core that was fast turns slow within seconds
 (``bench/results/step_spread``); the guest sees no stolen time and the garbage collector takes
-about 1 ms a step. A step that waits on its host launches (the short FSDP2 steps, Qwen3's expert loops) follows the speed of the core its
-thread is on, which is most of what separates one run of the same step from the next.
+about 1 ms a step. A step that waits on its host launches (the short FSDP2 steps, Qwen3's expert
+loops) follows the speed of the core its thread is on, which is most of what separates one run of
+the same step from the next.
 
 ``planner validate`` therefore times every core before its steps (``survey``) and reports the spread
 beside the step time. It does not pin: pinned to the fastest core, the same steps ran no steadier
 (the core slowed during the run), and host calibrations pinned there priced five of 18 steps
-0.78–0.85 of their time (``bench/step_spread.py``, README: the time model). ``pinned`` is that comparison's
-pin: the calling thread on the fastest core for the block, the intra-op pool started first so its
-workers keep every core.
+0.78–0.85 of their time (``bench/step_spread.py``, README: the time model). ``pinned`` is that
+comparison's pin: the calling thread on the fastest core for the block, the intra-op pool started
+first so its workers keep every core.
 """
 
 from __future__ import annotations
