@@ -45,13 +45,14 @@ def run_case(c: dict, pf, lifetime: str, args, t0: float) -> None:
     import torch
 
     from planner.runtime import validate as run
+    from planner.runtime.measure import error_line
 
     t1 = time.perf_counter()
     fresh(torch)
     try:
         c.update(status="ran", result=run.validate(pf, steps=args.steps, grad_lifetime=lifetime).to_json())
     except Exception as e:  # noqa: BLE001 - record and go on (an OOM is a miss)
-        c.update(status=f"error: {type(e).__name__}: {' '.join(str(e).split())[:300]}")
+        c.update(status=f"error: {error_line(e)}")
     c["wall_s"] = time.perf_counter() - t1
     fresh(torch)
 

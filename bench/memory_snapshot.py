@@ -32,9 +32,9 @@ from planner.runtime.validate_plan import truncate  # noqa: E402
 LAYERS = 2
 STEPS = 2
 TOP = 40
+"""Groups kept per phase."""
 LARGEST = 24
 """Block sizes kept per group (largest first)."""
-"""Groups kept per phase."""
 MAX_ENTRIES = 3_000_000
 # name: model, W, S, overrides, lifetime
 CASES = {

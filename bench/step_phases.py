@@ -202,7 +202,7 @@ def main(argv=None) -> int:
     import torch
 
     from calibration.io import command_line
-    from planner.runtime.measure import provenance
+    from planner.runtime.measure import error_line, provenance
     from planner.schema.io import write_text_atomic
 
     c = dict(SMOKE, tiny=True) if args.smoke else dict(models=MODELS, lengths=LENGTHS, warmup=WARMUP, timed=TIMED)
@@ -216,7 +216,7 @@ def main(argv=None) -> int:
             try:
                 doc["cases"].append(run_case(m, S, c, torch))
             except Exception as e:  # noqa: BLE001 - one failed case must not lose the others
-                doc["cases"].append(dict(model=m, S=S, error=f"{type(e).__name__}: {' '.join(str(e).split())[:300]}"))
+                doc["cases"].append(dict(model=m, S=S, error=error_line(e)))
             r = doc["cases"][-1]
             print(r.get("error") or f"{m} S={S}: {r['step_s']:.3f} s (predicted {r['predicted_step_s'] or 0:.3f})",
                   flush=True)

@@ -279,7 +279,7 @@ def main(argv=None) -> int:
     import torch
 
     from calibration.io import command_line
-    from planner.runtime.measure import provenance
+    from planner.runtime.measure import error_line, provenance
     from planner.schema.io import write_text_atomic
 
     cases = SMOKE_CASES if args.smoke else CASES
@@ -298,7 +298,7 @@ def main(argv=None) -> int:
         try:
             doc["cases"].append(run_case(name, model, knobs, S, lt, torch, args.smoke, args.steps))
         except Exception as e:  # noqa: BLE001 - one failed case must not lose the others
-            doc["cases"].append(dict(name=name, error=f"{type(e).__name__}: {' '.join(str(e).split())[:300]}"))
+            doc["cases"].append(dict(name=name, error=error_line(e)))
         c = doc["cases"][-1]
         print(c.get("error") or f"{name}: " + ", ".join(f"{b['mode']} {_median(b, 'step_s'):.3f}" for b in c["blocks"])
               + f" s (predicted {c['predicted_step_s'] or 0:.3f}, {time.perf_counter() - t0:.0f} s)", flush=True)

@@ -108,10 +108,12 @@ INSTANCE_SECTIONS = ("dispatch_kernels", "step_host")
 def _instance_fragments(folder: str) -> tuple:
     from calibration.io import read_yaml
 
+    if not folder:
+        raise ValueError("--calibration '': must name a folder of bench/results/calibration (e.g. instance_7542d85e)")
     d = RESULTS.parent / "calibration" / folder
     found = tuple(read_yaml(d / f"{section}.yaml") for section in INSTANCE_SECTIONS if (d / f"{section}.yaml").exists())
     if not found:
-        raise SystemExit(f"--calibration {folder}: {d} holds none of {', '.join(s + '.yaml' for s in INSTANCE_SECTIONS)}; "
+        raise ValueError(f"--calibration {folder!r}: {d} holds none of {', '.join(s + '.yaml' for s in INSTANCE_SECTIONS)}; "
                          "give a folder of bench/results/calibration that does (e.g. instance_7542d85e)")
     return found
 
@@ -141,7 +143,7 @@ def cases(stem: str, calibration: str | None = None):
         ov = {"stack": "fsdp2", **knobs} if _fsdp2(stem, c) else (dict(knobs) or None)
         pf = truncate(build_planfile(model=c["model"], gpus=c["W"], seq_len=c["S"], overrides=ov),
                       c["layers"]).planfile
-        if calibration:
+        if calibration is not None:
             pf = pf.model_copy(update={"cluster": instance_cluster(calibration, pf.cluster)})
         own = blaslt_bytes(make_context(pf.model, pf.cluster, pf.workload, pf.plan))
         carried = 0 if stem in FRESH_STEMS else carried_workspace_bytes(own, held)
@@ -219,11 +221,10 @@ def main(argv=None) -> int:
                          "(e.g. instance_7542d85e, the instance of validate_w1_pinned_expandable)")
     args = ap.parse_args(argv)
     if args.calibration is not None:
-        d = RESULTS.parent / "calibration" / args.calibration
-        if not args.calibration or not any((d / f"{s}.yaml").exists() for s in INSTANCE_SECTIONS):
-            ap.error(f"--calibration {args.calibration!r}: {d} holds none of "
-                     f"{', '.join(s + '.yaml' for s in INSTANCE_SECTIONS)}; give a folder of bench/results/calibration "
-                     "that does (e.g. instance_7542d85e)")
+        try:
+            _instance_fragments(args.calibration)
+        except ValueError as e:
+            ap.error(str(e))
     stems = list(dict.fromkeys(args.stems or STEMS))
     recs = [row(stem, c, pf) for stem in stems for c, pf in cases(stem, args.calibration)]
     if args.summary:

@@ -47,11 +47,13 @@ def count_step(st, tok, tgt, phase: list, inside) -> tuple:
     """One more step (untimed) under the launch counter: ``{(phase, inside loops): launches}``;
     ``({}, reason)`` where the counter cannot run (selective AC's own dispatch mode rejects
     another mode's calls in its recompute)."""
+    from planner.runtime.measure import error_line
+
     count = counter(phase, inside)
     phase[0] = "embedding"
     try:
         with count:
             st.step(tok, tgt)
     except Exception as e:  # noqa: BLE001 - the timing stands; the count is reported missing
-        return {}, f"{type(e).__name__}: {' '.join(str(e).split())[:200]}"
+        return {}, error_line(e, 200)
     return dict(count.n), None

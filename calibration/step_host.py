@@ -204,7 +204,7 @@ def measure(smoke: bool, command: str) -> dict:
     import torch
     import torch.distributed as dist
 
-    from planner.runtime.measure import provenance
+    from planner.runtime.measure import error_line, provenance
 
     cuda = torch.cuda.is_available() and not smoke
     dev = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
@@ -218,7 +218,7 @@ def measure(smoke: bool, command: str) -> dict:
                 try:
                     cases.append(measure_case(m, ac, c, dev))
                 except Exception as e:  # noqa: BLE001 - a case that cannot run is reported, not fatal
-                    failed.append(dict(model=m, ac=ac, error=f"{type(e).__name__}: {' '.join(str(e).split())[:300]}"))
+                    failed.append(dict(model=m, ac=ac, error=error_line(e)))
                     print(f"step_host: {m} ac={ac} failed: {failed[-1]['error']}", file=sys.stderr)
     finally:
         dist.destroy_process_group()

@@ -1,16 +1,16 @@
 """How fast the host cores are while a step runs: a launch-bound step's time follows the core.
 
 The virtual machines that carry one H200 here do not give every vCPU the same speed: a fixed
-pure-Python loop (``probe_s``) reads about 2.4–3.0 ms or about 4.3–6.6 ms, one core 4.9 ms in one
-round and 2.4 ms in the next, so a core that was fast turns slow within seconds
-(``bench/results/step_spread``); the guest sees no stolen time and the garbage collector takes
-about 1 ms a step. A step that waits on its host launches (the short FSDP2 steps, Qwen3's expert
+pure-Python loop (``probe_s``) reads 2.4–3.5 ms or 4.5–6.6 ms (111 of 120 probes), one core 4.9 ms
+in one round and 2.4 ms in the next: a core's speed changes from one moment to the next
+(``bench/results/step_spread``); the guest sees at most 0.05 s of stolen time a step and the
+garbage collector takes about 1 ms. A step that waits on its host launches (the short FSDP2 steps, Qwen3's expert
 loops) follows the speed of the core its thread is on, which is most of what separates one run of
 the same step from the next.
 
 ``planner validate`` therefore times every core before its steps (``survey``) and reports the spread
 beside the step time. It does not pin: pinned to the fastest core, the same steps ran no steadier
-(the core slowed during the run), and host calibrations pinned there priced five of 18 steps
+(the core's speed changed during the run), and host calibrations pinned there priced five of 18 steps
 0.78–0.85 of their time (``bench/step_spread.py``, README: the time model). ``pinned`` is that
 comparison's pin: the calling thread on the fastest core for the block, the intra-op pool started
 first so its workers keep every core.

@@ -35,6 +35,12 @@ def host_instance() -> str:
         return ""
 
 
+def error_line(e: BaseException, limit: int = 300) -> str:
+    """A failed case's error as one line: its type and its first ``limit`` characters, whitespace
+    folded (the benches and calibrations record it and go on with the other cases)."""
+    return f"{type(e).__name__}: {' '.join(str(e).split())[:limit]}"
+
+
 def provenance(command: str | None = None) -> dict:
     """Where this measurement ran: keys match ``planner.schema.Provenance``."""
     cuda = torch.cuda.is_available()

@@ -171,10 +171,11 @@ def _optimizer_holders(optimizer) -> list:
     the moments) and its fp32 masters: real tensors built with the step, outside the optimizer's own
     ``state``, that the tracker would otherwise not count (934 MB per rank for Qwen3-30B-A3B at
     W = 8 before they were)."""
-    out = [optimizer]
-    if callable(getattr(optimizer, "device_tensors", None)):
-        out += [optimizer.inner, *optimizer.device_tensors()]
-    return out
+    from planner.runtime.master_adamw import MasterAdamW
+
+    if isinstance(optimizer, MasterAdamW):
+        return [optimizer, optimizer.inner, *optimizer.device_tensors()]
+    return [optimizer]
 
 
 # ---- one checkpointed region ---------------------------------------------------------------------

@@ -34,12 +34,14 @@ from planner.runtime.validate_plan import (GRAD_LIFETIMES, Prediction, binding_r
 DEFAULT_STEPS = 3
 """Steps run; the last is compared (the first creates optimizer state and workspaces)."""
 TIME_WINDOW_S = 2.0
-"""A real run steps on past ``--steps`` until its timed steps (2..K) add up to this many seconds:
-a launch-bound step's time follows the speed of the host core its thread is on, which changes
-within seconds on the H200 machines (``planner.runtime.host_cores``), so a 0.1 s step's median is
-taken over a window of that length rather than over two steps."""
+"""A policy, not a measurement: a real run steps on past ``--steps`` until its timed steps (2..K)
+add up to this many seconds. A launch-bound step's time follows the speed of the host core its
+thread is on, which changes from moment to moment on the H200 machines
+(``planner.runtime.host_cores``), so a 0.1 s step's median is taken over a window of steps rather
+than over two. Its effect on the spread is not yet measured."""
 MAX_STEPS = 40
-"""The most steps ``TIME_WINDOW_S`` adds a run up to."""
+"""A policy: the most steps ``TIME_WINDOW_S`` adds a run up to (20 of the shortest FSDP2 step,
+0.1 s, fill the window)."""
 SEED = 0
 COMPARED_BOUND = "expected"
 """A step measures the dispatch buffers of the routing it draws: compare them with the plan evaluated

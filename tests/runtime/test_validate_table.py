@@ -62,8 +62,8 @@ def test_no_new_false_fit_against_the_h200(records):
 
 
 _CORES = ("The cause, measured (bench/results/step_spread): the H200 machines' vCPUs run at two speeds, a fixed "
-          "Python loop reads about 2.4-3.0 ms or 4.3-6.6 ms, one core 4.9 ms in one round and 2.4 ms in the "
-          "next, with no stolen time and ~1 ms of garbage collection a step; the launch-bound steps follow "
+          "Python loop reads 2.4-3.5 ms or 4.5-6.6 ms (111 of 120 probes), one core 4.9 ms in one round and 2.4 ms "
+          "in the next, with at most 0.05 s of stolen time and ~1 ms of garbage collection a step; the launch-bound steps follow "
           "the core their thread is on. Pinned to the fastest core (validate_*_pinned_expandable, instance 7542d85e) "
           "they were no steadier, and that instance's own host calibrations, pinned there, priced five of the 18 0.78-0.85 "
           "(bench/validate_table.py --calibration instance_7542d85e)")
