@@ -50,18 +50,18 @@ STEPS = 2
 compared (and timed)."""
 
 
-def cases(fill: float = FILL, worlds=WORLDS, lifetimes=LIFETIMES, per_case=None):
+def cases(fill: float = FILL, worlds=WORLDS, lifetimes=LIFETIMES, per_case=None, max_seq_real: int = MAX_SEQ_REAL):
     """``(model, W, S, layers, lifetime, planfile, prediction)`` in run order: the largest N of
     every (model, W) under both lifetimes, then the next N, and so on; within a pass the emulated
     (fast) cases first, so a budget cut drops the smallest real runs. ``per_case`` overrides
-    ``N_PER_CASE`` (context lengths per (model, W))."""
+    ``N_PER_CASE`` (context lengths per (model, W)); ``max_seq_real`` caps the W = 1 contexts."""
     n_per_case = {**N_PER_CASE, **(per_case or {})}
     passes: list[list] = [[] for _ in range(max(n_per_case.values()))]
     for model, layers in MODELS.items():
         for W in worlds:
             fits = []
             for S in SEQ_LENS:
-                if W == 1 and S > MAX_SEQ_REAL:
+                if W == 1 and S > max_seq_real:
                     continue
                 pf = truncate(build_planfile(model=model, gpus=W, seq_len=S), layers).planfile
                 pred = predict(pf, "accumulate", timing=False)
@@ -95,13 +95,18 @@ def main(argv=None) -> int:
                     help="gradient lifetimes to run (default: both)")
     ap.add_argument("--lengths", type=int, default=None,
                     help="context lengths per (model, W), overriding N_PER_CASE for every W")
+    ap.add_argument("--max-seq-len", type=int, default=MAX_SEQ_REAL,
+                    help=f"longest context run for real at W = 1 (default {MAX_SEQ_REAL})")
     args = ap.parse_args(argv)
+    if args.max_seq_len < SEQ_LENS[0]:
+        ap.error(f"--max-seq-len ({args.max_seq_len}) must be >= {SEQ_LENS[0]}, the shortest context tried")
     out = Path(args.out)
     (out / "plans").mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     results = []
     per_case = {W: args.lengths for W in WORLDS} if args.lengths else None
-    for model, W, S, layers, lt, pf, pred in cases(worlds=args.worlds, lifetimes=args.lifetimes, per_case=per_case):
+    for model, W, S, layers, lt, pf, pred in cases(worlds=args.worlds, lifetimes=args.lifetimes, per_case=per_case,
+                                                   max_seq_real=args.max_seq_len):
         name = f"{model}-W{W}-S{S}-L{layers}"
         c = {"model": model, "W": W, "S": S, "N": int(pred.ctx.tokens_per_rank), "layers": layers, "lifetime": lt,
              "command": write_plan(out, name, pf, lt, args.steps), "predicted_peak_bytes": pred.peak_bytes,

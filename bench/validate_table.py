@@ -31,7 +31,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from planner.api.build import build_planfile  # noqa: E402
 from planner.budget.build import make_context  # noqa: E402
 from planner.budget.workspace import blaslt_bytes  # noqa: E402
-from planner.runtime.validate import COMPARED_BOUND  # noqa: E402
+from planner.runtime.phase_times import grouped  # noqa: E402
+from planner.runtime.validate import COMPARED_BOUND, other_gpu  # noqa: E402
 from planner.runtime.validate_compare import compare, memory_ok  # noqa: E402
 from planner.runtime.validate_plan import predict, truncate  # noqa: E402
 from planner.units import GiB  # noqa: E402
@@ -67,7 +68,8 @@ STEMS = ("validate", "validate_w1", "validate_w1_run3", "validate_w1_run4", "val
          "validate_heldout_r6", "validate_fsdp2_run3_expandable", "validate_w1_run6_expandable",
          "validate_heldout_r5_rerun", "validate_heldout_r6_rerun", "validate_heldout_r7", "validate_heldout_r8",
          "validate_heldout_r9", "validate_heldout_r10", "validate_heldout_r11", "validate_heldout_r12",
-         "validate_w1_pinned_expandable", "validate_fsdp2_pinned_expandable")
+         "validate_w1_pinned_expandable", "validate_fsdp2_pinned_expandable", "validate_w1_h100_expandable",
+         "validate_fsdp2_h100_expandable", "validate_w1_h100_cal_expandable", "validate_fsdp2_h100_cal_expandable")
 """The committed runs: the composed matrix, the composed W = 1 runs at three context lengths (timed
 as the median of steps 2–4), the FSDP2 baseline's cases, and held-out cases of both stacks run
 through the CLI (``validate_heldout``, one process each). The ``*_expandable`` and held-out runs ran
@@ -87,7 +89,8 @@ FRESH_STEMS = ("validate_w1_run5", "validate_fsdp2_run2", "validate_expandable",
                "validate_heldout_r4", "validate_heldout_r5", "validate_heldout_r6", "validate_fsdp2_run3_expandable",
                "validate_w1_run6_expandable", "validate_heldout_r5_rerun", "validate_heldout_r6_rerun",
                "validate_heldout_r7", "validate_heldout_r8", "validate_heldout_r9", "validate_heldout_r10", "validate_heldout_r11", "validate_heldout_r12",
-               "validate_w1_pinned_expandable", "validate_fsdp2_pinned_expandable")
+               "validate_w1_pinned_expandable", "validate_fsdp2_pinned_expandable", "validate_w1_h100_expandable",
+               "validate_fsdp2_h100_expandable", "validate_w1_h100_cal_expandable", "validate_fsdp2_h100_cal_expandable")
 """Runs made with each case's cuBLAS workspaces cleared first (``bench/_validate_runner.fresh``):
 nothing carries over between their cases."""
 
@@ -129,19 +132,30 @@ def instance_cluster(folder: str, cluster):
     return parse_cluster(data)
 
 
+@functools.lru_cache(maxsize=None)
+def cluster_of(device: str) -> str | None:
+    """The shipped cluster profile measured on ``device`` (its ``topology.gpu_name``), ``None`` when
+    none is: a run is predicted with the profile of the GPU it ran on (the H100 runs with ``h100``)."""
+    from planner.schema.profiles import load_cluster, shipped
+
+    return next((name for name in shipped("clusters") if load_cluster(name).topology.gpu_name == device), None)
+
+
 def cases(stem: str, calibration: str | None = None):
     """``(case, plan file)`` of every case that ran, in run order; each case carries
-    ``carried_bytes`` (``carried_workspace_bytes``; 0 for ``FRESH_STEMS``). ``calibration``: a folder
-    under ``bench/results/calibration`` whose sections are merged into every case's cluster
+    ``carried_bytes`` (``carried_workspace_bytes``; 0 for ``FRESH_STEMS``). The plan's cluster is the
+    shipped profile of the run's GPU (``cluster_of``). ``calibration``: a folder under
+    ``bench/results/calibration`` whose sections are merged into every case's cluster
     (``instance_cluster``)."""
     doc = json.loads((RESULTS / f"{stem}.json").read_text())
+    cluster = cluster_of(doc.get("provenance", {}).get("device", ""))
     held = 0
     for c in doc["cases"]:
         if c.get("status") != "ran":
             continue
         knobs = c.get("knobs") or {}   # the baseline's knobs, or a composed case's operator choices
         ov = {"stack": "fsdp2", **knobs} if _fsdp2(stem, c) else (dict(knobs) or None)
-        pf = truncate(build_planfile(model=c["model"], gpus=c["W"], seq_len=c["S"], overrides=ov),
+        pf = truncate(build_planfile(model=c["model"], gpus=c["W"], seq_len=c["S"], overrides=ov, cluster=cluster),
                       c["layers"]).planfile
         if calibration is not None:
             pf = pf.model_copy(update={"cluster": instance_cluster(calibration, pf.cluster)})
@@ -157,7 +171,9 @@ def row(stem: str, c: dict, pf) -> dict:
                    rank=c["result"].get("rank", 0))
     carried = int(c.get("carried_bytes", 0))
     samples, start = _samples(res, c.get("name") or c["model"], carried)
-    rows = [r for r in compare(pred, samples, start, step_s=res.get("step_s"), judge_time=c["W"] == 1)
+    device = res.get("device", "")
+    time_judged = c["W"] == 1 and not other_gpu(device, pf.cluster)   # real, on the profile's own GPU
+    rows = [r for r in compare(pred, samples, start, step_s=res.get("step_s"), judge_time=time_judged)
             if r.unit == "bytes" and r.judged and r.measured]
     ratios = [r.ratio for r in rows]
     lo = min(rows, key=lambda r: r.ratio)
@@ -169,8 +185,11 @@ def row(stem: str, c: dict, pf) -> dict:
             "peak_ok_conservative": pred.peak_bytes >= meas_peak * 0.99,
             "min_ratio": min(ratios), "min_row": f"{lo.phase} {lo.what}", "max_ratio": max(ratios),
             "max_row": f"{hi.phase} {hi.what}", "rows_ok": sum(memory_ok(int(r.predicted), int(r.measured)) for r in rows),
-            "rows": len(rows), "step_s_measured": res.get("step_s"), "step_s_predicted": pred.step_s,
-            "step_components_predicted": pred.step_components, "carried_bytes": carried}
+            "rows": len(rows), "device": device, "time_judged": time_judged,
+            "step_s_measured": res.get("step_s"), "step_s_predicted": pred.step_s,
+            "step_components_predicted": pred.step_components, "step_phases_predicted": pred.step_phases,
+            "phase_s_measured": grouped(res["measured_phase_s"]) if res.get("measured_phase_s") else None,
+            "carried_bytes": carried}
 
 
 def markdown(records: list[dict]) -> str:
@@ -179,6 +198,8 @@ def markdown(records: list[dict]) -> str:
     for r in records:
         t = (f"{r['step_s_measured']:.2f} / {r['step_s_predicted']:.2f}"
              if r["W"] == 1 and r["step_s_measured"] and r["step_s_predicted"] else "")
+        if t and not r["time_judged"]:
+            t += f" (on {r['device']}: not judged)"
         under = "**" if r["min_ratio"] < 0.99 else ""
         out.append(f"| {r['stack']} | {r['case']} | {r['W']} | {r['S']} | {r['lifetime']} | "
                    f"{r['peak_predicted'] / GiB:.2f} / {r['peak_measured'] / GiB:.2f} | "

@@ -11,8 +11,13 @@ from __future__ import annotations
 
 import time
 
-GROUPS = ("forward", "head", "backward", "optimizer")
-"""Phase kinds the report sums the windows into (other labels: ``other``)."""
+from planner.timing.step import PHASES
+
+OTHER = PHASES[-1]
+"""The kind of every window that is no region's, the head's or the optimizer's (``embedding``)."""
+GROUPS = PHASES[:-1]
+"""Phase kinds the report sums the windows into, as the time model books them (other labels:
+``OTHER``)."""
 
 
 def phase_seconds(step, tokens, targets, sync) -> dict[str, float]:
@@ -45,8 +50,8 @@ def phase_seconds(step, tokens, targets, sync) -> dict[str, float]:
 
 def grouped(phase_s: dict[str, float]) -> dict[str, float]:
     """``phase_s`` summed by kind (``GROUPS``; the rest under ``other``), the kinds in that order."""
-    out = {g: 0.0 for g in (*GROUPS, "other")}
+    out = {g: 0.0 for g in PHASES}
     for lab, s in phase_s.items():
         kind = lab.split("[", 1)[0]
-        out[kind if kind in GROUPS else "other"] += s
+        out[kind if kind in GROUPS else OTHER] += s
     return {k: v for k, v in out.items() if v or k in GROUPS}

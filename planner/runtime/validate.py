@@ -38,7 +38,8 @@ TIME_WINDOW_S = 2.0
 add up to this many seconds. A launch-bound step's time follows the speed of the host core its
 thread is on, which changes from moment to moment on the H200 machines
 (``planner.runtime.host_cores``), so a 0.1 s step's median is taken over a window of steps rather
-than over two. Its effect on the spread is not yet measured."""
+than over two. Measured on two H100 instances (README, `planner validate`): the window's median moved
+from the median of steps 2-4 by -10.6% to +4.2%, and the steps inside one window spread up to 1.34x."""
 MAX_STEPS = 40
 """A policy: the most steps ``TIME_WINDOW_S`` adds a run up to (20 of the shortest FSDP2 step,
 0.1 s, fill the window)."""
@@ -66,6 +67,11 @@ class Measurement:
     """The cores' speeds and the one the launching thread ran on (``planner.runtime.host_cores``)."""
     phase_s: dict | None = None
     """A real run's one step synchronised at each phase boundary (``planner.runtime.phase_times``)."""
+    step_times_s: list[float] = field(default_factory=list)
+    """Every timed step, in order (CUDA events); ``step_s`` is the median of the 2nd onwards."""
+    alloc_retries: int = 0
+    """Times the caching allocator freed its cache and retried a device allocation during the steps
+    (``num_alloc_retries``): a step that runs near the card's capacity pays for them in time."""
 
 
 @dataclass
@@ -82,6 +88,15 @@ class Outcome:
     @property
     def ok(self) -> bool:
         return verdict(self.rows)
+
+    @property
+    def time_judged(self) -> bool:
+        return judge_time(self.measurement, self.prediction)
+
+    @property
+    def other_gpu(self) -> str:
+        """'' on the plan cluster's own GPU, else why the step time is not judged here."""
+        return other_gpu(self.measurement.device, self.prediction.ctx.cluster)
 
     def to_json(self) -> dict:
         pred, meas = self.prediction, self.measurement
@@ -100,12 +115,16 @@ class Outcome:
             "measured_peak_bytes": max((s.peak_bytes for s in meas.samples.values()), default=0),
             "measured_peak_reserved_bytes": max((s.peak_reserved_bytes or 0 for s in meas.samples.values()),
                                                 default=0),
-            "step_s": meas.step_s, "predicted_step_s": pred.step_s, "losses": meas.losses,
-            "predicted_step_components_s": finite_or_none(pred.step_components), "measured_phase_s": meas.phase_s,
+            "step_s": meas.step_s, "step_times_s": meas.step_times_s, "alloc_retries": meas.alloc_retries,
+            "predicted_step_s": pred.step_s,
+            "losses": meas.losses,
+            "predicted_step_components_s": finite_or_none(pred.step_components),
+            "predicted_step_phases_s": finite_or_none(pred.step_phases), "measured_phase_s": meas.phase_s,
             "allocator": meas.allocator,
             "host_cores": meas.host_cores.to_json() if meas.host_cores is not None else None,
             "tolerances": {"memory_under": MEMORY_UNDER, "memory_over": MEMORY_OVER,
-                           "time": TIME_TOLERANCE, "time_judged": meas.mode == "real"},
+                           "time": TIME_TOLERANCE, "time_judged": self.time_judged},
+            "cluster_gpu": pred.ctx.cluster.topology.gpu_name, "other_gpu": self.other_gpu or None,
             "rows": [r.asdict() for r in self.rows], "phases": phases,
         }
 
@@ -115,6 +134,35 @@ def finite_or_none(d: dict | None) -> dict | None:
     if d is None:
         return None
     return {k: (float(v) if isinstance(v, (int, float)) and math.isfinite(v) else None) for k, v in d.items()}
+
+
+def other_gpu(device: str, cluster) -> str:
+    """'' when ``device`` (``torch.cuda.get_device_name``) is the GPU the plan's cluster profile was
+    measured on, else why a step time measured on it says nothing of that profile's time model."""
+    want = cluster.topology.gpu_name
+    if device == want:
+        return ""
+    return (f"this GPU is {device}, the plan's cluster ({cluster.name}) is {want}: the time model's curves were "
+            f"measured on {want}, so the step time is shown, not judged (calibrate this machine with planner "
+            "calibrate and validate a plan of that profile)")
+
+
+def judge_time(meas: "Measurement", pred: Prediction) -> bool:
+    """The step time is judged where communication is real and the GPU is the cluster profile's."""
+    return meas.mode == "real" and not other_gpu(meas.device, pred.ctx.cluster)
+
+
+def check_fits_here(pred: Prediction, free_bytes: int, total_bytes: int, device: str) -> None:
+    """Refuse a plan whose predicted peak cannot fit this GPU (a smaller card than the plan's cluster):
+    the run would only end in a CUDA out-of-memory."""
+    if pred.peak_bytes > free_bytes:
+        from planner.units import GiB
+
+        raise InvalidPlan("plan", f"predicted peak {pred.peak_bytes / GiB:.2f} GiB at {pred.binding_phase}",
+                          f"must fit this GPU ({device}: {free_bytes / GiB:.2f} GiB free of "
+                          f"{total_bytes / GiB:.2f} GiB)",
+                          "validate on a GPU of the plan's cluster, or a plan that fits this one (fewer --layers, "
+                          "a shorter --seq-len, or more GPUs)")
 
 
 # ---- the run ---------------------------------------------------------------------------------------
@@ -292,20 +340,28 @@ def measure(planfile, ctx, *, rank: int, steps: int, grad_lifetime: str) -> Meas
             plan_dispatch(composed.model, ctx)
             tokens, targets = synthetic_batch(ctx, device, torch)
             rec = PhaseRecorder(CudaSource(device))
+            retries0 = torch.cuda.memory_stats(device).get("num_alloc_retries", 0)
             samples, start, times, losses = run_steps(composed, rec, tokens, targets, steps=steps,
                                                       timer=_cuda_timer(torch),
                                                       min_timed_s=TIME_WINDOW_S if mode == "real" else 0.0)
+            retries = torch.cuda.memory_stats(device).get("num_alloc_retries", 0) - retries0
             phase_s = (phase_times.phase_seconds(composed, tokens, targets, lambda: torch.cuda.synchronize(device))
                        if mode == "real" else None)
         finally:
             if hasattr(composed, "close"):
                 composed.close()  # pinned host memory (SCO pool, offloaded optimizer state)
-        step_s = statistics.median(times[1:]) if len(times) > 1 else (times[0] if times else None)
+        step_s = median_step_s(times)
         name = torch.cuda.get_device_name(device)
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
-    return Measurement(samples, start, step_s, mode, name, losses, alloc_line, cores, phase_s)
+    return Measurement(samples, start, step_s, mode, name, losses, alloc_line, cores, phase_s, times, retries)
+
+
+def median_step_s(times: list[float]) -> float | None:
+    """The step time: the median of the timed steps after the first (which builds the optimizer
+    state and the library workspaces), the first alone when it is the only one."""
+    return statistics.median(times[1:]) if len(times) > 1 else (times[0] if times else None)
 
 
 def plan_grad_lifetime(pf) -> str:
@@ -343,9 +399,13 @@ def validate(plan: str, *, layers: int | None = None, steps: int = DEFAULT_STEPS
         why = "chosen with --rank"
     # the rank's own dispatch plan, not the largest over ranks
     pred = predict(tr.planfile, grad_lifetime, dispatch_bound=COMPARED_BOUND, rank=rank)
+    if measure_fn is None:
+        torch = _require_gpu()
+        free, total = torch.cuda.mem_get_info()
+        check_fits_here(pred, free, total, torch.cuda.get_device_name())
     meas = (measure_fn or measure)(tr.planfile, ctx, rank=rank, steps=steps, grad_lifetime=grad_lifetime)
     rows = compare(pred, meas.samples, meas.step_start_bytes, step_s=meas.step_s,
-                   judge_time=meas.mode == "real")
+                   judge_time=judge_time(meas, pred))
     return Outcome(tr.changes, pred, meas, rank, why, rows)
 
 

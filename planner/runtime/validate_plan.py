@@ -79,6 +79,8 @@ class Prediction:
     """Predicted seconds of one step at one micro-step (``None`` where the profile has a gap)."""
     step_components: dict | None = None
     """That step's components in seconds (``StepTime.components``; ``None`` without timing)."""
+    step_phases: dict | None = None
+    """The same seconds by phase kind (``StepTime.phases``; ``None`` without timing)."""
 
     @property
     def labels(self) -> list[str]:
@@ -135,7 +137,7 @@ def predict(pf: PlanFile, grad_lifetime: str = knob_default("grad_lifetime"), *,
     ctx = context(pf, grad_lifetime, dispatch_bound)
     if rank is not None and ctx.model.is_moe:
         ctx = dataclasses.replace(ctx, dispatch_rank=expert_group_rank(ctx, rank))
-    step_s = components = None
+    step_s = components = phases = None
     if timing:
         from planner.timing.step import step_time
 
@@ -143,7 +145,8 @@ def predict(pf: PlanFile, grad_lifetime: str = knob_default("grad_lifetime"), *,
         v = float(np.asarray(st.total_s).reshape(-1)[0])
         step_s = None if not np.isfinite(v) else v
         components = {k: float(np.asarray(c).reshape(-1)[0]) for k, c in st.components.items()}
-    return Prediction(ctx, evaluate(ctx), capacity_bytes(ctx), step_s, components)
+        phases = {k: float(np.asarray(c).reshape(-1)[0]) for k, c in st.phases.items()}
+    return Prediction(ctx, evaluate(ctx), capacity_bytes(ctx), step_s, components, phases)
 
 
 def expert_group_rank(ctx: Ctx, rank: int) -> int:

@@ -26,6 +26,8 @@ def render(o, console) -> None:
     console.print(f"rank {o.rank} ({o.rank_reason}); gradients {pred.ctx.grad_lifetime}")
     if meas.allocator:
         console.print(meas.allocator)
+    if meas.mode == "real" and o.other_gpu:
+        console.print(f"[yellow]{o.other_gpu}[/]")
     if meas.host_cores is not None:
         console.print(meas.host_cores.line())
     for c in o.changes:
@@ -46,7 +48,7 @@ def render(o, console) -> None:
     for line in time_lines(pred, meas):
         console.print(line)
     console.print(f"tolerance: formula within −{MEMORY_UNDER:.0%} / +{MEMORY_OVER:.0%} of the measurement"
-                  f" per phase; time ±{TIME_TOLERANCE:.0%} where communication is real")
+                  f" per phase; time ±{TIME_TOLERANCE:.0%} where communication is real, on the cluster's GPU")
     console.print("[green]every phase within tolerance[/]" if o.ok else "[red]a phase is outside the tolerance[/]")
 
 
@@ -65,8 +67,23 @@ def time_lines(pred, meas) -> list[str]:
         parts = sorted(comps.items(), key=lambda kv: (-kv[1], kv[0]))
         out.append(f"predicted step {pred.step_s:.3f} s: "
                    + ", ".join(f"{k} {v:.3f} ({v / pred.step_s:.0%})" for k, v in parts))
+    retries = getattr(meas, "alloc_retries", 0)
+    if retries:
+        out.append(f"the allocator freed its cache and retried {retries} allocation(s) during the steps "
+                   "(near the card's capacity): the step time includes those frees")
+    timed = list(getattr(meas, "step_times_s", None) or [])[1:]
+    if len(timed) > 1:
+        out.append(f"timed steps 2..{len(timed) + 1}: median {meas.step_s:.3f} s, {min(timed):.3f}–{max(timed):.3f} s "
+                   f"(max/min {max(timed) / min(timed):.2f})")
     if meas.phase_s:
         g = grouped(meas.phase_s)
         out.append(f"measured, one step synchronised at each phase ({sum(g.values()):.3f} s): "
                    + ", ".join(f"{k} {v:.3f}" for k, v in g.items()))
+    phases = getattr(pred, "step_phases", None)
+    if pred.step_s is not None and phases:
+        g = grouped(meas.phase_s) if meas.phase_s else {}
+        kinds = [k for k, v in phases.items() if (isinstance(v, (int, float)) and math.isfinite(v) and v > 0)
+                 or g.get(k)]
+        out.append("by phase, predicted" + (" / measured synchronised" if g else "") + " (s): " + ", ".join(
+            f"{k} {phases.get(k, 0.0):.3f}" + (f" / {g.get(k, 0.0):.3f}" if g else "") for k in kinds))
     return out

@@ -131,12 +131,13 @@ def build(ctx: Ctx, lk: Lookups, micro, opt):
         bwd = {k: bw.get(k, 0.0) + B_l.get(k, 0.0) for k in dict.fromkeys([*bw, *B_l])}
         rec = fwd if recompute else {"elementwise": fwd["elementwise"]} if ctx.ac == "selective" else {}
         gath, red = _fsdp_comm(lk, ctx, dense / tp, experts, fsdp, ep, b, ranks)
-        micro.overlap(fwd, gath, "fsdp_gather", n)
-        micro.overlap(merge_passes(rec, bwd, bool(rec)), gath + red, "fsdp_reduce", n)
+        micro.overlap(fwd, gath, "fsdp_gather", n, "forward")
+        micro.overlap(merge_passes(rec, bwd, bool(rec)), gath + red, "fsdp_reduce", n, "backward")
         micro.note_recompute(rec, n)
         if host is not None:   # GPU + host (baseline_host.py)
             h_f, h_b = BH.layer(host, kind)
-            micro.add("host_exposed", h_f + h_b, n)
+            micro.add("host_exposed", h_f, n, "forward")
+            micro.add("host_exposed", h_b, n, "backward")
 
     # head and embedding (FSDP units of V·H/tp)
     V = ctx.vocab_size
@@ -146,11 +147,12 @@ def build(ctx: Ctx, lk: Lookups, micro, opt):
     g_head, r_head = _fsdp_comm(lk, ctx, cols * H, 0, fsdp, ep, b, ranks)
     micro.overlap({"compute_head": h["gemm_fwd"] + h["gemm_bwd"],
                          "elementwise": h["fwd"] + h["bwd"] - h["gemm_fwd"] - h["gemm_bwd"], "tp_collectives": tp_head},
-                        g_head + r_head, "fsdp_head")
+                        g_head + r_head, "fsdp_head", phase="head")
     g_emb, r_emb = _fsdp_comm(lk, ctx, cols * H, 0, fsdp, ep, b, ranks)
     micro.add("fsdp_embedding", g_emb + r_emb)
     if host is not None:
-        micro.add("host_exposed", BH.outside(host, "head") + BH.outside(host, "embedding"))
+        micro.add("host_exposed", BH.outside(host, "head"), phase="head")
+        micro.add("host_exposed", BH.outside(host, "embedding"))
 
     theta = ceil_div(ctx.num_params, W)
     if ctx.cpu_offload:

@@ -84,12 +84,12 @@ def build(ctx: Ctx, lk: Lookups, micro, opt):
             continue
         Ff, Bf, Gf, RSf = regions[kind]
         # forward: attention beside the FFN region's gather, the FFN region beside the next gather
-        ta = micro.overlap(F_att, Gf, "zero3_gather", n)
-        t_fwd[kind] = micro.overlap(Ff, G_att, "zero3_gather", n)
+        ta = micro.overlap(F_att, Gf, "zero3_gather", n, "forward")
+        t_fwd[kind] = micro.overlap(Ff, G_att, "zero3_gather", n, "forward")
         # backward: recompute + backward beside the next region's gather and the reduce-scatter of
         # the region just finished (both of the other kind)
-        t_rb[kind] = micro.overlap(merge_passes(Ff, Bf, ckpt), G_att + RS_att, "zero3_reduce", n)
-        tb_a = micro.overlap(merge_passes(F_att, B_att, ckpt), Gf + RSf, "zero3_reduce", n)
+        t_rb[kind] = micro.overlap(merge_passes(Ff, Bf, ckpt), G_att + RS_att, "zero3_reduce", n, "backward")
+        tb_a = micro.overlap(merge_passes(F_att, B_att, ckpt), Gf + RSf, "zero3_reduce", n, "backward")
         if ckpt:
             micro.note_recompute(Ff, n)
             micro.note_recompute(F_att, n)
@@ -101,7 +101,8 @@ def build(ctx: Ctx, lk: Lookups, micro, opt):
     micro.add("zero3_embedding", collective_s(lk, "all_gather", W, VHb) + collective_s(lk, "reduce_scatter", W, VHb))
     if ctx.checkpoint == "sco":
         sco = sco_exposed_s(lk, ctx.regions, ctx.num_offloaded, N * H * b, t_fwd, t_rb, t_head, ranks=ranks)
-        micro.add("sco_exposed", sco["offload"] + sco["restore"] + sco["overhead"])
+        micro.add("sco_exposed", sco["offload"] + sco["overhead"], phase="forward")
+        micro.add("sco_exposed", sco["restore"], phase="backward")
     _optimizer(ctx, lk, opt, ranks)
     return N, F.model_flops(m, N, ctx.seq_len)
 
@@ -126,7 +127,7 @@ def _head(ctx: Ctx, lk: Lookups, micro, N):
     compute = {"compute_head": h["gemm_fwd"] + h["gemm_bwd"],
                "elementwise": h["fwd"] + h["bwd"] - h["gemm_fwd"] - h["gemm_bwd"] - hops,
                "ring_hops" if ctx.vocab == "ring_dtp" else "vocab_comm": hops}
-    return micro.overlap(compute, comm, "zero3_head")
+    return micro.overlap(compute, comm, "zero3_head", phase="head")
 
 
 def _optimizer(ctx: Ctx, lk: Lookups, opt, ranks: int) -> None:

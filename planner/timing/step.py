@@ -58,6 +58,11 @@ class StepTime:
     recompute: dict[str, np.ndarray] = field(default_factory=dict)
     """The part of each ``breakdown`` compute entry that is recompute (checkpointed forwards run
     again), seconds per optimizer step."""
+    phases: dict[str, np.ndarray] = field(default_factory=dict)
+    """The same seconds by the phase kind they are booked in (``PHASES``: ``forward``, ``head``,
+    ``backward`` with its recompute, ``optimizer``, ``other`` for the embedding's collectives), per
+    optimizer step; they sum to ``total_s``. ``planner validate`` prints them beside the measured
+    phase windows."""
 
     @property
     def components(self) -> dict[str, np.ndarray]:
@@ -93,13 +98,23 @@ COMPONENTS = {
 """``StepTime.components``: breakdown entries by component (the rest is ``communication``)."""
 
 
-class Book:
-    """Accumulates named seconds (arrays broadcast to the candidates' shape)."""
+PHASES = ("forward", "head", "backward", "optimizer", "other")
+"""Phase kinds of ``StepTime.phases`` (DESIGN §3.1's phases summed by kind; ``other``: what runs
+outside every region, the embedding's collectives and host work), as
+``planner.runtime.phase_times.grouped`` sums the measured windows."""
 
-    def __init__(self, shape: tuple) -> None:
+
+class Book:
+    """Accumulates named seconds (arrays broadcast to the candidates' shape), and the same seconds by
+    phase kind (``PHASES``): each booking names its phase, else the book's ``phase``."""
+
+    def __init__(self, shape: tuple, phase: str = "other") -> None:
+        assert phase in PHASES, phase
         self.shape = shape
+        self.phase = phase
         self.parts: dict[str, np.ndarray] = {}
         self.recompute: dict[str, np.ndarray] = {}
+        self.by_phase: dict[str, np.ndarray] = {}
 
     def note_recompute(self, pieces: dict, times=1.0) -> None:
         """Record the recompute share of booked compute pieces (already in ``parts``): the
@@ -108,17 +123,21 @@ class Book:
             self.recompute[k] = self.recompute.get(k, np.zeros(self.shape)) + np.broadcast_to(
                 np.asarray(v, dtype=float) * times, self.shape)
 
-    def add(self, name: str, seconds, times=1.0) -> None:
+    def add(self, name: str, seconds, times=1.0, phase: str | None = None) -> None:
+        """Book ``seconds × times`` under ``name``, in ``phase`` (default: the book's)."""
+        phase = phase or self.phase
+        assert phase in PHASES, phase
         v = np.broadcast_to(np.asarray(seconds, dtype=float) * times, self.shape)
         self.parts[name] = self.parts.get(name, np.zeros(self.shape)) + v
+        self.by_phase[phase] = self.by_phase.get(phase, np.zeros(self.shape)) + v
 
-    def overlap(self, compute: dict, comm, name: str, times=1.0) -> np.ndarray:
-        """Book ``max(Σ compute, comm)``: every compute piece, plus the exposed ``comm`` under
-        ``name``. Returns the phase's seconds."""
+    def overlap(self, compute: dict, comm, name: str, times=1.0, phase: str | None = None) -> np.ndarray:
+        """Book ``max(Σ compute, comm)`` in ``phase``: every compute piece, plus the exposed ``comm``
+        under ``name``. Returns the phase's seconds."""
         total = sum(np.asarray(v, dtype=float) for v in compute.values())
         for k, v in compute.items():
-            self.add(k, v, times)
-        self.add(name, np.maximum(0.0, np.asarray(comm, dtype=float) - total), times)
+            self.add(k, v, times, phase)
+        self.add(name, np.maximum(0.0, np.asarray(comm, dtype=float) - total), times, phase)
         return np.maximum(total, comm)
 
     def total(self) -> np.ndarray:
@@ -160,7 +179,7 @@ def step_time(ctx: Ctx, *, strict: bool = False, micro_steps_override=None) -> S
 
     lk = Lookups(ctx.cluster, strict=strict)
     shape = candidates_shape(ctx)
-    micro, opt = Book(shape), Book(shape)
+    micro, opt = Book(shape), Book(shape, phase="optimizer")
     if ctx.stack == "composed":
         tokens, flops = composed.build(ctx, lk, micro, opt)
     else:
@@ -171,13 +190,15 @@ def step_time(ctx: Ctx, *, strict: bool = False, micro_steps_override=None) -> S
     recompute = {k: v * M for k, v in micro.recompute.items()}
     for k, v in opt.parts.items():
         breakdown[k] = breakdown.get(k, np.zeros(shape)) + v
+    phases = {p: M * micro.by_phase.get(p, 0.0) + opt.by_phase.get(p, 0.0) for p in PHASES}
     micro_s, opt_s = micro.total(), opt.total()
     total = M * micro_s + opt_s
     _check_invariants(ctx, breakdown)
     return StepTime(total_s=total, micro_step_s=micro_s, optimizer_s=opt_s,
                     tokens_per_step=np.broadcast_to(M * np.asarray(tokens, dtype=float), shape).copy(),
                     model_flops=np.broadcast_to(M * np.asarray(flops, dtype=float), shape).copy(),
-                    breakdown=breakdown, gaps=list(lk.gaps), assumed=lk.assumed, recompute=recompute)
+                    breakdown=breakdown, gaps=list(lk.gaps), assumed=lk.assumed, recompute=recompute,
+                    phases={p: np.broadcast_to(v, shape).copy() for p, v in phases.items()})
 
 
 def _check_invariants(ctx: Ctx, breakdown: dict) -> None:

@@ -78,3 +78,40 @@ def test_no_finite_step_time_reads_n_a_and_json_has_no_nan():
     assert time_lines(pred, SimpleNamespace(phase_s=None)) == ["predicted step 1.000 s: compute 0.500 (50%), copies 0.500 (50%)"]
     assert finite_or_none({"a": float("nan"), "b": 1, "c": float("inf")}) == {"a": None, "b": 1.0, "c": None}
     assert finite_or_none(None) is None
+
+
+def test_validate_prints_the_timed_steps_spread():
+    """A real run's timed steps (the 2nd onwards) are printed with their median and spread, and the
+    median leaves out the first step (it builds the optimizer state and the workspaces)."""
+    from types import SimpleNamespace
+
+    from planner.runtime.validate import median_step_s
+    from planner.runtime.validate_report import time_lines
+    times = [9.0, 1.0, 1.25, 1.1]
+    assert median_step_s(times) == 1.1
+    assert median_step_s([2.5]) == 2.5 and median_step_s([]) is None
+    meas = SimpleNamespace(phase_s=None, step_times_s=times, step_s=median_step_s(times))
+    assert time_lines(SimpleNamespace(step_s=None, step_components=None), meas) == [
+        "timed steps 2..4: median 1.100 s, 1.000–1.250 s (max/min 1.25)"]
+    one = SimpleNamespace(phase_s=None, step_times_s=[9.0, 1.0], step_s=1.0)
+    assert time_lines(SimpleNamespace(step_s=None, step_components=None), one) == []
+    tight = SimpleNamespace(phase_s=None, step_times_s=[9.0, 1.0], step_s=1.0, alloc_retries=3)
+    assert time_lines(SimpleNamespace(step_s=None, step_components=None), tight) == [
+        "the allocator freed its cache and retried 3 allocation(s) during the steps (near the card's capacity): "
+        "the step time includes those frees"]
+
+
+def test_validate_prints_the_predicted_phases_beside_the_measured():
+    """The time model's seconds by phase kind are printed beside the synchronised windows."""
+    from types import SimpleNamespace
+
+    from planner.runtime.validate_report import time_lines
+    pred = SimpleNamespace(step_s=2.0, step_components={"compute": 2.0},
+                           step_phases={"forward": 0.5, "head": 0.25, "backward": 1.0, "optimizer": 0.25, "other": 0.0})
+    meas = SimpleNamespace(phase_s={"embedding": 0.01, "forward[1]": 0.6, "head": 0.2, "backward[1]": 1.2,
+                                    "optimizer": 0.1})
+    assert time_lines(pred, meas)[-1] == ("by phase, predicted / measured synchronised (s): forward 0.500 / 0.600, "
+                                          "head 0.250 / 0.200, backward 1.000 / 1.200, optimizer 0.250 / 0.100, "
+                                          "other 0.000 / 0.010")
+    assert time_lines(pred, SimpleNamespace(phase_s=None))[-1] == (
+        "by phase, predicted (s): forward 0.500, head 0.250, backward 1.000, optimizer 0.250")

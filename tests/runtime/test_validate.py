@@ -194,3 +194,59 @@ def test_default_gradient_lifetime_is_the_plans(stack, knob, want):
     with pytest.raises(RuntimeError, match="stop"):
         v.validate(pf, layers=2, grad_lifetime="accumulate", measure_fn=fake_measure)
     assert seen["lifetime"] == "accumulate"
+
+
+def _measured_as_predicted(device: str, step_factor: float):
+    """A fake real run on ``device`` whose every phase is the prediction's and whose step took
+    ``step_factor`` × the predicted time."""
+    from planner.budget.fsdp2_boundaries import INPUT_BATCH
+    from planner.runtime import validate as v
+    from planner.runtime.phase_recorder import PhaseSample
+
+    def fake_measure(planfile, ctx, *, rank, steps, grad_lifetime):
+        pred = predict(planfile, grad_lifetime, dispatch_bound=v.COMPARED_BOUND, rank=rank)
+        first = pred.labels[0]
+        start = (pred.live_set_bytes(first, "persistent") + pred.term_bytes(first, (INPUT_BATCH,))
+                 + pred.step_start_workspace_bytes())
+        opt = pred.phase_bytes("optimizer") - pred.live_set_bytes("optimizer", "optimizer_step")
+        samples = {lbl: PhaseSample(lbl, opt if lbl == "optimizer" else 0, pred.phase_bytes(lbl))
+                   for lbl in pred.labels}
+        return v.Measurement(samples, start, step_factor * pred.step_s, "real", device, step_times_s=[1.0])
+    return fake_measure
+
+
+@pytest.mark.parametrize("device,judged", [("NVIDIA H200", True), ("NVIDIA H100 80GB HBM3", False)])
+def test_time_is_judged_only_on_the_clusters_gpu(device, judged):
+    """A real step on another GPU than the plan's cluster profile (an H100 for the H200 profile) is
+    held to the memory rows only: its time is printed, not judged, and the outcome says why."""
+    from planner.runtime import validate as v
+
+    pf = build_planfile(model="qwen3-30b-a3b", gpus=1, seq_len=16384)
+    slow = v.validate(pf, layers=2, measure_fn=_measured_as_predicted(device, 2.0))
+    fair = v.validate(pf, layers=2, measure_fn=_measured_as_predicted(device, 1.0))
+    assert fair.ok and all(r.ok for r in slow.rows if r.unit == "bytes")
+    assert slow.ok is not judged and slow.time_judged is judged
+    step = next(r for r in slow.rows if r.unit == "s")
+    assert step.judged is judged and step.measured == pytest.approx(2 * step.predicted)
+    doc = slow.to_json()
+    assert doc["tolerances"]["time_judged"] is judged and doc["cluster_gpu"] == "NVIDIA H200"
+    if judged:
+        assert doc["other_gpu"] is None and slow.other_gpu == ""
+    else:
+        assert "NVIDIA H100 80GB HBM3" in doc["other_gpu"] and "planner calibrate" in doc["other_gpu"]
+
+
+def test_a_plan_that_cannot_fit_this_gpu_is_refused():
+    """The predicted peak against this GPU's free memory: a plan for a larger card is refused with one
+    line (exit 2), not run into a CUDA out-of-memory."""
+    from planner.errors import InvalidPlan
+    from planner.runtime import validate as v
+    from planner.units import GiB
+
+    pf = truncate(build_planfile(model="gpt-oss-20b", gpus=1, seq_len=65536), 2).planfile
+    pred = predict(pf, "freed", timing=False)
+    assert pred.peak_bytes > 80 * GiB
+    with pytest.raises(InvalidPlan, match=r"predicted peak 8\d\.\d\d GiB at head.*must fit this GPU \(NVIDIA H100 80GB "
+                                          r"HBM3: 77\.00 GiB free of 79\.18 GiB\)"):
+        v.check_fits_here(pred, int(77 * GiB), int(79.18 * GiB), "NVIDIA H100 80GB HBM3")
+    v.check_fits_here(pred, pred.peak_bytes, int(140 * GiB), "NVIDIA H200")

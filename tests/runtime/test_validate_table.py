@@ -43,6 +43,11 @@ def _key(r):
     return (r["stack"], r["case"], r["W"], r["S"], r["lifetime"])
 
 
+def _gpu_key(r):
+    """A step time's key: the case and the GPU it ran on (a GPU's steps are predicted with its profile)."""
+    return (*_key(r), r["device"])
+
+
 def test_every_recorded_case_is_read(records):
     stacks = {r["stack"] for r in records}
     assert stacks == {"composed", "fsdp2"}
@@ -98,28 +103,54 @@ _NONE_TIME = ("composed checkpoint = none at W = 1 (held-out round 6, one instan
               "spread, as the Qwen3 host-bound steps above; this instance's host speed is unmeasured")
 _QWEN3_FSDP2_SHORT = (_CORES + ". Qwen3-30B-A3B FSDP2 at W = 1, 4k: 0.187-0.244 s on four instances against 0.213 s "
                       "predicted (0.87-1.14), 0.171 s on 7542d85e (validate_fsdp2_pinned_expandable, 1.25)")
+_H100_CAL = ("On the H100 whose calibration is the shipped h100 profile (instance b213c03d, "
+             "bench/results/calibration/h100_b213c03d; validate_*_h100_cal_expandable, run minutes after it), every "
+             "composed step ran slower than that calibration predicts (0.77-0.91), while on another H100 instance "
+             "(002db3fa, validate_*_h100_expandable) the same steps were 0.93-1.04. By phase (one step synchronised at "
+             "each boundary) the head and optimizer are within 1-10% on both instances and the miss is in the "
+             "regions' forward and backward: Qwen3-30B-A3B 32k forward 0.378 s predicted against 0.558 measured, "
+             "backward 1.337 against 1.715 (0.442 and 1.567 on 002db3fa), its 128-expert loops host-bound; this "
+             "instance's probe read half its cores at 2.5 ms and half at 4.6-5.0 ms")
+_H100_NEAR_FULL = ("gpt-oss-20b FSDP2 at W = 1, 16k on an H100: its peak (69.8 GiB allocated, 75.1 GiB reserved of the "
+                   "card's 79.2) is beyond the h100 profile's usable capacity (68.3 GiB: planner check says it does not "
+                   "fit), and its head and backward ran at 0.25-0.31 s and 0.27-0.36 s against 0.146 and 0.171 s "
+                   "predicted (its 8k step, 61.6 GiB, is within 1-3%); allocator retries near capacity are the likely "
+                   "cause, recorded by planner validate from now on (alloc_retries), not by these runs")
+H100 = "NVIDIA H100 80GB HBM3"
+H200 = "NVIDIA H200"
 KNOWN_SLOW = {
-    ("fsdp2", "qwen3-W1-S4096", 1, 4096, "freed"): _QWEN3_FSDP2_SHORT,
-    ("composed", "r6-gptoss-W1-S4096-none", 1, 4096, "accumulate"): _NONE_TIME,
-    ("composed", "r6-qwen3-W1-S16384-none", 1, 16384, "accumulate"): _NONE_TIME,
-    ("fsdp2", "dsv2-W1-S4096", 1, 4096, "freed"): _DSV2_FSDP2_SHORT,
-    ("composed", "qwen3-30b-a3b", 1, 65536, "freed"): _QWEN3_HOST,
-    ("composed", "qwen3-30b-a3b", 1, 32768, "freed"): _QWEN3_HOST,
-    ("composed", "gpt-oss-20b", 1, 16384, "freed"): _SLOW_INSTANCE,
-    ("fsdp2", "qwen3-W1-S16384", 1, 16384, "freed"): _QWEN3_FSDP2_HOST,
-    ("fsdp2", "gptoss-W1-S4096", 1, 4096, "freed"): _GPTOSS_FSDP2_SHORT,
+    ("fsdp2", "qwen3-W1-S4096", 1, 4096, "freed", H200): _QWEN3_FSDP2_SHORT,
+    ("composed", "r6-gptoss-W1-S4096-none", 1, 4096, "accumulate", H200): _NONE_TIME,
+    ("composed", "r6-qwen3-W1-S16384-none", 1, 16384, "accumulate", H200): _NONE_TIME,
+    ("fsdp2", "dsv2-W1-S4096", 1, 4096, "freed", H200): _DSV2_FSDP2_SHORT,
+    ("composed", "qwen3-30b-a3b", 1, 65536, "freed", H200): _QWEN3_HOST,
+    ("composed", "qwen3-30b-a3b", 1, 32768, "freed", H200): _QWEN3_HOST,
+    ("composed", "gpt-oss-20b", 1, 16384, "freed", H200): _SLOW_INSTANCE,
+    ("fsdp2", "qwen3-W1-S16384", 1, 16384, "freed", H200): _QWEN3_FSDP2_HOST,
+    ("fsdp2", "gptoss-W1-S4096", 1, 4096, "freed", H200): _GPTOSS_FSDP2_SHORT,
+    ("composed", "qwen3-30b-a3b", 1, 32768, "freed", H100): _H100_CAL,
+    ("composed", "qwen3-30b-a3b", 1, 16384, "freed", H100): _H100_CAL,
+    ("composed", "deepseek-v2-lite", 1, 16384, "freed", H100): _H100_CAL + (
+        "; DeepSeek-V2-Lite 16k 0.846 there (backward 0.385 s predicted, 0.479 measured), 0.979 on 002db3fa"),
+    ("fsdp2", "qwen3-W1-full", 1, 8192, "freed", H100): _H100_CAL + (
+        "; Qwen3-30B-A3B FSDP2 8k 0.289 s there (0.252-0.299 s over its 8 timed steps) against 0.218 s, 0.230 s "
+        "on 002db3fa (0.95)"),
+    ("fsdp2", "gptoss-W1-S16384", 1, 16384, "freed", H100): _H100_NEAR_FULL,
+    ("fsdp2", "dsv2-W1-S4096", 1, 4096, "freed", H100): _DSV2_FSDP2_SHORT + (
+        "; on an H100 (002db3fa) 0.097 s against 0.126 s (1.30), 0.117 s (1.08) on the calibrating one"),
 }
-"""W = 1 step times outside ``TIME_TOLERANCE`` today (on any run of the key), each with its reason. The
-nine FSDP2 W = 1 steps are 0.90-1.14 of the calibrating instance (``planner.timing.baseline_host``)."""
+"""W = 1 step times outside ``TIME_TOLERANCE`` today (on any run of the key, on the GPU named last),
+each with its reason. The nine FSDP2 W = 1 steps are 0.90-1.14 of the calibrating instance
+(``planner.timing.baseline_host``)."""
 
 
 def test_w1_step_time_within_tolerance(records):
     """Every real (W = 1) step's predicted time is within ``TIME_TOLERANCE`` of the measured median,
     except the listed gaps; a listed gap that closed fails too. A key measured in several runs is
     judged on every run."""
-    timed = [r for r in records if r["W"] == 1 and r["step_s_measured"] and r["step_s_predicted"]]
+    timed = [r for r in records if r["time_judged"] and r["step_s_measured"] and r["step_s_predicted"]]
     assert len({(r["model"], r["S"]) for r in timed if r["stack"] == "composed"}) >= 9
-    off = {_key(r) for r in timed if not time_ok(r["step_s_predicted"], r["step_s_measured"])}
+    off = {_gpu_key(r) for r in timed if not time_ok(r["step_s_predicted"], r["step_s_measured"])}
     assert sorted(off - set(KNOWN_SLOW)) == []
     assert sorted(set(KNOWN_SLOW) - off) == []
 
@@ -230,7 +261,7 @@ def test_every_row_within_both_bounds_in_the_cluster_mode(cluster_mode):
     from planner.runtime.validate_compare import memory_ok
 
     rows = cluster_mode["rows"]
-    assert len(CLUSTER_MODE_STEMS) == 21 and len(rows) > 700
+    assert len(CLUSTER_MODE_STEMS) == 25 and len(rows) > 700
     off = {k: round(r.ratio, 4) for k, r in rows if not memory_ok(int(r.predicted), int(r.measured))}
     known = KNOWN_OVER | KNOWN_UNDER_ROWS
     assert {k: v for k, v in off.items() if k not in known} == {}
@@ -247,3 +278,26 @@ def test_summary_counts_every_case_and_row(records):
         mine = [r for r in records if r["stack"] == stack]
         assert sum(int(ln.split("|")[4]) for ln in lines) == len(mine)
         assert sum(int(ln.split("|")[7].split("/")[1]) for ln in lines) == sum(r["rows"] for r in mine)
+
+
+SYNC_PHASE_TOL = 0.20
+"""The head's and the optimizer's synchronised windows (``planner validate``'s one step synchronised
+at every phase boundary, which adds each boundary's drain) within 20% of the model's seconds there."""
+GPU_BOUND_PHASES = ("head", "optimizer")
+"""Phases the host's speed does not set: the vocabulary operator's GEMMs and loss, the optimizer's
+fused update and copies (the regions' phases hold the host-bound expert loops: ``KNOWN_SLOW``)."""
+NEAR_FULL = {("fsdp2", "gptoss-W1-S16384", 1, 16384, "freed")}
+"""Steps whose peak is beyond their profile's usable capacity (``KNOWN_SLOW``'s ``_H100_NEAR_FULL``)."""
+
+
+def test_gpu_bound_phases_on_the_h100_its_calibration_predicts(records):
+    """The H100 runs (two instances, one of them the calibration's) carry their phase windows: held
+    against the h100 profile that ``planner calibrate``, the coverage sections and
+    ``calibration.step_host`` wrote on one of them, the head and optimizer windows are within
+    ``SYNC_PHASE_TOL`` on both, except the step beyond the usable capacity."""
+    runs = [r for r in records if r["device"] == H100 and r["phase_s_measured"]]
+    assert len(runs) == 32 and len({r["case"] for r in runs}) == 12
+    off = {(_key(r), k): round(r["step_phases_predicted"][k] / r["phase_s_measured"][k], 3)
+           for r in runs for k in GPU_BOUND_PHASES
+           if abs(r["step_phases_predicted"][k] / r["phase_s_measured"][k] - 1) > SYNC_PHASE_TOL}
+    assert {k[0] for k in off} == NEAR_FULL, off

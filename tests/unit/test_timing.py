@@ -106,6 +106,32 @@ def test_expert_parallel_one_moves_no_dispatch_traffic(flat):
     assert base.breakdown["a2a_dispatch"][0] == 0 and np.all(base.breakdown["a2a_dispatch"][1:] > 0)
 
 
+PHASE_CASES = [dict(checkpoint="sco"), dict(checkpoint="per_layer", dispatch="ep"), dict(checkpoint="none"),
+               dict(vocab="dense", optimizer="gpu"), dict(optimizer="cpu_offload", dispatch="llep"),
+               dict(stack="fsdp2"), dict(stack="fsdp2", ac="selective"), dict(stack="fsdp2", ac="none"),
+               dict(stack="fsdp2", cpu_offload=True)]
+
+
+@pytest.mark.parametrize("plan", PHASE_CASES, ids=lambda p: ",".join(f"{k}={v}" for k, v in p.items()))
+@pytest.mark.parametrize("micro_steps", [1, 3])
+def test_phases_sum_to_the_step(flat, plan, micro_steps):
+    """The step's seconds by phase kind add up to the total (per candidate, with micro-steps), the
+    optimizer phase is the optimizer step, and a checkpointed backward holds its recompute: it is
+    at least the forward."""
+    from planner.timing.step import PHASES
+
+    overrides = {"expert_parallel": np.array([1, 2, 8])} if plan.get("stack", "composed") == "composed" else None
+    st = step_time(ctx_of(tiny_model(), flat, overrides=overrides, **dict(plan)), strict=True,
+                   micro_steps_override=micro_steps)
+    assert tuple(st.phases) == PHASES
+    assert np.allclose(sum(st.phases.values()), st.total_s, rtol=1e-12, atol=0)
+    assert all(np.all(v >= 0) for v in st.phases.values())
+    assert np.allclose(st.phases["optimizer"], st.optimizer_s, rtol=1e-12)
+    assert np.all(st.phases["forward"] > 0) and np.all(st.phases["head"] > 0)
+    if plan.get("checkpoint", "sco") != "none" and plan.get("ac", "full") == "full":
+        assert np.all(st.phases["backward"] > st.phases["forward"])
+
+
 def test_no_offload_means_no_host_optimizer_time(flat):
     m = tiny_model()
     gpu = step_time(ctx_of(m, flat, optimizer="gpu"), strict=True)
