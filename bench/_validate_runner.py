@@ -19,9 +19,26 @@ def parser(doc: str, default_out: str, budget_s: float, steps: int) -> argparse.
     ap = argparse.ArgumentParser(description=doc.split("\n")[0])
     ap.add_argument("--out", default=os.environ.get("OUT", default_out))
     ap.add_argument("--dry-run", action="store_true", help="List the cases and predictions; run nothing.")
-    ap.add_argument("--budget-s", type=float, default=budget_s)
-    ap.add_argument("--steps", type=int, default=steps)
+    ap.add_argument("--budget-s", type=_positive_seconds, default=budget_s,
+                    help="no case starts after this many seconds (finite, > 0)")
+    ap.add_argument("--steps", type=_steps, default=steps, help="steps per case (>= 1; the last is compared)")
     return ap
+
+
+def _positive_seconds(text: str) -> float:
+    import math
+
+    v = float(text)
+    if not (math.isfinite(v) and v > 0):
+        raise argparse.ArgumentTypeError(f"{text!r} must be a finite number of seconds > 0")
+    return v
+
+
+def _steps(text: str) -> int:
+    v = int(text)
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} must be >= 1 (the last step is compared)")
+    return v
 
 
 def write_plan(out: Path, name: str, pf, lifetime: str, steps: int) -> str:
@@ -49,8 +66,12 @@ def run_case(c: dict, pf, lifetime: str, args, t0: float) -> None:
 
     t1 = time.perf_counter()
     fresh(torch)
+    from planner.errors import InvalidPlan
+
     try:
         c.update(status="ran", result=run.validate(pf, steps=args.steps, grad_lifetime=lifetime).to_json())
+    except InvalidPlan as e:   # refused before it ran (a plan larger than this GPU): not measured here
+        c.update(status=f"skipped ({e})")
     except Exception as e:  # noqa: BLE001 - record and go on (an OOM is a miss)
         c.update(status=f"error: {error_line(e)}")
     c["wall_s"] = time.perf_counter() - t1
@@ -73,7 +94,8 @@ def fresh(torch) -> None:
 def finish(out: Path, stem: str, title: str, note: str, header: list[str], lines: list[str],
            results: list[dict], args, t0: float) -> int:
     """Write ``stem.json`` (provenance and every case) and ``stem.md`` (one line per case); exit 0
-    when every case that ran is within tolerance (or on a dry run), else 1."""
+    when every case that ran is within tolerance and none failed (an out-of-memory is a miss), or on a
+    dry run; else 1."""
     prov = {}
     if not args.dry_run:
         from planner.runtime.measure import provenance
@@ -87,4 +109,5 @@ def finish(out: Path, stem: str, title: str, note: str, header: list[str], lines
     ran = [c for c in results if c["status"] == "ran"]
     print(f"{len(ran)} of {len(results)} cases ran, {sum(c['result']['ok'] for c in ran)} within tolerance; "
           f"wrote {out / (stem + '.json')} and {out / (stem + '.md')}")
-    return 0 if args.dry_run or (ran and all(c["result"]["ok"] for c in ran)) else 1
+    failed = [c for c in results if c["status"].startswith("error")]
+    return 0 if args.dry_run or (ran and all(c["result"]["ok"] for c in ran) and not failed) else 1

@@ -98,13 +98,15 @@ def main(argv=None) -> int:
     ap.add_argument("--max-seq-len", type=int, default=MAX_SEQ_REAL,
                     help=f"longest context run for real at W = 1 (default {MAX_SEQ_REAL})")
     args = ap.parse_args(argv)
+    if args.lengths is not None and args.lengths < 1:
+        ap.error(f"--lengths ({args.lengths}) must be >= 1 (context lengths per model and W)")
     if args.max_seq_len < SEQ_LENS[0]:
         ap.error(f"--max-seq-len ({args.max_seq_len}) must be >= {SEQ_LENS[0]}, the shortest context tried")
     out = Path(args.out)
     (out / "plans").mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     results = []
-    per_case = {W: args.lengths for W in WORLDS} if args.lengths else None
+    per_case = {W: args.lengths for W in WORLDS} if args.lengths is not None else None
     for model, W, S, layers, lt, pf, pred in cases(worlds=args.worlds, lifetimes=args.lifetimes, per_case=per_case,
                                                    max_seq_real=args.max_seq_len):
         name = f"{model}-W{W}-S{S}-L{layers}"

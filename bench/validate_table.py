@@ -121,11 +121,21 @@ def _instance_fragments(folder: str) -> tuple:
     return found
 
 
+def calibration_devices(folder: str) -> set[str]:
+    """The GPUs the calibration sections under ``bench/results/calibration/folder`` were measured on."""
+    return {c.get("provenance", {}).get("device", "") for frag in _instance_fragments(folder)
+            for c in (frag.get("curves") or {}).values() if isinstance(c, dict)} - {""}
+
+
 def instance_cluster(folder: str, cluster):
-    """``cluster`` with the calibration sections under ``bench/results/calibration/folder`` merged in."""
+    """``cluster`` with the calibration sections under ``bench/results/calibration/folder`` merged in;
+    ``cluster`` unchanged when they were measured on another GPU (a run is predicted with its own
+    GPU's curves only)."""
     from calibration.merge import merge_data
     from planner.timing.curves import parse_cluster
 
+    if cluster.topology.gpu_name not in calibration_devices(folder):
+        return cluster
     data = cluster.model_dump(mode="json")
     for frag in _instance_fragments(folder):
         data = merge_data(data, frag)
@@ -239,7 +249,8 @@ def main(argv=None) -> int:
                     help="runs to read (default: every committed run, STEMS)")
     ap.add_argument("--calibration", default=None, metavar="DIR",
                     help="predict with the sections of bench/results/calibration/DIR merged into the profile "
-                         "(e.g. instance_7542d85e, the instance of validate_w1_pinned_expandable)")
+                         "of the runs made on the same GPU (e.g. instance_7542d85e, the instance of "
+                         "validate_w1_pinned_expandable; runs on another GPU keep their own profile)")
     args = ap.parse_args(argv)
     if args.calibration is not None:
         try:

@@ -128,9 +128,16 @@ def seq_len_grid(pf: PlanFile, seq_step: int, max_seq_len: int, *, plan: Plan | 
 
 
 def batch_grid(pf: PlanFile, max_tokens: int) -> np.ndarray:
-    """Sequences per micro-batch ``1..max_tokens // S`` (at least 1) for ``max-batch``."""
+    """Sequences per micro-batch ``1..max_tokens // S`` for ``max-batch``.
+
+    Raises:
+        InvalidPlan: ``max_tokens`` below one sequence (the smallest batch), or a grid too large.
+    """
     S = pf.workload.seq_len
-    n = max(1, max_tokens // S)
+    if max_tokens < S:
+        raise InvalidPlan("--max-tokens", max_tokens, f"must be >= --seq-len ({S}): one sequence per group is "
+                          "the smallest batch", f"give --max-tokens {S} or more")
+    n = max_tokens // S
     if n > MAX_GRID_POINTS or n * S > MAX_TOKENS:
         limit = min(MAX_GRID_POINTS, MAX_TOKENS // S)
         raise InvalidPlan("--max-tokens", max_tokens,

@@ -117,7 +117,7 @@ class Outcome:
                                                 default=0),
             "step_s": meas.step_s, "step_times_s": meas.step_times_s, "alloc_retries": meas.alloc_retries,
             "predicted_step_s": pred.step_s,
-            "losses": meas.losses,
+            "losses": [v if math.isfinite(v) else None for v in meas.losses],
             "predicted_step_components_s": finite_or_none(pred.step_components),
             "predicted_step_phases_s": finite_or_none(pred.step_phases), "measured_phase_s": meas.phase_s,
             "allocator": meas.allocator,
@@ -161,8 +161,9 @@ def check_fits_here(pred: Prediction, free_bytes: int, total_bytes: int, device:
         raise InvalidPlan("plan", f"predicted peak {pred.peak_bytes / GiB:.2f} GiB at {pred.binding_phase}",
                           f"must fit this GPU ({device}: {free_bytes / GiB:.2f} GiB free of "
                           f"{total_bytes / GiB:.2f} GiB)",
-                          "validate on a GPU of the plan's cluster, or a plan that fits this one (fewer --layers, "
-                          "a shorter --seq-len, or more GPUs)")
+                          "free this GPU's memory if other processes hold it, validate on a GPU of the plan's "
+                          "cluster, or give a plan that fits this one (fewer --layers, a shorter --seq-len, or "
+                          "more GPUs)")
 
 
 # ---- the run ---------------------------------------------------------------------------------------

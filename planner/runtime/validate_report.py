@@ -72,7 +72,7 @@ def time_lines(pred, meas) -> list[str]:
         out.append(f"the allocator freed its cache and retried {retries} allocation(s) during the steps "
                    "(near the card's capacity): the step time includes those frees")
     timed = list(getattr(meas, "step_times_s", None) or [])[1:]
-    if len(timed) > 1:
+    if len(timed) > 1 and meas.step_s is not None and all(math.isfinite(t) and t > 0 for t in timed):
         out.append(f"timed steps 2..{len(timed) + 1}: median {meas.step_s:.3f} s, {min(timed):.3f}–{max(timed):.3f} s "
                    f"(max/min {max(timed) / min(timed):.2f})")
     if meas.phase_s:

@@ -143,8 +143,13 @@ def read_plan_document(path: str) -> tuple[PlanFile, dict | None, ClusterSpec | 
         name = ref.get("profile")
         if isinstance(name, str) and _looks_like_path(name) and not Path(name).is_absolute():
             ref["profile"] = str((Path(path).parent / name).resolve())   # as written plan files name it
+        topo = ref.get("topology")
+        if "topology" in ref and not (isinstance(topo, dict) and all(isinstance(k, str) for k in topo)):
+            raise InvalidPlan("cluster.topology", topo, "must be a mapping of topology fields to values",
+                              f"write e.g. topology: {{hbm_bytes: 85899345920}} (fields {', '.join(TOPOLOGY_FLAGS)}), "
+                              "or delete the line")
         base = resolve_reference(ref, path)
-        data = {**data, "cluster": apply_topology(base, ref.get("topology"))}
+        data = {**data, "cluster": apply_topology(base, topo)}
     if not isinstance(data, dict):
         raise InvalidPlan(path, type(data).__name__, "is not a plan file (it holds no key: value mapping)",
                           "give a plan file written by `planner search --out`")

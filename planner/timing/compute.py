@@ -214,6 +214,9 @@ def attention_s(lk: Lookups, seq_len, heads, d_qk, d_v, *, window=None, backward
     lt = long_table(lk, d_qk, d_v, window, sinks)
     use_long = (s >= lt.seq_len[0]) if lt is not None else np.zeros(s.shape, dtype=bool)
     s_gen = np.where(use_long, table.axes[0][0], s)
+    # where the variant's own table times S, the generic table is not read: look it up at a measured
+    # point there, so a head count beyond it records no gap that the result does not use
+    h_gen = np.where(use_long, table.axes[1][0], heads) if lt is not None else heads
     if np.any(s_gen > table.axes[0][-1]):
         lk.assume(f"{name}: S above the measured {table.axes[0][-1]} timed as t(S_max)·(S/S_max)² "
                   "(beyond_max_seq rule)")
@@ -221,7 +224,7 @@ def attention_s(lk: Lookups, seq_len, heads, d_qk, d_v, *, window=None, backward
     def fn(S, h):
         return attention_time_s(table, name, S, h, d_qk, backward=backward)
 
-    t = lk.call(fn, s_gen, heads, memo=(f"{name}:{d_qk}", table)) * (d_qk + d_v) / (2.0 * d_qk)
+    t = lk.call(fn, s_gen, h_gen, memo=(f"{name}:{d_qk}", table)) * (d_qk + d_v) / (2.0 * d_qk)
     if d_v != d_qk and not np.all(use_long):
         lk.assume(f"attention with d_v ({d_v}) != d_qk ({d_qk}): timed at head_dim {d_qk} scaled by "
                   "FLOPs (d_qk+d_v)/(2·d_qk)")
@@ -235,7 +238,7 @@ def attention_s(lk: Lookups, seq_len, heads, d_qk, d_v, *, window=None, backward
         t_long = long_attention_s(lk, lt, np.where(use_long, s, lt.seq_len[0]), heads, backward)
         if not np.all(use_long):   # below the table: the generic time × the variant's ratio at its shortest S
             s0 = np.full(np.shape(s_gen), float(lt.seq_len[0]))
-            g0 = lk.call(fn, np.minimum(s0, table.axes[0][-1]), heads, memo=(f"{name}:{d_qk}", table)) * (
+            g0 = lk.call(fn, np.minimum(s0, table.axes[0][-1]), h_gen, memo=(f"{name}:{d_qk}", table)) * (
                 d_qk + d_v) / (2.0 * d_qk) * (s0 / np.minimum(s0, table.axes[0][-1])) ** 2
             if window:
                 f0 = np.minimum(1.0, window / s0)

@@ -125,7 +125,7 @@ class Book:
 
     def add(self, name: str, seconds, times=1.0, phase: str | None = None) -> None:
         """Book ``seconds × times`` under ``name``, in ``phase`` (default: the book's)."""
-        phase = phase or self.phase
+        phase = self.phase if phase is None else phase
         assert phase in PHASES, phase
         v = np.broadcast_to(np.asarray(seconds, dtype=float) * times, self.shape)
         self.parts[name] = self.parts.get(name, np.zeros(self.shape)) + v

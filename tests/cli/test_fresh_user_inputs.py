@@ -74,6 +74,22 @@ def test_unknown_key_in_a_cluster_reference_is_refused(tmp_path, plan_doc, capsy
     assert "profile, sha256, topology" in line, line
 
 
+def test_max_batch_below_one_sequence_is_refused(capsys):
+    """A cap below one sequence reported a batch above the cap; now one line names the smallest batch."""
+    line = _one_line(["max-batch", "gpt-oss-20b", "--gpus", "8", "--seq-len", "128k", "--max-tokens", "100k"], capsys)
+    assert line.startswith("error: --max-tokens (102400) must be >= --seq-len (131072)"), line
+
+
+@pytest.mark.parametrize("topology", [5, "abc", None, [], ["hbm_bytes"]])
+@pytest.mark.parametrize("command", [["check"], ["max-context"], ["check", "--cluster", "h100", "--json"]])
+def test_a_cluster_reference_topology_that_is_no_mapping_is_refused(topology, command, tmp_path, plan_doc, capsys):
+    """A hand-edited ``cluster.topology`` that is not a mapping: one line, exit 2 (it was a TypeError)."""
+    doc = copy.deepcopy(plan_doc)
+    doc["cluster"] = {"profile": "h100", "topology": topology}
+    line = _one_line([command[0], "--plan", _plan(tmp_path, doc), *command[1:]], capsys)
+    assert line.startswith("error: cluster.topology (") and "must be a mapping of topology fields" in line, line
+
+
 @pytest.mark.parametrize("key, name, start, fix", [
     ("model", "gpt-oss-20b", "model ('gpt-oss-20b') must be the model's fields, not a profile name",
      "planner search gpt-oss-20b --gpus W --seq-len S --out plan.yaml"),

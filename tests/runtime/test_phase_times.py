@@ -95,6 +95,9 @@ def test_validate_prints_the_timed_steps_spread():
         "timed steps 2..4: median 1.100 s, 1.000–1.250 s (max/min 1.25)"]
     one = SimpleNamespace(phase_s=None, step_times_s=[9.0, 1.0], step_s=1.0)
     assert time_lines(SimpleNamespace(step_s=None, step_components=None), one) == []
+    for odd in ([9.0, 1.0, 0.0], [9.0, 1.0, float("nan")]):   # no division by a zero or NaN step
+        assert time_lines(SimpleNamespace(step_s=None, step_components=None),
+                          SimpleNamespace(phase_s=None, step_times_s=odd, step_s=1.0)) == []
     tight = SimpleNamespace(phase_s=None, step_times_s=[9.0, 1.0], step_s=1.0, alloc_retries=3)
     assert time_lines(SimpleNamespace(step_s=None, step_components=None), tight) == [
         "the allocator freed its cache and retried 3 allocation(s) during the steps (near the card's capacity): "

@@ -250,3 +250,29 @@ def test_a_plan_that_cannot_fit_this_gpu_is_refused():
                                           r"HBM3: 77\.00 GiB free of 79\.18 GiB\)"):
         v.check_fits_here(pred, int(77 * GiB), int(79.18 * GiB), "NVIDIA H100 80GB HBM3")
     v.check_fits_here(pred, pred.peak_bytes, int(140 * GiB), "NVIDIA H200")
+
+
+@pytest.mark.parametrize("args, says", [(["--lengths", "-1"], "--lengths (-1) must be >= 1"),
+                                        (["--steps", "0"], "'0' must be >= 1"),
+                                        (["--budget-s", "nan"], "'nan' must be a finite number of seconds > 0"),
+                                        (["--max-seq-len", "3000"], "--max-seq-len (3000) must be >= 4096")])
+def test_bench_refuses_bad_options(args, says, tmp_path):
+    res = subprocess.run([sys.executable, str(ROOT / "bench" / "validate.py"), "--dry-run", "--worlds", "1",
+                          "--out", str(tmp_path), *args], capture_output=True, text=True)
+    assert res.returncode == 2 and says in res.stderr and "Traceback" not in res.stderr, res.stderr
+
+
+def test_bench_matrix_fails_on_an_out_of_memory_and_skips_a_refused_plan(tmp_path, monkeypatch):
+    """``finish``: a case that ran out of memory is a miss (exit 1) even when the others are within
+    tolerance; a plan refused before it ran (larger than this GPU) is only skipped."""
+    from types import SimpleNamespace
+
+    sys.path.insert(0, str(ROOT / "bench"))
+    from _validate_runner import finish
+
+    ok = {"status": "ran", "result": {"ok": True}}
+    args = SimpleNamespace(dry_run=False)
+    run = lambda cases: finish(tmp_path, "v", "t", "n", [], [], cases, args, 0.0)  # noqa: E731
+    monkeypatch.setattr("planner.runtime.measure.provenance", lambda: {})
+    assert run([ok, {"status": "skipped (plan (84 GiB) must fit this GPU)"}]) == 0
+    assert run([ok, {"status": "error: OutOfMemoryError: CUDA out of memory"}]) == 1

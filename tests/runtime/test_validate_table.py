@@ -301,3 +301,18 @@ def test_gpu_bound_phases_on_the_h100_its_calibration_predicts(records):
            for r in runs for k in GPU_BOUND_PHASES
            if abs(r["step_phases_predicted"][k] / r["phase_s_measured"][k] - 1) > SYNC_PHASE_TOL}
     assert {k[0] for k in off} == NEAR_FULL, off
+
+
+def test_a_calibration_folder_reaches_only_the_runs_of_its_gpu():
+    """``--calibration DIR`` merges an H200 instance's host calibrations into the H200 profile, and
+    leaves the H100 runs' profile as it is (merging them was refused: curve device ≠ the GPU)."""
+    from planner.schema.profiles import load_cluster
+
+    h100, h200 = load_cluster("h100"), load_cluster("h200")
+    assert validate_table.calibration_devices("instance_7542d85e") == {H200}
+    assert validate_table.instance_cluster("instance_7542d85e", h100) is h100
+    merged = validate_table.instance_cluster("instance_7542d85e", h200)
+    assert merged.curves.baseline_host != h200.curves.baseline_host
+    recs = [validate_table.row(s, c, pf) for s in ("validate_w1_h100_expandable", "validate_w1_pinned_expandable")
+            for c, pf in validate_table.cases(s, "instance_7542d85e")]
+    assert {r["device"] for r in recs} == {H100, H200} and all(r["step_s_predicted"] for r in recs)

@@ -54,6 +54,22 @@ def test_long_table_read_for_its_variant_only(flat):
     assert any("S below its shortest measured 65536" in a for a in lk.assumed)
 
 
+def test_long_table_reads_no_generic_gap_it_does_not_use(flat):
+    """Where the variant's table times S, a head count beyond the generic table's is no gap (the
+    generic table is not read there): strict timing succeeds and gives the table's time, with its
+    heads rule listed; below the table's S the generic gap stays."""
+    cl = _with(flat, attention_long={"mla": _long()})
+    h_big = 2 * max(cl.curves.attention_fwd.axes[1])
+    strict = Lookups(cl, strict=True)
+    assert math.isclose(attention_s(strict, 131072, h_big, 192, 128), 0.5 * 4 * h_big, rel_tol=1e-9)
+    assert any("heads per rank above the measured 8" in a for a in strict.assumed)
+    lk = Lookups(cl)
+    assert np.isfinite(attention_s(lk, 131072, h_big, 192, 128)) and not lk.gaps
+    assert np.isnan(attention_s(lk, 32768, h_big, 192, 128)) and lk.gaps
+    mixed = attention_s(Lookups(cl), np.array([32768, 131072]), h_big, 192, 128)
+    assert np.isnan(mixed[0]) and math.isclose(mixed[1], 0.5 * 4 * h_big, rel_tol=1e-9)
+
+
 def test_long_table_rules_are_listed(flat):
     lk = Lookups(_with(flat, attention_long={"mla": _long()}))
     t = attention_s(lk, 524288, 16, 192, 128)
