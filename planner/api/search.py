@@ -26,6 +26,8 @@ class Closest:
     """The lowest-peak legal plan of a stack when none of its plans fits, and why it fails."""
 
     report: CheckReport
+    min_headroom: float = 0.0
+    """The share of the usable capacity the search kept free (``--min-headroom``)."""
 
     @property
     def plan(self):
@@ -41,6 +43,10 @@ class Closest:
             return (f"over HBM: peak {gib(r.peak_bytes):.1f} GiB > {gib(r.capacity_bytes):.1f} GiB usable in "
                     f"{r.binding_phase}, live set {r.binding_live_set}; largest terms there: {terms}")
         h = r.host
+        if r.fits_host:   # fits both: only the search's headroom rule rejects it
+            return (f"under the {self.min_headroom:.0%} headroom the search keeps (--min-headroom): peak "
+                    f"{gib(r.peak_bytes):.1f} GiB of {gib(r.capacity_bytes):.1f} GiB usable in {r.binding_phase} "
+                    f"leaves {gib(r.capacity_bytes - r.peak_bytes):.2f} GiB (planner check says it fits)")
         parts = {"optimizer state": int(h.optimizer_bytes), "SCO boundaries": int(h.sco_bytes),
                  "process baselines": int(h.baseline_bytes)}
         top = ", ".join(f"{k} {gib(v):.1f} GiB" for k, v in sorted(parts.items(), key=lambda kv: -kv[1]) if v)
@@ -160,6 +166,7 @@ def search(*, model: str, cluster: str | None = None, gpus: int, seq_len: int, g
     pf, ref = build(model=model, cluster=cluster, gpus=gpus, seq_len=seq_len,
                     global_batch_tokens=global_batch_tokens, cluster_overrides=cluster_overrides,
                     overrides={"routing": routing, "dispatch_bound": dispatch_bound, "dtype": dtype})
+    from planner.budget.frontier import MIN_HEADROOM
     from planner.search.rank import lowest_peak
     from planner.search.rank import search as run
 
@@ -173,7 +180,8 @@ def search(*, model: str, cluster: str | None = None, gpus: int, seq_len: int, g
         plan, _, _ = lowest_peak(pf.model, pf.cluster, pf.workload, world_size=gpus, stack=st, routing=routing,
                                  dispatch_bound=dispatch_bound, dtype=dtype, host_fallback=True)
         try:
-            closest[st] = Closest(check_planfile(pf.model_copy(update={"plan": plan})))
+            closest[st] = Closest(check_planfile(pf.model_copy(update={"plan": plan})),
+                                  MIN_HEADROOM if min_headroom is None else float(min_headroom))
         except PlanError:  # a plan check refuses cannot be offered as the closest (nor written)
             continue
     _raise_if_only_gaps(res)

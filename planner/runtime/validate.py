@@ -167,7 +167,13 @@ def check_fits_here(pred: Prediction, free_bytes: int, total_bytes: int, device:
 
 
 # ---- the run ---------------------------------------------------------------------------------------
-def _require_gpu():
+CPU_TRACE = {"composed": "planner.runtime.step_trace.trace_step(PLAN, num_layers=2)",
+             "fsdp2": "planner.runtime.fsdp2_trace.trace_fsdp2(truncate(load_planfile(PLAN), 2).planfile), at tp = cp = 1 "
+                      "(tensor and context parallelism shard only CUDA attention),"}
+"""What traces a stack's step with fake tensors on a CPU (``planner validate`` without a GPU names it)."""
+
+
+def _require_gpu(stack: str = "composed"):
     try:
         import torch
     except ImportError:
@@ -175,8 +181,8 @@ def _require_gpu():
                           "pip install 'moe-planner[runtime]' on a machine with a GPU") from None
     if not torch.cuda.is_available():
         raise InvalidPlan("planner validate", "no CUDA device", "needs a CUDA GPU to measure the step",
-                          "run it on a machine with a GPU; on a CPU, planner.runtime.step_trace.trace_step "
-                          "traces the same step with fake tensors (README, `planner validate`)")
+                          f"run it on a machine with a GPU; on a CPU, {CPU_TRACE[stack]} traces the same "
+                          "step with fake tensors (README, `planner validate`)")
     return torch
 
 
@@ -323,7 +329,7 @@ def plan_dispatch(model, ctx) -> None:
 
 def measure(planfile, ctx, *, rank: int, steps: int, grad_lifetime: str) -> Measurement:
     """Run ``steps`` steps of the composed step of ``planfile`` on this GPU as ``rank``."""
-    torch = _require_gpu()
+    torch = _require_gpu(ctx.stack)
     import torch.distributed as dist
 
     from planner.runtime import allocator, host_cores, phase_times
@@ -401,7 +407,7 @@ def validate(plan: str, *, layers: int | None = None, steps: int = DEFAULT_STEPS
     # the rank's own dispatch plan, not the largest over ranks
     pred = predict(tr.planfile, grad_lifetime, dispatch_bound=COMPARED_BOUND, rank=rank)
     if measure_fn is None:
-        torch = _require_gpu()
+        torch = _require_gpu(ctx.stack)
         free, total = torch.cuda.mem_get_info()
         check_fits_here(pred, free, total, torch.cuda.get_device_name())
     meas = (measure_fn or measure)(tr.planfile, ctx, rank=rank, steps=steps, grad_lifetime=grad_lifetime)

@@ -90,6 +90,16 @@ def test_nothing_fits_names_why(tmp_path):
     assert "over host RAM" in host.stdout and "process baselines" in host.stdout
 
 
+def test_a_closest_plan_rejected_only_by_the_headroom_says_so():
+    """A closest plan that fits HBM and host RAM failed only the search's headroom: the reason names
+    that rule (it named host RAM, with a total below the usable host RAM)."""
+    rep = api.search(model="gpt-oss-20b", cluster="h100", gpus=4, seq_len=1 << 20, stack="composed")
+    c = rep.closest["composed"]
+    assert c.report.fits_hbm and c.report.fits_host
+    assert c.why().startswith("under the 3% headroom the search keeps (--min-headroom)"), c.why()
+    assert "planner check says it fits" in c.why()
+
+
 def test_cluster_flags_override_the_profile(tmp_path):
     base = json.loads(_run("check", MODEL, "--gpus", W, "--seq-len", S, "--json").stdout)
     small = json.loads(_run("check", MODEL, "--gpus", W, "--seq-len", S, "--json", "--hbm-gib", "100",

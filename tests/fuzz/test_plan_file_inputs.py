@@ -106,3 +106,7 @@ def test_validate_without_gpu_points_at_an_installed_module():
     assert "tests/" not in msg, msg
     assert "planner.runtime.step_trace.trace_step" in msg, msg
     assert hasattr(importlib.import_module("planner.runtime.step_trace"), "trace_step")
+    with pytest.raises(InvalidPlan) as e:   # an FSDP2 plan: its own tracer (trace_step refuses the stack)
+        _require_gpu("fsdp2")
+    assert "planner.runtime.fsdp2_trace.trace_fsdp2(" in str(e.value) and "tp = cp = 1" in str(e.value)
+    assert hasattr(importlib.import_module("planner.runtime.fsdp2_trace"), "trace_fsdp2")

@@ -112,7 +112,7 @@ _H100_CAL = ("On the H100 whose calibration is the shipped h100 profile (instanc
              "backward 1.337 against 1.715 (0.442 and 1.567 on 002db3fa), its 128-expert loops host-bound; this "
              "instance's probe read half its cores at 2.5 ms and half at 4.6-5.0 ms")
 _H100_NEAR_FULL = ("gpt-oss-20b FSDP2 at W = 1, 16k on an H100: its peak (69.8 GiB allocated, 75.1 GiB reserved of the "
-                   "card's 79.2) is beyond the h100 profile's usable capacity (68.3 GiB: planner check says it does not "
+                   "card's 79.2) is beyond the h100 profile's usable capacity at W = 1 (69.6 GiB: planner check says it does not "
                    "fit), and its head and backward ran at 0.25-0.31 s and 0.27-0.36 s against 0.146 and 0.171 s "
                    "predicted (its 8k step, 61.6 GiB, is within 1-3%); allocator retries near capacity are the likely "
                    "cause, recorded by planner validate from now on (alloc_retries), not by these runs")
