@@ -173,7 +173,7 @@ CPU_TRACE = {"composed": "planner.runtime.step_trace.trace_step(PLAN, num_layers
 """What traces a stack's step with fake tensors on a CPU (``planner validate`` without a GPU names it)."""
 
 
-def _require_gpu(stack: str = "composed"):
+def _require_gpu(stack: str):
     try:
         import torch
     except ImportError:

@@ -101,7 +101,7 @@ def test_validate_without_gpu_points_at_an_installed_module():
     from planner.runtime.validate import _require_gpu
 
     with pytest.raises(InvalidPlan) as e:
-        _require_gpu()
+        _require_gpu("composed")
     msg = str(e.value)
     assert "tests/" not in msg, msg
     assert "planner.runtime.step_trace.trace_step" in msg, msg
