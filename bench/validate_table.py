@@ -35,6 +35,7 @@ from planner.runtime.phase_times import grouped  # noqa: E402
 from planner.runtime.validate import COMPARED_BOUND, other_gpu  # noqa: E402
 from planner.runtime.validate_compare import compare, memory_ok  # noqa: E402
 from planner.runtime.validate_plan import predict, truncate  # noqa: E402
+from planner.schema.profiles import shipped_cluster_for  # noqa: E402
 from planner.units import GiB  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results" / "validate"
@@ -131,34 +132,21 @@ def instance_cluster(folder: str, cluster):
     """``cluster`` with the calibration sections under ``bench/results/calibration/folder`` merged in;
     ``cluster`` unchanged when they were measured on another GPU (a run is predicted with its own
     GPU's curves only)."""
-    from calibration.merge import merge_data
-    from planner.timing.curves import parse_cluster
+    from calibration.merge import merged
 
     if cluster.topology.gpu_name not in calibration_devices(folder):
         return cluster
-    data = cluster.model_dump(mode="json")
-    for frag in _instance_fragments(folder):
-        data = merge_data(data, frag)
-    return parse_cluster(data)
-
-
-@functools.lru_cache(maxsize=None)
-def cluster_of(device: str) -> str | None:
-    """The shipped cluster profile measured on ``device`` (its ``topology.gpu_name``), ``None`` when
-    none is: a run is predicted with the profile of the GPU it ran on (the H100 runs with ``h100``)."""
-    from planner.schema.profiles import load_cluster, shipped
-
-    return next((name for name in shipped("clusters") if load_cluster(name).topology.gpu_name == device), None)
+    return merged(cluster.model_dump(mode="json"), _instance_fragments(folder))
 
 
 def cases(stem: str, calibration: str | None = None):
     """``(case, plan file)`` of every case that ran, in run order; each case carries
     ``carried_bytes`` (``carried_workspace_bytes``; 0 for ``FRESH_STEMS``). The plan's cluster is the
-    shipped profile of the run's GPU (``cluster_of``). ``calibration``: a folder under
+    shipped profile of the run's GPU (``shipped_cluster_for``). ``calibration``: a folder under
     ``bench/results/calibration`` whose sections are merged into every case's cluster
     (``instance_cluster``)."""
     doc = json.loads((RESULTS / f"{stem}.json").read_text())
-    cluster = cluster_of(doc.get("provenance", {}).get("device", ""))
+    cluster = shipped_cluster_for(doc.get("provenance", {}).get("device", ""))
     held = 0
     for c in doc["cases"]:
         if c.get("status") != "ran":

@@ -32,6 +32,7 @@ from pathlib import Path
 from calibration.io import read_yaml, write_yaml_atomic
 from planner.errors import InvalidPlan, PlanError
 from planner.schema import cluster_constants
+from planner.schema.cluster import ClusterSpec
 from planner.timing.curves import parse_cluster
 
 
@@ -90,6 +91,16 @@ def read_measured(path) -> dict:
     return data
 
 
+def merged(base: dict, measured) -> ClusterSpec:
+    """The validated profile of ``base`` (a profile mapping) with each of ``measured`` applied in
+    order: a path (``read_measured``: a whole profile, a fragment or a dispatch-kernels run) or a
+    mapping already read."""
+    data = base
+    for m in measured:
+        data = merge_data(data, m if isinstance(m, dict) else read_measured(m))
+    return parse_cluster(data)
+
+
 def merge(profile_path, measured_path, *, out_path=None):
     """Merge ``measured_path`` into ``profile_path`` and write the result to ``out_path``
     (default: ``profile_path``) atomically.
@@ -100,7 +111,7 @@ def merge(profile_path, measured_path, *, out_path=None):
         InvalidPlan: unreadable files, a schema-version mismatch, or a merged profile that does not
         validate (e.g. measured on another device than the declared ``gpu_name``).
     """
-    spec = parse_cluster(merge_data(read_yaml(profile_path), read_measured(measured_path)))
+    spec = merged(read_yaml(profile_path), [measured_path])
     write_yaml_atomic(out_path or profile_path, spec.model_dump(mode="json"))
     return spec
 
@@ -112,10 +123,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", help="write here instead of over PROFILE")
     args = ap.parse_args(argv)
     try:
-        data = read_yaml(args.profile)
-        for m in args.measured:
-            data = merge_data(data, read_measured(m))
-        spec = parse_cluster(data)
+        spec = merged(read_yaml(args.profile), args.measured)
         path = write_yaml_atomic(args.out or args.profile, spec.model_dump(mode="json"))
     except PlanError as err:
         print(f"error: {err}", file=sys.stderr)

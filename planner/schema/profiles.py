@@ -11,6 +11,7 @@ re-exports all of these.
 
 from __future__ import annotations
 
+import functools
 import os
 from importlib.resources import files
 from pathlib import Path
@@ -127,3 +128,10 @@ def load_cluster(ref: str, field: str = "--cluster") -> ClusterSpec:
     except ValueError as e:
         raise InvalidPlan(f"cluster {ref}", spec.topology.gpu_name, str(e), "re-run planner calibrate on this cluster") from None
     return spec
+
+
+@functools.lru_cache(maxsize=None)
+def shipped_cluster_for(gpu_name: str) -> str | None:
+    """The shipped cluster profile whose ``topology.gpu_name`` is ``gpu_name`` (a measurement is
+    predicted with the profile of the GPU it ran on), ``None`` when none is."""
+    return next((name for name in shipped("clusters") if load_cluster(name).topology.gpu_name == gpu_name), None)

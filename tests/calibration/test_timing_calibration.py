@@ -48,3 +48,16 @@ def test_fragment_merges_and_feeds_the_time_model(tmp_path, cpu_profile):
     bad["curves"] = {"gemm_fp32": {**frag["curves"]["gemm_fp32"], "dtype": "bf16"}}
     with pytest.raises(InvalidPlan, match="gemm_fp32.dtype must be fp32"):
         C.parse_cluster(merge_data(cpu_profile.model_dump(mode="json"), bad))
+
+
+def test_merged_reads_paths_and_mappings_in_order(tmp_path, cpu_profile):
+    from calibration.merge import merged
+
+    out = tmp_path / "frag.yaml"
+    assert compute.main(["--fp32-gemm", "--smoke", "--out", str(out)]) == 0
+    frag = yaml.safe_load(out.read_text())
+    base = cpu_profile.model_dump(mode="json")
+    assert merged(base, [out]) == merged(base, [frag]) == C.parse_cluster(merge_data(base, frag))
+    later = {"curves": {"gemm_fp32": {**frag["curves"]["gemm_fp32"], "note": "the later file"}}}
+    assert merged(base, [out, later]).curves.gemm_fp32.note == "the later file"
+    assert merged(base, []) == cpu_profile

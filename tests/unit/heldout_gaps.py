@@ -33,3 +33,20 @@ KNOWN_ROW_GAPS: dict[str, str] = {
     "ep balanced N=65536 H=7168 I=2048 E_p=1 rank 0 fwd": EP1,  # +10.3%
     "chunk-count curve [B] N=32768 H=4096 K=1 (E_p=1) fwd+bwd": CHUNK,  # -12.6%
 }
+
+PIPE_EP1_INSTANCE = ("PipelinedLLEP at E_p = 1, shape B, forward+backward predicted 25% fast on the instance's own "
+                     "calibration: 128 slots per chunk make its chunk loops host-bound, and on this instance the same "
+                     "host-bound configuration moved by 22% within minutes (shape A at K = 10: 0.799 s in the "
+                     "calibration's chunk-count curve, 0.973 s in the bench); its forward alone is within 1%")
+LLEP_ONE_RANK_B = ("LLEP one_rank at shape B, forward+backward predicted 12% slow on the H100 instance d0b286e2: the "
+                   "binding rank's measured step (79.5 ms) is 6-10% faster than LLEP's other routings at the same "
+                   "plan shape there (85-92 ms), which the model prices alike (89-96 ms); on the H200 the row is "
+                   "within 10%")
+
+INSTANCE_ROW_GAPS: dict[str, dict[str, str]] = {
+    "h100_d0b286e2": {
+        "pipelined_llep balanced N=32768 H=4096 I=4096 E_p=1 rank 0 fwd+bwd": PIPE_EP1_INSTANCE,  # -25.3%
+        "llep one_rank N=32768 H=4096 I=4096 E_p=8 rank 1 fwd+bwd [filled]": LLEP_ONE_RANK_B,  # +12.1%
+    },
+}
+"""Same-instance runs (``test_heldout_dispatch_instance.py``): folder → row name → why it misses."""

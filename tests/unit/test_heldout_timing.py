@@ -80,7 +80,8 @@ DISPATCH_GAPS = ("the kernel classes and GEMM ratios are measured at every shipp
                  "but at one size (R = 131072 routes) and at three block rows (410, 3277, 32768); the backward GEMMs' "
                  "sustained-clock factor at one GEMM; PipelinedLLEP's per-chunk costs (the chunk-count curve's ratio) "
                  "at one shape under balanced routing; the per-block host seconds on the calibration's instance; the "
-                 "dispatch bench was not re-run on that instance, and its emulated ranks read unwritten receive "
+                 "dispatch bench was not re-run on that H200 instance (on an H100 it was: test_heldout_dispatch_instance.py), "
+                 "and its emulated ranks read unwritten receive "
                  "buffers (bench/dispatch_fill.py measures whether that speeds their GEMMs)")
 """Why dispatch predictions may miss (module docstring); printed with a failure."""
 ROOT = Path(__file__).resolve().parents[2]

@@ -83,3 +83,12 @@ def test_below_measured_size_is_a_gap(h200):
     assert np.isnan(t[0]) and np.isfinite(t[1]) and "h2d" in lk.gaps[0]
     with pytest.raises(ProfileGap, match="h2d"):
         host_copy_s(Lookups(h200, strict=True), "h2d", small)
+
+
+def test_shipped_cluster_for_names_the_profile_of_a_gpu():
+    from planner.schema.profiles import load_cluster, shipped, shipped_cluster_for
+
+    for name in ("h100", "h200"):
+        assert shipped_cluster_for(load_cluster(name).topology.gpu_name) == name
+    assert shipped_cluster_for("no such GPU") is None
+    assert {load_cluster(n).topology.gpu_name for n in shipped("clusters")} >= {"NVIDIA H100 80GB HBM3", "NVIDIA H200"}
