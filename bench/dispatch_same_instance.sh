@@ -15,6 +15,7 @@ smoke=${2:-}
 cd "$(dirname "$0")/.."
 mkdir -p "$out"
 log="$out/run.log"
+iters=5   # timed calls per bench row, their median (runs h100_d0b286e2 and h100_00c2e474 used dispatch.py's 2)
 if [ "$smoke" = "--smoke" ]; then cal=--smoke; cov=--dry-run; dis=--smoke; else cal=; cov=; dis=; fi
 
 step() {  # step LIMIT_S NAME CMD...
@@ -29,6 +30,6 @@ step 150 calibrate python3 -m calibration $cal --no-progress --out "$out/measure
     --sections chunk_count,dispatch_kernels,memory_sizes
 step 150 dispatch_widths python3 bench/calibrate_coverage.py $cov --out "$out/cov" --sections dispatch_widths
 step 220 dispatch_B python3 bench/dispatch.py $dis --shapes B --ops ep llep pipelined_llep \
-    --binding-only ep llep pipelined_llep --no-trace --fill --out "$out"
+    --binding-only ep llep pipelined_llep --no-trace --fill --iters "$iters" --out "$out"
 step 260 dispatch_A python3 bench/dispatch.py $dis --shapes A --ops ep llep pipelined_llep \
-    --binding-only ep llep pipelined_llep --no-trace --fill --out "$out"
+    --binding-only ep llep pipelined_llep --no-trace --fill --iters "$iters" --out "$out"
