@@ -71,7 +71,8 @@ STEMS = ("validate", "validate_w1", "validate_w1_run3", "validate_w1_run4", "val
          "validate_heldout_r9", "validate_heldout_r10", "validate_heldout_r11", "validate_heldout_r12",
          "validate_w1_pinned_expandable", "validate_fsdp2_pinned_expandable", "validate_w1_h100_expandable",
          "validate_fsdp2_h100_expandable", "validate_w1_h100_cal_expandable", "validate_fsdp2_h100_cal_expandable",
-               "validate_w1_h100_si_expandable", "validate_w1_64k_h100_si_expandable", "validate_fsdp2_h100_si_expandable")
+               "validate_w1_h100_si_expandable", "validate_w1_64k_h100_si_expandable", "validate_fsdp2_h100_si_expandable",
+               "validate_w1_h200_si_expandable", "validate_fsdp2_h200_si_expandable")
 """The committed runs: the composed matrix, the composed W = 1 runs at three context lengths (timed
 as the median of steps 2–4), the FSDP2 baseline's cases, and held-out cases of both stacks run
 through the CLI (``validate_heldout``, one process each). The ``*_expandable`` and held-out runs ran
@@ -93,7 +94,8 @@ FRESH_STEMS = ("validate_w1_run5", "validate_fsdp2_run2", "validate_expandable",
                "validate_heldout_r7", "validate_heldout_r8", "validate_heldout_r9", "validate_heldout_r10", "validate_heldout_r11", "validate_heldout_r12",
                "validate_w1_pinned_expandable", "validate_fsdp2_pinned_expandable", "validate_w1_h100_expandable",
                "validate_fsdp2_h100_expandable", "validate_w1_h100_cal_expandable", "validate_fsdp2_h100_cal_expandable",
-               "validate_w1_h100_si_expandable", "validate_w1_64k_h100_si_expandable", "validate_fsdp2_h100_si_expandable")
+               "validate_w1_h100_si_expandable", "validate_w1_64k_h100_si_expandable", "validate_fsdp2_h100_si_expandable",
+               "validate_w1_h200_si_expandable", "validate_fsdp2_h200_si_expandable")
 """Runs made with each case's cuBLAS workspaces cleared first (``bench/_validate_runner.fresh``):
 nothing carries over between their cases."""
 
@@ -108,19 +110,43 @@ def carried_workspace_bytes(own: int, held: int) -> int:
 
 INSTANCE_SECTIONS = ("dispatch_kernels", "step_host")
 """The host calibrations one instance can re-run in half a minute (``--calibration``)."""
+INSTANCE_ROOTS = ("calibration", "dispatch_same_instance")
+"""Folders under ``bench/results`` whose subfolders ``--calibration`` names: an instance's host
+calibrations (``{section}.yaml``), or a run of ``bench/dispatch_same_instance.sh`` (the sections
+inside its ``measured.yaml``, which ``python3 -m calibration`` wrote on that instance)."""
+
+
+def _instance_dir(folder: str) -> Path:
+    if not folder or folder in (".", "..") or "/" in folder:
+        raise ValueError(f"--calibration {folder!r}: must name a folder of bench/results/calibration or "
+                         "bench/results/dispatch_same_instance (e.g. instance_7542d85e)")
+    for root in INSTANCE_ROOTS:
+        if (RESULTS.parent / root / folder).is_dir():
+            return RESULTS.parent / root / folder
+    raise ValueError(f"--calibration {folder!r}: no such folder under bench/results/{{{','.join(INSTANCE_ROOTS)}}}; "
+                     "name one that exists (e.g. instance_7542d85e)")
+
+
+def _section(d: Path, section: str) -> dict | None:
+    """The fragment of one section: its own file, else its curve inside the run's ``measured.yaml``."""
+    from calibration.io import read_yaml
+
+    if (d / f"{section}.yaml").exists():
+        return read_yaml(d / f"{section}.yaml")
+    if (d / "measured.yaml").exists():
+        curve = (read_yaml(d / "measured.yaml").get("curves") or {}).get(section)
+        if isinstance(curve, dict) and curve.get("status") == "measured":
+            return {"curves": {section: curve}}
+    return None
 
 
 @functools.lru_cache(maxsize=None)
 def _instance_fragments(folder: str) -> tuple:
-    from calibration.io import read_yaml
-
-    if not folder:
-        raise ValueError("--calibration '': must name a folder of bench/results/calibration (e.g. instance_7542d85e)")
-    d = RESULTS.parent / "calibration" / folder
-    found = tuple(read_yaml(d / f"{section}.yaml") for section in INSTANCE_SECTIONS if (d / f"{section}.yaml").exists())
+    d = _instance_dir(folder)
+    found = tuple(f for f in (_section(d, section) for section in INSTANCE_SECTIONS) if f is not None)
     if not found:
-        raise ValueError(f"--calibration {folder!r}: {d} holds none of {', '.join(s + '.yaml' for s in INSTANCE_SECTIONS)}; "
-                         "give a folder of bench/results/calibration that does (e.g. instance_7542d85e)")
+        raise ValueError(f"--calibration {folder!r}: {d} holds none of {', '.join(INSTANCE_SECTIONS)} (as "
+                         "{section}.yaml or inside measured.yaml); give a folder that does (e.g. instance_7542d85e)")
     return found
 
 
@@ -144,9 +170,8 @@ def instance_cluster(folder: str, cluster):
 def cases(stem: str, calibration: str | None = None):
     """``(case, plan file)`` of every case that ran, in run order; each case carries
     ``carried_bytes`` (``carried_workspace_bytes``; 0 for ``FRESH_STEMS``). The plan's cluster is the
-    shipped profile of the run's GPU (``shipped_cluster_for``). ``calibration``: a folder under
-    ``bench/results/calibration`` whose sections are merged into every case's cluster
-    (``instance_cluster``)."""
+    shipped profile of the run's GPU (``shipped_cluster_for``). ``calibration``: a folder of
+    ``INSTANCE_ROOTS`` whose sections are merged into every case's cluster (``instance_cluster``)."""
     doc = json.loads((RESULTS / f"{stem}.json").read_text())
     cluster = shipped_cluster_for(doc.get("provenance", {}).get("device", ""))
     held = 0
@@ -238,9 +263,11 @@ def main(argv=None) -> int:
     ap.add_argument("--stems", nargs="+", default=None, choices=STEMS, metavar="STEM",
                     help="runs to read (default: every committed run, STEMS)")
     ap.add_argument("--calibration", default=None, metavar="DIR",
-                    help="predict with the sections of bench/results/calibration/DIR merged into the profile "
-                         "of the runs made on the same GPU (e.g. instance_7542d85e, the instance of "
-                         "validate_w1_pinned_expandable; runs on another GPU keep their own profile)")
+                    help="predict with the host calibrations of bench/results/calibration/DIR (or of the "
+                         "same-instance run bench/results/dispatch_same_instance/DIR) merged into the profile of "
+                         "the runs made on the same GPU (e.g. instance_7542d85e, the instance of "
+                         "validate_w1_pinned_expandable; h200_dec975e8, of validate_*_h200_si_expandable; runs "
+                         "on another GPU keep their own profile)")
     args = ap.parse_args(argv)
     if args.calibration is not None:
         try:

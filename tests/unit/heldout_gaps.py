@@ -46,7 +46,7 @@ LLEP_ONE_RANK_B = ("LLEP one_rank at shape B, forward+backward predicted 12% slo
 TWO_CALLS = ("a forward of 35-45 ms timed as the median of two calls (bench/dispatch.py's default --iters 2) on "
              "instance 00c2e474, 7-28% slower than the same row on d0b286e2 and than the run's neighbouring routings "
              "(LLEP 50/4 at B: 41.3 ms against 31.1-32.5 ms for every other LLEP forward there); "
-             "bench/dispatch_same_instance.sh times five calls since (not yet run)")
+             "bench/dispatch_same_instance.sh times five calls since (both H200 dec975e8 runs)")
 PIPE_SKEW_A = ("PipelinedLLEP at shape A under one_expert/one_rank/95-16 routing predicted 10-12% slow on 00c2e474 "
                "(7.5-8.8% on d0b286e2): the binding rank's forward under these routings runs 7% faster than under "
                "30/16 (145 against 155 ms), which the model prices alike; and this instance's chunk-count curve has "
@@ -58,9 +58,30 @@ PIPE_EP1_00C = ("PipelinedLLEP at E_p = 1 (128 slots per chunk, host-bound) on 0
                 "325 ms forward+backward against 56.7 and 270 ms on d0b286e2; the instance's own chunk curve took "
                 "1.16 s at K = 10 (0.80 s on d0b286e2): the host pace of these loops moves between and within instances")
 
+PIPE_A_H200 = ("PipelinedLLEP at shape A, E_p = 8 (K = 10 chunks of 16 slots), predicted 10-24% slow on H200 instance "
+               "dec975e8 with its own curves (2-18% with the shipped h200 profile). That run's chunk-count curve took "
+               "0.710 s at K = 10 (0.891 s in the shipped curve), and the instance's host loops replay that point with "
+               "1.1% exposed host, under chunk_curve.HOST_BOUND_SHARE: phi(10) = 1.069 is read from E_p = 1 loops of 128 "
+               "slots that run at the edge of host-bound and is applied to E_p = 8's GPU-bound chunks (the shipped "
+               "profile drops K = 5 and 10 and reads phi(3) = 1.022). In the second run minutes later the coverage "
+               "section's host loops came 1.47x slower (413 against 281 us per chunk_bwd block), K = 10 replayed "
+               "host-bound and was dropped, and only the skewed routings stayed outside (PIPE_SKEW_A). Merging the "
+               "calibration's own dispatch_kernels last (the curve's host pace) was tried: 67 and 65 of 84, worse")
+PIPE_EP1_H200 = ("PipelinedLLEP at E_p = 1 (128 slots per chunk, host-bound) on H200 dec975e8: shape B forward 53.6 ms "
+                 "(second run), forward+backward 201 ms (first), shape A forward 196 and 235 ms in the two runs of the same instance minutes "
+                 "apart (1.20x): the host pace of these loops moves within an instance (PIPE_EP1_00C)")
+PIPE_SKEW_B_H200 = ("PipelinedLLEP one_rank at shape B forward, +10.4% on H200 dec975e8 (31.2 ms, against 34.4-38.8 ms for "
+                    "its balanced, 30/16, 80/16 and 95/16 forwards there): the binding rank's forward under one-rank "
+                    "routing is faster, which the model prices alike (PIPE_SKEW_A)")
+
 INSTANCE_BELOW_TARGET: dict[str, str] = {
     "h100_00c2e474": "67 of 76 (88%) within 10%, 67 also with the shipped profile alone: five PipelinedLLEP rows at "
                      "shape A under skew (PIPE_SKEW_A), two host-bound E_p = 1 rows, two forwards timed by two calls",
+    "h200_dec975e8": "66 of 84 (79%) within 10%, 76 (90%) with the shipped h200 profile alone: 14 PipelinedLLEP rows "
+                     "at shape A, E_p = 8, over-priced by phi(10) read from a near-host-bound point (PIPE_A_H200)",
+    "h200_run2_dec975e8": "74 of 84 (88%) within 10%, 74 also with the shipped profile: the same instance minutes "
+                          "later, five calls per row; seven PipelinedLLEP rows at shape A under skew (PIPE_SKEW_A), "
+                          "three host-bound E_p = 1 rows",
 }
 """Same-instance runs below ``INSTANCE_TARGET``, with why (the test fails if one reaches it)."""
 
@@ -79,6 +100,40 @@ INSTANCE_ROW_GAPS: dict[str, dict[str, str]] = {
     "h100_d0b286e2": {
         "pipelined_llep balanced N=32768 H=4096 I=4096 E_p=1 rank 0 fwd+bwd": PIPE_EP1_INSTANCE,  # -25.3%
         "llep one_rank N=32768 H=4096 I=4096 E_p=8 rank 1 fwd+bwd [filled]": LLEP_ONE_RANK_B,  # +12.1%
+    },
+    "h200_dec975e8": {
+        "pipelined_llep one_rank N=32768 H=4096 I=4096 E_p=8 rank 2 fwd [filled]": PIPE_SKEW_B_H200,  # +10.4%
+        "pipelined_llep balanced N=32768 H=4096 I=4096 E_p=1 rank 0 fwd+bwd": PIPE_EP1_H200,  # -11.6%
+        "pipelined_llep balanced N=65536 H=7168 I=2048 E_p=8 rank 1 fwd [filled]": PIPE_A_H200,  # +18.4%
+        "pipelined_llep balanced N=65536 H=7168 I=2048 E_p=8 rank 1 fwd+bwd [filled]": PIPE_A_H200,  # +12.2%
+        "pipelined_llep 30/16 N=65536 H=7168 I=2048 E_p=8 rank 6 fwd [filled]": PIPE_A_H200,  # +13.8%
+        "pipelined_llep 30/16 N=65536 H=7168 I=2048 E_p=8 rank 6 fwd+bwd [filled]": PIPE_A_H200,  # +11.0%
+        "pipelined_llep 80/16 N=65536 H=7168 I=2048 E_p=8 rank 1 fwd [filled]": PIPE_A_H200,  # +20.0%
+        "pipelined_llep 80/16 N=65536 H=7168 I=2048 E_p=8 rank 1 fwd+bwd [filled]": PIPE_A_H200,  # +15.1%
+        "pipelined_llep 95/16 N=65536 H=7168 I=2048 E_p=8 rank 7 fwd [filled]": PIPE_A_H200,  # +20.0%
+        "pipelined_llep 95/16 N=65536 H=7168 I=2048 E_p=8 rank 7 fwd+bwd [filled]": PIPE_A_H200,  # +16.6%
+        "pipelined_llep 50/4 N=65536 H=7168 I=2048 E_p=8 rank 2 fwd [filled]": PIPE_A_H200,  # +17.4%
+        "pipelined_llep 50/4 N=65536 H=7168 I=2048 E_p=8 rank 2 fwd+bwd [filled]": PIPE_A_H200,  # +16.0%
+        "pipelined_llep one_expert N=65536 H=7168 I=2048 E_p=8 rank 1 fwd [filled]": PIPE_A_H200,  # +22.0%
+        "pipelined_llep one_expert N=65536 H=7168 I=2048 E_p=8 rank 1 fwd+bwd [filled]": PIPE_A_H200,  # +18.0%
+        "pipelined_llep one_rank N=65536 H=7168 I=2048 E_p=8 rank 1 fwd [filled]": PIPE_A_H200,  # +24.1%
+        "pipelined_llep one_rank N=65536 H=7168 I=2048 E_p=8 rank 1 fwd+bwd [filled]": PIPE_A_H200,  # +22.0%
+        "ep balanced N=65536 H=7168 I=2048 E_p=1 rank 0 fwd": EP1,  # +10.1%
+        "llep balanced N=65536 H=7168 I=2048 E_p=1 rank 0 fwd": EP1,  # +10.6%
+    },
+    "h200_run2_dec975e8": {
+        "pipelined_llep balanced N=32768 H=4096 I=4096 E_p=1 rank 0 fwd": PIPE_EP1_H200,  # +56.1%
+        "pipelined_llep 80/16 N=65536 H=7168 I=2048 E_p=8 rank 1 fwd [filled]": PIPE_SKEW_A,  # +16.6%
+        "pipelined_llep 80/16 N=65536 H=7168 I=2048 E_p=8 rank 1 fwd+bwd [filled]": PIPE_SKEW_A,  # +10.1%
+        "pipelined_llep 95/16 N=65536 H=7168 I=2048 E_p=8 rank 7 fwd [filled]": PIPE_SKEW_A,  # +15.8%
+        "pipelined_llep 95/16 N=65536 H=7168 I=2048 E_p=8 rank 7 fwd+bwd [filled]": PIPE_SKEW_A,  # +14.3%
+        "pipelined_llep one_expert N=65536 H=7168 I=2048 E_p=8 rank 1 fwd [filled]": PIPE_SKEW_A,  # +14.1%
+        "pipelined_llep one_rank N=65536 H=7168 I=2048 E_p=8 rank 1 fwd [filled]": PIPE_SKEW_A,  # +15.4%
+        "pipelined_llep one_rank N=65536 H=7168 I=2048 E_p=8 rank 1 fwd+bwd [filled]": PIPE_SKEW_A,  # +12.2%
+        "ep balanced N=65536 H=7168 I=2048 E_p=1 rank 0 fwd": EP1,  # +11.7%
+        "llep balanced N=65536 H=7168 I=2048 E_p=1 rank 0 fwd": EP1,  # +10.6%
+        "pipelined_llep balanced N=65536 H=7168 I=2048 E_p=1 rank 0 fwd": PIPE_EP1_H200,  # +27.7%
+        "pipelined_llep balanced N=65536 H=7168 I=2048 E_p=1 rank 0 fwd+bwd": PIPE_EP1_H200,  # +21.0%
     },
 }
 """Same-instance runs (``test_heldout_dispatch_instance.py``): folder → row name → why it misses."""
