@@ -3,7 +3,9 @@
 - The profile's **declared topology is kept as declared** (``gpu_name``, GPUs per node, host RAM
   and cores, interconnect); only measurements move.
 - Curves: each curve present in the measured file replaces the profile's; collective curves merge
-  per collective and group size. A ``dispatch_kernels`` curve without ``dispatch_kernels_widths``
+  per collective and group size. An absent, null or empty curve (a whole profile from ``python -m
+  calibration`` writes ``dispatch_kernels_widths: []`` when it did not run the widths) is a section
+  the run did not measure and leaves the profile's as it is. A ``dispatch_kernels`` curve without ``dispatch_kernels_widths``
   beside it (``calibration.dispatch_kernels``) also gives every width curve the profile holds its
   host loops and host call seconds: those are measured at tiny rows, the same at every width
   (``calibration.coverage`` copies one host measurement into each width), so a host measured again
@@ -51,7 +53,7 @@ def merge_data(base: dict, measured: dict) -> dict:
     out = dict(base)
     curves = dict(base.get("curves") or {})
     for key, val in (measured.get("curves") or {}).items():
-        if val is None:
+        if val is None or (isinstance(val, (list, dict)) and not val):   # a section the run did not measure
             continue
         if key == "collectives":
             coll = {k: {int(g): c for g, c in (v or {}).items()} for k, v in (curves.get(key) or {}).items()}

@@ -61,3 +61,27 @@ def test_merged_reads_paths_and_mappings_in_order(tmp_path, cpu_profile):
     later = {"curves": {"gemm_fp32": {**frag["curves"]["gemm_fp32"], "note": "the later file"}}}
     assert merged(base, [out, later]).curves.gemm_fp32.note == "the later file"
     assert merged(base, []) == cpu_profile
+
+
+def test_a_whole_calibration_keeps_the_profiles_width_curves():
+    """A whole profile from ``python -m calibration`` carries ``dispatch_kernels_widths: []`` when the
+    widths were not measured (here the H200 same-instance run's ``measured.yaml``): merged into the
+    shipped profile, the profile's width curves stay and take the new host loops; the sections it
+    measured replace the profile's."""
+    from pathlib import Path
+
+    from calibration.io import read_yaml
+    from calibration.merge import merged
+    from planner.schema.profiles import load_cluster
+
+    run = Path(__file__).resolve().parents[2] / "bench/results/dispatch_same_instance/h200_dec975e8/measured.yaml"
+    measured = read_yaml(run)
+    assert measured["curves"]["dispatch_kernels_widths"] == []
+    shipped = load_cluster("h200")
+    out = merged(shipped.model_dump(mode="json"), [run])
+    assert len(out.curves.dispatch_kernels_widths) == len(shipped.curves.dispatch_kernels_widths) > 0
+    new_loops = out.curves.dispatch_kernels.host_loops
+    assert new_loops != shipped.curves.dispatch_kernels.host_loops
+    assert all(w.host_loops == new_loops for w in out.curves.dispatch_kernels_widths)
+    assert list(out.curves.chunk_count.time_s) == measured["curves"]["chunk_count"]["time_s"]
+    assert out.curves.gemm == shipped.curves.gemm   # not measured by that run: the profile's
