@@ -3,7 +3,7 @@
 #
 #   bash bench/dispatch_same_instance.sh OUT [--smoke]
 #
-# In one process order on one machine: the `planner calibrate` sections the dispatch model reads
+# In this order on one machine: the `planner calibrate` sections the dispatch model reads
 # (chunk_count, dispatch_kernels, memory_sizes: a partial profile), the dispatch kernels at every
 # shipped width (bench/calibrate_coverage.py --sections dispatch_widths), then bench/dispatch.py at
 # shapes B and A with filled receive buffers. tests/unit/test_heldout_dispatch_instance.py predicts

@@ -71,8 +71,8 @@ STEMS = ("validate", "validate_w1", "validate_w1_run3", "validate_w1_run4", "val
          "validate_heldout_r9", "validate_heldout_r10", "validate_heldout_r11", "validate_heldout_r12",
          "validate_w1_pinned_expandable", "validate_fsdp2_pinned_expandable", "validate_w1_h100_expandable",
          "validate_fsdp2_h100_expandable", "validate_w1_h100_cal_expandable", "validate_fsdp2_h100_cal_expandable",
-               "validate_w1_h100_si_expandable", "validate_w1_64k_h100_si_expandable", "validate_fsdp2_h100_si_expandable",
-               "validate_w1_h200_si_expandable", "validate_fsdp2_h200_si_expandable")
+         "validate_w1_h100_si_expandable", "validate_w1_64k_h100_si_expandable", "validate_fsdp2_h100_si_expandable",
+         "validate_w1_h200_si_expandable", "validate_fsdp2_h200_si_expandable")
 """The committed runs: the composed matrix, the composed W = 1 runs at three context lengths (timed
 as the median of steps 2–4), the FSDP2 baseline's cases, and held-out cases of both stacks run
 through the CLI (``validate_heldout``, one process each). The ``*_expandable`` and held-out runs ran
@@ -87,15 +87,10 @@ def _fsdp2(stem: str, c: dict | None = None) -> bool:
     return stem.startswith("validate_fsdp2")
 
 
-FRESH_STEMS = ("validate_w1_run5", "validate_fsdp2_run2", "validate_expandable", "validate_fsdp2_expandable",
-               "validate_w1_expandable", "validate_heldout", "validate_heldout_r2", "validate_heldout_r3",
-               "validate_heldout_r4", "validate_heldout_r5", "validate_heldout_r6", "validate_fsdp2_run3_expandable",
-               "validate_w1_run6_expandable", "validate_heldout_r5_rerun", "validate_heldout_r6_rerun",
-               "validate_heldout_r7", "validate_heldout_r8", "validate_heldout_r9", "validate_heldout_r10", "validate_heldout_r11", "validate_heldout_r12",
-               "validate_w1_pinned_expandable", "validate_fsdp2_pinned_expandable", "validate_w1_h100_expandable",
-               "validate_fsdp2_h100_expandable", "validate_w1_h100_cal_expandable", "validate_fsdp2_h100_cal_expandable",
-               "validate_w1_h100_si_expandable", "validate_w1_64k_h100_si_expandable", "validate_fsdp2_h100_si_expandable",
-               "validate_w1_h200_si_expandable", "validate_fsdp2_h200_si_expandable")
+CARRYING_STEMS = ("validate", "validate_w1", "validate_w1_run3", "validate_w1_run4", "validate_fsdp2")
+"""Runs made before ``bench/_validate_runner.fresh``: a case's measurement holds the cuBLASLt
+workspaces earlier cases of the run allocated (``carried_workspace_bytes``)."""
+FRESH_STEMS = tuple(s for s in STEMS if s not in CARRYING_STEMS)
 """Runs made with each case's cuBLAS workspaces cleared first (``bench/_validate_runner.fresh``):
 nothing carries over between their cases."""
 

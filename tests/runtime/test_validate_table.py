@@ -185,7 +185,7 @@ def test_nine_w1_steps_within_tolerance_on_one_instance(stack):
             if not time_ok(r["step_s_predicted"], r["step_s_measured"])] == []
 
 
-_DSV2_FSDP2_SHORT_H100 = ("DeepSeek-V2-Lite FSDP2 at W = 1, 4k on H100 00c2e474: 0.107 s measured against 0.131 s with that "
+_DSV2_FSDP2_SHORT_H100 = ("DeepSeek-V2-Lite FSDP2 at W = 1, 4k on H100 00c2e474: 0.107 s measured against 0.130 s with that "
                           "instance's dispatch calibration (1.22; 0.126 s, 1.18, with the shipped h100 profile): the FSDP2 "
                           "host rows (calibration.step_host) were not measured on that instance, and this shortest step "
                           "is over-priced on every GPU (KNOWN_SLOW)")
@@ -197,7 +197,7 @@ INSTANCE_CALIBRATED = {
                        ("fsdp2", "dsv2-W1-S4096", 4096): _DSV2_FSDP2_SHORT_H100}),
 }
 """W = 1 runs of both stacks priced with the dispatch calibration of their own host instance (``bash
-bench/dispatch_same_instance.sh``, run in the next call on the same machine; ``bench/validate_table.py
+bench/dispatch_same_instance.sh``, run in a call just before or after the runs on the same machine; ``bench/validate_table.py
 --calibration FOLDER``): per folder the runs and the steps still outside ``TIME_TOLERANCE``, each with
 its reason. On the H200 all 18 steps (three models × three lengths, each stack) are within."""
 

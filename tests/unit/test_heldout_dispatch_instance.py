@@ -99,6 +99,8 @@ def test_dispatch_rows_on_their_own_instance(folder):
     else:
         assert ok >= INSTANCE_TARGET * n, f"{folder}: {ok} of {n} within {HELDOUT_TOL:.0%}\n{table}"
     assert not bad, f"{folder}: misses that are not listed gaps, or listed gaps now within:\n{table}"
+    compared = {c.name for c in cases if c.held_out and not c.not_comparable}
+    assert sorted(set(INSTANCE_ROW_GAPS.get(folder, {})) - compared) == [], f"{folder}: listed gaps that name no compared row"
 
 
 def test_instance_calibration_is_what_is_read(folder):
