@@ -91,14 +91,14 @@ class SearchReport:
 
     @property
     def chosen_stack(self) -> str:
-        """The stack of the plan ``--out`` writes: under ``best``, the faster of the fitting stacks
-        (composed on a tie); when neither fits, the one whose closest plan is nearer fitting (the
+        """The stack of the plan ``--out`` writes: under ``best``, the faster of the fitting stacks in
+        tokens/s/GPU (composed on a tie); when neither fits, the one whose closest plan is nearer fitting (the
         smaller of its HBM and host-RAM overshoot ratios, the larger taken per plan)."""
         if self.stack != "best":
             return self.stack
         r = self.result
         if r.top and r.baseline:
-            return "fsdp2" if r.baseline.step_s < r.top[0].step_s else "composed"
+            return "fsdp2" if r.baseline.tokens_per_s_per_gpu > r.top[0].tokens_per_s_per_gpu else "composed"
         if r.top or r.baseline:
             return "composed" if r.top else "fsdp2"
         ratio = {k: max(c.report.peak_bytes / c.report.capacity_bytes,
@@ -133,7 +133,7 @@ class SearchReport:
     def to_json(self) -> dict:
         def cand(c):
             return None if c is None else {
-                "step_s": c.step_s, "tokens_per_s_per_gpu": c.tokens_per_s_per_gpu, "tflops_per_gpu": c.tflops_per_gpu,
+                "step_s": c.step_s, "tokens_per_step": c.tokens_per_step, "tokens_per_s_per_gpu": c.tokens_per_s_per_gpu, "tflops_per_gpu": c.tflops_per_gpu,
                 "peak_bytes": c.peak_bytes, "host_bytes": c.host_bytes, "binding_phase": c.binding_phase,
                 "breakdown": c.breakdown, "components": c.components, "routing": self.routing_basis(c.plan),
                 "plan": c.plan.model_dump(mode="json")}
@@ -141,7 +141,7 @@ class SearchReport:
         ch = self.chosen
         return {"model": self.model.name, "world_size": self.world_size, "seq_len": self.workload.seq_len,
                 "top": [cand(c) for c in r.top], "baseline": cand(r.baseline),
-                "speedup_vs_baseline": (r.baseline.step_s / r.top[0].step_s if r.top and r.baseline else None),
+                "speedup_vs_baseline": r.speedup,
                 "tally": {"evaluated": r.tally.evaluated, "fit": r.tally.fit, "rejected": dict(r.tally.reasons),
                           "text": r.tally.text()},
                 "baseline_tally": {"evaluated": r.baseline_tally.evaluated, "fit": r.baseline_tally.fit,

@@ -65,9 +65,10 @@ def render_search(rep, console: Console) -> None:
                   c.binding_phase, end_section=tag == str(len(r.top)))
     console.print(t)
     if r.top and r.baseline:
-        ratio = r.baseline.step_s / r.top[0].step_s
+        ratio = r.speedup
         console.print(f"composed vs FSDP2-best: {ratio:.2f}× " + ("faster" if ratio >= 1 else
-                      f"(the FSDP2 baseline is {1 / ratio:.2f}× faster under this time model)"))
+                      f"(the FSDP2 baseline is {1 / ratio:.2f}× faster under this time model)")
+                      + " in tokens/s/GPU")
     elif r.top:
         console.print("[yellow]no FSDP2 configuration fits[/] at this context length")
     else:

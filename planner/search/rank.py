@@ -1,4 +1,10 @@
-"""Run the search: enumerate, evaluate memory then time, rank by step time (DESIGN §5).
+"""Run the search: enumerate, evaluate memory then time, rank by time per token (DESIGN §5).
+
+DESIGN §4 ranks by predicted step time, which assumes every plan's step trains the same tokens.
+Without ``--global-batch-tokens`` a step is one micro-step of ``W/D`` (composed) or ``W/(tp·cp)``
+(FSDP2) sequences, so plans differ in tokens per step; the rank is then by seconds per token per
+GPU (``step_s / tokens_per_step``), which orders plans exactly as step time does when the tokens
+per step are equal.
 
 The composed stack and the FSDP2 baseline are searched separately under the same routing
 assumption; the result always carries the fastest baseline that fits.
@@ -26,6 +32,8 @@ class Candidate:
     plan: Plan
     """The resolved plan (numeric knobs filled in)."""
     step_s: float
+    tokens_per_step: float
+    """Distinct tokens per GPU per optimizer step (plans differ in it without ``--global-batch-tokens``)."""
     tokens_per_s_per_gpu: float
     tflops_per_gpu: float
     peak_bytes: int
@@ -47,6 +55,14 @@ class SearchResult:
     gaps: list[str]
     assumed: list[str]
 
+    @property
+    def speedup(self) -> float | None:
+        """The first composed plan's tokens/s/GPU over the FSDP2 baseline's (the step-time ratio when
+        both steps train the same tokens); None unless both stacks have a plan."""
+        if not (self.top and self.baseline):
+            return None
+        return self.top[0].tokens_per_s_per_gpu / self.baseline.tokens_per_s_per_gpu
+
 
 def _plan_of(ev: Evaluated, i: int) -> Plan:
     """Candidate ``i`` of a group as a plain plan (the SCO fraction becomes its budget in bytes)."""
@@ -65,22 +81,26 @@ def bounded_dispatch(plan: Plan) -> bool:
 
 
 def _rows(evs: list[Evaluated]) -> list[tuple]:
-    """``(step_s, peak, host, choices, knobs, ev, i)`` for every timed candidate of ``evs``."""
+    """``(s_per_token, peak, host, choices, knobs, ev, i)`` for every timed candidate of ``evs``:
+    ``s_per_token`` is the predicted step's seconds per token per GPU (``step_s / tokens_per_step``,
+    module docstring)."""
     rows = []
     for ev in evs:
         names = sorted(ev.numeric)
         choices = tuple(str(v) for _, v in sorted(ev.group.choices.items()))
+        tokens = np.broadcast_to(ev.timing.tokens_per_step, ev.step_s.shape)
         for i in np.nonzero(np.isfinite(ev.step_s))[0]:
             i = int(i)
             knobs = tuple(int(ev.numeric[k][i]) for k in names)
-            rows.append((float(ev.step_s[i]), int(ev.peak_bytes[i]), int(ev.host_bytes[i]), choices, knobs, ev, i))
+            rows.append((float(ev.step_s[i]) / float(tokens[i]), int(ev.peak_bytes[i]), int(ev.host_bytes[i]),
+                         choices, knobs, ev, i))
     return rows
 
 
 def rank_key(row: tuple) -> tuple:
     """The ranking: plans whose dispatch has a launch-time bound first (``bounded_dispatch``: standard
-    EP and LLEP's routed batch are sized by the routing assumption, DESIGN §3.2); then predicted step
-    time, exactly; ties go to the lower per-rank HBM peak, then the lower host bytes, then the
+    EP and LLEP's routed batch are sized by the routing assumption, DESIGN §3.2); then predicted
+    seconds per token (the step time when every plan's step trains the same tokens), exactly; ties go to the lower per-rank HBM peak, then the lower host bytes, then the
     lexicographically smaller plan (categorical choices, then the numeric knobs in name order)."""
     return (row[5] is not None and not bounded_dispatch(row[5].plan), *row[:5])
 
@@ -89,7 +109,7 @@ def collapse(rows: list[tuple]) -> list[tuple]:
     """Keep one representative of each class of equivalent candidates, in rank order.
 
     Two candidates are equivalent when they make the same categorical choices and have the same
-    predicted step time and the same per-rank HBM peak: the numeric knobs in which they differ
+    predicted seconds per token and the same per-rank HBM peak: the numeric knobs in which they differ
     (typically the SCO host budget beyond what changes the offloaded count, or ``B_v``/``β`` where
     they do not change the binding phase) changed neither number, so the model does not tell them
     apart. The representative is the first in ``rank_key`` order: the one with the least host
@@ -105,12 +125,13 @@ def collapse(rows: list[tuple]) -> list[tuple]:
 
 def _candidates(evs: list[Evaluated], n: int) -> list[Candidate]:
     out = []
-    for step, peak, host, _, _, ev, i in collapse(_rows(evs))[:n]:
+    for _, peak, host, _, _, ev, i in collapse(_rows(evs))[:n]:
         st = ev.timing
+        step = float(ev.step_s[i])
         tok = float(np.broadcast_to(st.tokens_per_step, ev.step_s.shape)[i])
         fl = float(np.broadcast_to(st.model_flops, ev.step_s.shape)[i])
         out.append(Candidate(
-            plan=_plan_of(ev, i), step_s=step, tokens_per_s_per_gpu=tok / step, tflops_per_gpu=fl / step / 1e12,
+            plan=_plan_of(ev, i), step_s=step, tokens_per_step=tok, tokens_per_s_per_gpu=tok / step, tflops_per_gpu=fl / step / 1e12,
             peak_bytes=peak, host_bytes=host, binding_phase=ev.binding[i],
             breakdown={k: float(np.broadcast_to(v, ev.step_s.shape)[i]) for k, v in st.breakdown.items()},
             components={k: float(np.broadcast_to(v, ev.step_s.shape)[i]) for k, v in st.components.items()}))
@@ -121,7 +142,7 @@ def search(model: ModelSpec, cluster: ClusterSpec, workload: Workload, *, world_
            routing: str | None = knob_default("routing"), dispatch_bound: str = knob_default("dispatch_bound"), dtype: str = knob_default("dtype"), top: int = 5,
            time_fn: Callable | None = None, progress: Callable[[int, int], None] | None = None,
            min_headroom: float = MIN_HEADROOM) -> SearchResult:
-    """Search the composed space and the FSDP2 space; rank the fitting candidates by step time."""
+    """Search the composed space and the FSDP2 space; rank the fitting candidates by time per token."""
     if time_fn is None:
         from planner.timing.step import step_time as time_fn
     groups = composed_groups(model, workload, world_size) + baseline_groups(model, workload, world_size)

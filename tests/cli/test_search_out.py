@@ -35,11 +35,38 @@ def report():
 def test_ranking_is_strict_and_collapsed(report):
     top = report.result.top
     assert len(top) >= 3
-    keys = [(c.step_s, c.peak_bytes, c.host_bytes) for c in top]
-    assert keys == sorted(keys), "ranked by step time, then peak, then host bytes"
+    keys = [(c.step_s / c.tokens_per_step, c.peak_bytes, c.host_bytes) for c in top]
+    assert keys == sorted(keys), "ranked by seconds per token, then peak, then host bytes"
     classes = {(c.plan.composed.dispatch, c.plan.composed.vocab, c.plan.composed.optimizer,
-                c.plan.composed.checkpoint, c.step_s, c.peak_bytes) for c in top}
+                c.plan.composed.checkpoint, c.step_s / c.tokens_per_step, c.peak_bytes) for c in top}
     assert len(classes) == len(top), "no two listed plans are equivalent"
+
+
+SAME_RATIO_REL = 1e-12
+"""Two float routes to one ratio (tokens/s over tokens/s, step over step) agree to this."""
+
+
+def test_plans_that_train_different_tokens_are_ranked_per_token(report):
+    """Without ``--global-batch-tokens`` a step is one micro-step, whose tokens differ between plans
+    (``W/D`` sequences): the rank and the speedup are per token, not per step."""
+    r = report.result
+    top = r.top
+    assert len({c.tokens_per_step for c in top}) >= 2, "the listed plans differ in tokens per step"
+    assert any(a.step_s > b.step_s for a, b in zip(top, top[1:])), \
+        "a longer step that trains more tokens ranks first: step time alone would order these otherwise"
+    tps = [c.tokens_per_step / c.step_s for c in top]
+    assert all(a >= b * (1 - SAME_RATIO_REL) for a, b in zip(tps, tps[1:])), "tokens/s/GPU never rises down the list"
+    assert r.speedup == pytest.approx(top[0].tokens_per_s_per_gpu / r.baseline.tokens_per_s_per_gpu,
+                                      rel=SAME_RATIO_REL)
+    assert r.baseline.tokens_per_step != top[0].tokens_per_step
+
+
+def test_at_a_fixed_global_batch_the_rank_is_the_step_time():
+    r = api.search(model=MODEL, gpus=int(W), seq_len=32768, top=20, global_batch_tokens=int(W) * 32768).result
+    assert {c.tokens_per_step for c in r.top} == {r.baseline.tokens_per_step} == {32768.0}
+    steps = [c.step_s for c in r.top]
+    assert steps == sorted(steps)
+    assert r.speedup == pytest.approx(r.baseline.step_s / r.top[0].step_s, rel=SAME_RATIO_REL)
 
 
 def test_collapse_keeps_the_least_host_representative():
@@ -58,7 +85,8 @@ def test_out_writes_the_requested_stack_and_check_accepts_it(stack, tmp_path, re
     assert res.returncode == 0, res.stderr
     doc = json.loads(res.stdout)
     r = report.result
-    want = stack if stack != "best" else ("fsdp2" if r.baseline.step_s < r.top[0].step_s else "composed")
+    want = stack if stack != "best" else ("fsdp2" if r.baseline.tokens_per_s_per_gpu > r.top[0].tokens_per_s_per_gpu
+                                          else "composed")
     assert doc["chosen_stack"] == want and doc["chosen_fits"] is True
     written = yaml.safe_load(out.read_text())
     assert written["plan"]["stack"] == want
