@@ -10,6 +10,7 @@ import numpy as np
 
 from planner.api.build import build
 from planner.budget.build import make_context
+from planner.budget.frontier import MIN_HEADROOM
 from planner.context.ctx import Ctx
 from planner.budget.host import host_budget
 from planner.budget.peak import Evaluation, assumed_used, capacity_bytes, evaluate, outside_allocator_bytes
@@ -66,6 +67,20 @@ class CheckReport:
     @property
     def fits(self) -> bool:
         return self.fits_hbm and self.fits_host
+
+    @property
+    def headroom_fraction(self) -> float | None:
+        """``1 − peak/capacity``: the share of the usable capacity the peak leaves free (< 0 over it;
+        ``None`` when the runtime-fixed terms and the reserve leave no usable capacity at all)."""
+        return 1.0 - self.peak_bytes / self.capacity_bytes if self.capacity_bytes > 0 else None
+
+    @property
+    def under_min_headroom(self) -> bool:
+        """The peak fits the usable capacity but leaves less than ``MIN_HEADROOM`` of it free: the
+        verdict stays "fits" (the capacity is the physical limit), but ``search``, ``sweep``,
+        ``min-gpus``, ``max-context`` and ``max-batch`` do not count such a plan as fitting at
+        their default ``--min-headroom`` (the same comparison as theirs)."""
+        return self.fits_hbm and self.peak_bytes > self.capacity_bytes * (1.0 - MIN_HEADROOM)
 
     @property
     def binding_phase(self) -> str:
@@ -129,6 +144,8 @@ class CheckReport:
         return {
             "fits": self.fits, "fits_hbm": self.fits_hbm, "warnings": list(self.warnings), "peak_bytes": self.peak_bytes,
             "capacity_bytes": self.capacity_bytes, "headroom_bytes": self.capacity_bytes - self.peak_bytes,
+            "headroom_fraction": self.headroom_fraction, "min_headroom": MIN_HEADROOM,
+            "under_min_headroom": self.under_min_headroom,
             "hbm_bytes": self.hbm_bytes, "outside_allocator_bytes": self.outside_allocator_bytes,
             "binding_phase": self.binding_phase, "binding_live_set": self.binding_live_set,
             "largest_live_set": self.largest_live_set,

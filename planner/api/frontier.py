@@ -82,13 +82,19 @@ def _frontier(axis: str, grid, min_headroom: float | None, build_kwargs: dict) -
     pf, ref = build(**build_kwargs)
     plan = resolve_plan(pf.model, pf.workload, pf.plan)
     values = grid(pf, plan)
-    return FrontierReport(pf, axis, scan(pf, axis, values, plan=plan, **_headroom(min_headroom)), ref)
+    return FrontierReport(pf, axis, scan(pf, axis, values, min_headroom_of(min_headroom), plan=plan), ref)
 
 
-def _headroom(min_headroom: float | None) -> dict:
-    """``--min-headroom`` for the frontier scans (``None``: the default of ``budget.frontier``)."""
+def min_headroom_of(min_headroom: float | None) -> float:
+    """``--min-headroom`` of every command that keeps it (``search``, ``sweep``, ``min-gpus``,
+    ``max-context``, ``max-batch``), checked: ``None`` is ``budget.frontier.MIN_HEADROOM``.
+
+    Raises:
+        InvalidPlan: a value outside ``[0, 1)``."""
+    from planner.budget.frontier import MIN_HEADROOM
+
     if min_headroom is None:
-        return {}
+        return MIN_HEADROOM
     if not 0.0 <= min_headroom < 1.0:
         raise InvalidPlan("--min-headroom", min_headroom, "must be in [0, 1)", "use e.g. 0.03")
-    return {"min_headroom": float(min_headroom)}
+    return float(min_headroom)

@@ -7,7 +7,7 @@ from typing import Any
 
 from planner.api.build import build
 from planner.api.check import CheckReport, check_planfile
-from planner.api.frontier import _headroom
+from planner.api.frontier import min_headroom_of
 from planner.budget.sensitivity import routing_sensitivity
 from planner.plans.routing import routing_basis
 from planner.errors import InvalidPlan, PlanError
@@ -166,22 +166,22 @@ def search(*, model: str, cluster: str | None = None, gpus: int, seq_len: int, g
     pf, ref = build(model=model, cluster=cluster, gpus=gpus, seq_len=seq_len,
                     global_batch_tokens=global_batch_tokens, cluster_overrides=cluster_overrides,
                     overrides={"routing": routing, "dispatch_bound": dispatch_bound, "dtype": dtype})
-    from planner.budget.frontier import MIN_HEADROOM
     from planner.search.rank import lowest_peak
     from planner.search.rank import search as run
 
+    headroom = min_headroom_of(min_headroom)
     t0 = time.perf_counter()
     res = run(pf.model, pf.cluster, pf.workload, world_size=gpus, routing=routing, dispatch_bound=dispatch_bound,
-              dtype=dtype, top=top, progress=progress, **_headroom(min_headroom))
+              dtype=dtype, top=top, progress=progress, min_headroom=headroom)
     closest = {}
     for st, found in (("composed", res.top), ("fsdp2", res.baseline)):
         if found:
             continue
         plan, _, _ = lowest_peak(pf.model, pf.cluster, pf.workload, world_size=gpus, stack=st, routing=routing,
-                                 dispatch_bound=dispatch_bound, dtype=dtype, host_fallback=True)
+                                 dispatch_bound=dispatch_bound, dtype=dtype, host_fallback=True,
+                                 min_headroom=headroom)
         try:
-            closest[st] = Closest(check_planfile(pf.model_copy(update={"plan": plan})),
-                                  MIN_HEADROOM if min_headroom is None else float(min_headroom))
+            closest[st] = Closest(check_planfile(pf.model_copy(update={"plan": plan})), headroom)
         except PlanError:  # a plan check refuses cannot be offered as the closest (nor written)
             continue
     _raise_if_only_gaps(res)

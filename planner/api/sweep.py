@@ -7,7 +7,7 @@ from typing import Any
 
 from planner.api.build import build, build_planfile
 from planner.api.check import check_planfile
-from planner.api.frontier import _headroom
+from planner.api.frontier import min_headroom_of
 from planner.budget.sensitivity import routing_sensitivity
 from planner.budget.terms import LIVE_SETS
 from planner.errors import Infeasible, InvalidPlan
@@ -52,7 +52,7 @@ def sweep(*, model: str, cluster: str | None = None, gpus: int, seq_lens: list[i
                         global_batch_tokens=global_batch_tokens, cluster_overrides=cluster_overrides,
                         overrides={"routing": routing, "dtype": dtype})
     rows = []
-    _headroom(min_headroom)
+    min_headroom = min_headroom_of(min_headroom)
     for pt in best_plans(pf.model, pf.cluster, world_size=gpus, seq_lens=seq_lens, routing=routing, dtype=dtype,
                          global_batch_tokens=global_batch_tokens, progress=progress, min_headroom=min_headroom):
         wl = Workload(seq_len=pt.seq_len, global_batch_tokens=global_batch_tokens)
@@ -80,11 +80,14 @@ class MinGpusReport:
     composed: int | None
     baseline: int | None
     tried: list[dict]
-    """Per ``W`` tried: ``{world_size, composed_fit, baseline_fit, composed_lowest_peak_bytes, ...}``."""
+    """Per ``W`` tried: ``{world_size, composed_fit, fsdp2_fit, composed_lowest_peak_bytes, ...}``; the
+    counts are of the candidates that leave ``min_headroom`` free."""
+    min_headroom: float
+    """The share of the usable capacity a fitting plan leaves free (``--min-headroom``)."""
 
     def to_json(self) -> dict:
         return {"model": self.model.name, "seq_len": self.workload.seq_len, "min_gpus": self.composed,
-                "baseline_min_gpus": self.baseline, "tried": self.tried}
+                "baseline_min_gpus": self.baseline, "min_headroom": self.min_headroom, "tried": self.tried}
 
 
 def world_sizes(max_gpus: int, gpus_per_node: int) -> list[int]:
@@ -99,10 +102,11 @@ def world_sizes(max_gpus: int, gpus_per_node: int) -> list[int]:
 
 def min_gpus(*, model: str, seq_len: int, cluster: str | None = None, cluster_overrides: dict | None = None,
              routing: str | None = default("routing"), dispatch_bound: str = default("dispatch_bound"), dtype: str = default("dtype"),
-             max_gpus: int = MIN_GPUS_MAX, progress=None) -> MinGpusReport:
+             max_gpus: int = MIN_GPUS_MAX, min_headroom: float | None = None, progress=None) -> MinGpusReport:
     """Smallest ``W ≤ max_gpus`` of ``world_sizes`` for which some legal composed plan fits (HBM
-    and host RAM), and the same for the FSDP2 baseline, by the memory model alone (the search's
-    candidate space, no time model). Powers of two (times ``gpus_per_node`` past one node): the
+    with ``min_headroom`` of the usable capacity free, as ``search`` keeps it, and host RAM), and
+    the same for the FSDP2 baseline, by the memory model alone (the search's candidate space, no
+    time model). Powers of two (times ``gpus_per_node`` past one node): the
     legal degrees (``D``, ``E_p``, ``P``, ``tp``, ``cp``) divide ``W`` and the heads and experts,
     which are powers of two in every shipped model; every ``W`` tried fills whole nodes or part of
     one, so ``planner search --gpus W`` accepts the answer."""
@@ -110,6 +114,7 @@ def min_gpus(*, model: str, seq_len: int, cluster: str | None = None, cluster_ov
 
     if not 1 <= max_gpus <= 2**20:
         raise InvalidPlan("--max-gpus", max_gpus, "must be in 1..1048576", "give e.g. --max-gpus 4096")
+    headroom = min_headroom_of(min_headroom)
     pf, _ = build(model=model, cluster=cluster, gpus=1, seq_len=seq_len, cluster_overrides=cluster_overrides,
                   overrides={"routing": routing, "dispatch_bound": dispatch_bound, "dtype": dtype})
     found: dict[str, int | None] = {"composed": None, "fsdp2": None}
@@ -123,7 +128,7 @@ def min_gpus(*, model: str, seq_len: int, cluster: str | None = None, cluster_ov
             try:
                 _, peak, n_fit = lowest_peak(pf.model, pf.cluster, pf.workload, world_size=W, stack=st,
                                              routing=routing, dispatch_bound=dispatch_bound, dtype=dtype,
-                                             host_fallback=True)
+                                             host_fallback=True, min_headroom=headroom)
             except Infeasible:  # no legal candidate at this W
                 peak, n_fit = None, 0
             row[f"{st}_fit"], row[f"{st}_lowest_peak_bytes"] = n_fit, peak
@@ -134,4 +139,4 @@ def min_gpus(*, model: str, seq_len: int, cluster: str | None = None, cluster_ov
             progress(j + 1, len(ws))
         if all(v is not None for v in found.values()):
             break
-    return MinGpusReport(pf.model, pf.workload, found["composed"], found["fsdp2"], tried)
+    return MinGpusReport(pf.model, pf.workload, found["composed"], found["fsdp2"], tried, headroom)

@@ -127,17 +127,19 @@ def min_gpus(
     hbm_gib: HbmGib = None, host_ram_gib: HostRamGib = None, gpus_per_node: GpusPerNode = None,
     routing: Routing = default("routing"), dispatch_bound: BoundOpt = DEFAULT_BOUND, dtype: DtypeOpt = DEFAULT_DTYPE,
     max_gpus: Annotated[int, typer.Option(help="Largest W tried (powers of two; past one node, --gpus-per-node times a power of two).")] = 4096,
+    min_headroom: headroom_option("a fitting plan") = None,
     progress: Progress = True,
     json_out: Json = False,
 ) -> None:
-    """Smallest W (a power of two; whole nodes past one node) at which some composed plan fits; the FSDP2 baseline's beside it."""
+    """Smallest W (a power of two; whole nodes past one node) at which some composed plan fits with --min-headroom free; the FSDP2 baseline's beside it."""
     from planner import api
     from planner.report.search_view import render_min_gpus
 
     with progress_bar("trying W", progress and not json_out) as cb:
         rep = api.min_gpus(model=model, seq_len=parse_count(seq_len, "--seq-len"), cluster=cluster,
                            cluster_overrides=topology(hbm_gib, host_ram_gib, gpus_per_node), routing=routing,
-                           dispatch_bound=value(dispatch_bound), dtype=value(dtype), max_gpus=max_gpus, progress=cb)
+                           dispatch_bound=value(dispatch_bound), dtype=value(dtype), max_gpus=max_gpus,
+                           min_headroom=min_headroom, progress=cb)
     if json_out:
         print_json(rep.to_json())
     else:

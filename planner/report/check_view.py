@@ -120,6 +120,12 @@ def render_check(rep, console: Console, explain: bool = False) -> None:
         per = Counter(x.split(":")[0] for x in rep.provisional)
         console.print("[yellow]provisional terms[/] (not yet confirmed by a traced or measured step; --explain marks them): "
                       + ", ".join(f"{ls} ({n})" for ls, n in per.items()))
+    if rep.fits and rep.under_min_headroom:
+        from planner.budget.frontier import MIN_HEADROOM
+
+        console.print(f"[yellow]headroom:[/] {rep.headroom_fraction:.1%} of the usable capacity free "
+                      f"({fmt_gib(rep.capacity_bytes - rep.peak_bytes)}), under the {MIN_HEADROOM:.0%} that search, "
+                      f"sweep, min-gpus, max-context and max-batch keep (--min-headroom)")
     if rep.fits:
         console.print("[bold green]FITS[/]")
     else:

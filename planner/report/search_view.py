@@ -132,5 +132,6 @@ def render_min_gpus(rep, console: Console) -> None:
                 pk = r[f"{st}_lowest_peak_bytes"]
                 parts.append(f"{name} {r[st + '_fit']} fit" + (f" (lowest peak {gib(pk):.1f} GiB)" if pk else ""))
         console.print(f"  W = {r['world_size']}: " + ", ".join(parts), markup=False, highlight=False)
-    console.print("memory model only (the search's candidate space); `planner search` at that W ranks the plans",
-                  style="dim")
+    console.print(f"a plan fits when its peak leaves {rep.min_headroom:.0%} of the usable capacity free "
+                  f"(--min-headroom, as in search) and it fits the host RAM; memory model only (the search's "
+                  f"candidate space); `planner search` at that W ranks the plans", style="dim")

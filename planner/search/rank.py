@@ -164,11 +164,14 @@ def search(model: ModelSpec, cluster: ClusterSpec, workload: Workload, *, world_
 
 def lowest_peak(model: ModelSpec, cluster: ClusterSpec, workload: Workload, *, world_size: int, stack: str,
                 routing: str | None = knob_default("routing"), dispatch_bound: str = knob_default("dispatch_bound"), dtype: str = knob_default("dtype"),
-                host_fallback: bool = False) -> tuple[Plan, int, int]:
+                host_fallback: bool = False, min_headroom: float = 0.0) -> tuple[Plan, int, int]:
     """Memory only: the legal candidate of ``stack`` with the lowest per-rank peak among those that fit
     the host (``(plan, peak_bytes, fitting_count)``); no time model. Answers "does anything fit, and
-    how close is the best?" where the time model has gaps. With ``host_fallback``, when no candidate
-    fits the host, the one with the least host bytes stands in.
+    how close is the best?" where the time model has gaps. ``fitting_count`` counts the candidates
+    that fit the host and leave ``min_headroom`` of the usable capacity free, as ``search`` does
+    (0: the bare capacity, ``check``'s verdict); the lowest-peak plan is the same for any headroom.
+    With ``host_fallback``, when no candidate fits the host, the one with the least host bytes
+    stands in.
 
     Raises:
         Infeasible: no candidate fits the host (none is legal at all, with ``host_fallback``)."""
@@ -198,7 +201,7 @@ def lowest_peak(model: ModelSpec, cluster: ClusterSpec, workload: Workload, *, w
         host = host_budget(ctx)
         ok_host = np.broadcast_to((host.bytes <= host.capacity_bytes)   # and a whole number of micro-steps
                                   & global_batch_divides(workload, world_size, ctx.tokens_per_rank), (g.size,))
-        fitting += int(((peak <= capacity_bytes(ctx)) & ok_host).sum())
+        fitting += int(((peak <= capacity_bytes(ctx) * (1.0 - min_headroom)) & ok_host).sum())
         cand = np.where(ok_host, peak, np.iinfo(np.int64).max)
         i = int(np.argmin(cand))
         if ok_host[i] and (best is None or cand[i] < best[0]):
