@@ -18,8 +18,9 @@ results are written as soon as it ends):
   every ``(H, I, k)`` of ``planner/profiles/models`` and bench shape B, ``R = k·N = 131,072`` rows
   (shape A's), plus the shape-independent sections (sustained GEMM, host loops) once; each width a
   complete ``DispatchKernelsCurve`` mapping.
-- ``chunk_curves``: PipelinedLLEP forward+backward on one rank at ``K`` ∈ {1, 2, 3, 5, 10, 20}
-  at bench shapes A and B (balanced, ``c = ceil(N/K)``), the hook's layer.
+- ``chunk_curves``: PipelinedLLEP forward+backward at ``K`` ∈ {1, 2, 3, 5, 10, 20} at bench shapes
+  A and B (balanced, ``c = ceil(N/K)``) on rank 0 of ``E_p = 8`` emulated as the calibration hook
+  does (``planner.runtime.pipelined_llep_calibration.emulation``).
 - ``sco``: plain checkpointing against SCO (every boundary offloaded) on ``bench/offload_sco``'s
   decoder at interiors from copy-bound to compute-bound, with the forward-only time and one
   boundary's D2H/H2D time, so the restore/recompute overlap can be modelled and checked.
@@ -327,34 +328,41 @@ def dispatch_widths(cfg, dev, clock: Clock, dry: bool, command: str) -> dict:
 def chunk_curves(cfg, dev, clock: Clock, dry: bool) -> dict:
     import torch
 
-    from planner.runtime.dispatch_trace import DispatchShape, build_layer
+    from planner.runtime.dispatch_trace import DispatchShape, build_layer, make_plan
+    from planner.runtime.pipelined_llep_calibration import EMULATED_EXPERT_PARALLEL, emulation
     from planner.units import ceil_div
 
     deadline = clock.section_deadline("chunk_curves")
+    E_p = EMULATED_EXPERT_PARALLEL
     out = {}
-    for tag, dims in cfg["chunk_shapes"].items():
-        ks, times = [], []
-        for K in cfg["chunk_ks"]:
-            guess = times[-1] * 2 if times else 0.0
-            if time.perf_counter() + 3 * guess > deadline:
-                clock.skip(f"chunk_curves {tag} K={K}: out of budget")
-                continue
-            s = DispatchShape(**dims, E_p=1, c=ceil_div(dims["N"], K), K_max=max(K, 10), m=8 if dry else 1024)
-            _, run = build_layer("pipelined_llep", s, None, "balanced", device=dev, init=True)
-            run()  # warm-up
-            t, _ = timed(run, dev, 0.0)
-            ks.append(K)
-            times.append(t)
-            del run
-            if dev.type == "cuda":
-                torch.cuda.empty_cache()
-            log(f"chunk curve {tag} K={K:2d}: {t * 1e3:.1f} ms")
-        out[tag] = {"num_chunks": ks, "time_s": times,
-                    "shape": dict(tokens_per_rank=dims["N"], hidden_size=dims["H"], expert_ffn=dims["I"],
-                                  num_experts=dims["E"], top_k=dims["k"], expert_parallel=1)}
-    return {"curves": out, "note": "PipelinedLLEP forward+backward on one rank (no communication to hide), "
-                                   "balanced routing, c = ceil(N/K), K_max = max(K, 10), router and out.backward "
-                                   "of a random N×H gradient included (the calibration hook's layer)"}
+    with emulation(dev) as filler:
+        for tag, dims in cfg["chunk_shapes"].items():
+            ks, times, fills = [], [], []
+            for K in cfg["chunk_ks"]:
+                guess = times[-1] * 2 if times else 0.0
+                if time.perf_counter() + 3 * guess > deadline:
+                    clock.skip(f"chunk_curves {tag} K={K}: out of budget")
+                    continue
+                s = DispatchShape(**dims, E_p=E_p, c=ceil_div(dims["N"], K), K_max=max(K, 10), m=8 if dry else 1024)
+                _, run = build_layer("pipelined_llep", s, make_plan("pipelined_llep", s, "balanced"), "balanced",
+                                     device=dev, init=True)
+                filler.nbytes = 0
+                run()  # warm-up; one call's fill bytes
+                fills.append(float(filler.nbytes))
+                t, _ = timed(run, dev, 0.0)
+                ks.append(K)
+                times.append(t)
+                del run
+                if dev.type == "cuda":
+                    torch.cuda.empty_cache()
+                log(f"chunk curve {tag} K={K:2d} (rank 0 of E_p = {E_p}): {t * 1e3:.1f} ms")
+            out[tag] = {"num_chunks": ks, "time_s": times, "fill_bytes": fills,
+                        "shape": dict(tokens_per_rank=dims["N"], hidden_size=dims["H"], expert_ffn=dims["I"],
+                                      num_experts=dims["E"], top_k=dims["k"], expert_parallel=E_p)}
+    return {"curves": out, "note": f"PipelinedLLEP forward+backward on rank 0 of E_p = {E_p} emulated on one GPU "
+                                   "(the calibration hook's emulation: fake process group, every all-to-all output "
+                                   "filled from random data, fill_bytes per call), balanced routing, c = ceil(N/K), "
+                                   "K_max = max(K, 10), router and out.backward of a random N×H gradient included"}
 
 
 # ------------------------------------------------------------------------------------------------

@@ -18,7 +18,7 @@ Usage (H200):
   profiles at shape A run out of memory: recorded. Then a real ``E_p = 1`` run at A and B.
 - ``--fill``: the emulated ranks' all-to-alls are no-ops, so every received buffer is unwritten
   memory (zeros, or stale values of earlier runs) and the GEMMs run on it; with ``--fill`` each one
-  fills its output from a random buffer (``dispatch_fill.Filler``), as real communication would, and
+  fills its output from a random buffer (``planner.runtime.emulated_fill``), as real communication would, and
   the row records the fill's bytes (``fill_bytes`` per step, ``fill_fwd_bytes`` in the forward: the
   copies the times include). The peaks are taken without the fill.
 - ``--nccl``: a real NCCL group of ``WORLD_SIZE`` (2) ranks at ``E_p = 2`` (shape A's per-rank
@@ -111,7 +111,7 @@ def _trace(args):
 def measure(op, s, profile, plan, device, group, pad_bytes, iters, *, timed=True, fill=False, **over) -> dict:
     """One rank's step: peak memory (the warm-up run) and median fwd / fwd+bwd times. ``fill``
     (emulated ranks, ``--fill``): the times with every emulated all-to-all filling its output from a
-    random buffer (``dispatch_fill.Filler``), the peak without it; the row records ``fill`` and the
+    random buffer (``planner.runtime.emulated_fill``), the peak without it; the row records ``fill`` and the
     fill's bytes per step and in the forward (``fill_bytes``, ``fill_fwd_bytes``)."""
     import contextlib
 
@@ -135,10 +135,9 @@ def measure(op, s, profile, plan, device, group, pad_bytes, iters, *, timed=True
         if timed:
             filler = None
             if fill:
-                from dispatch_fill import Filler
-                from planner.runtime import exchange
+                from planner.runtime.emulated_fill import FilledAllToAll
 
-                filler = Filler(exchange, device)
+                filler = FilledAllToAll(device)
             with filler or contextlib.nullcontext():
                 if filler is not None:
                     marks: list = []

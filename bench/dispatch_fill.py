@@ -10,7 +10,7 @@ gradients) is ``new_empty`` memory the operator's GEMMs read unwritten (zeros or
 while the ``E_p = 1`` runs copy real rows. GEMM rates depend on the data (the GEMM table is timed
 on random operands: ``calibration.compute``). This bench times the same rank twice, in one process:
 as ``bench/dispatch.py`` does (``fill=False``), and with every emulated all-to-all filling its
-output from a random buffer (``fill=True``; the fill is a ``copy_`` of ``fill_bytes`` per step,
+output from a random buffer (``fill=True``, ``planner.runtime.emulated_fill``; the fill is a ``copy_`` of ``fill_bytes`` per step,
 whose seconds at the profile's HBM rate are ``fill_s``). ``pred_*`` is the time model's prediction
 (``ops.dispatch_time``, dense upstream gradient, as this bench's step). If ``fill=True`` is slower
 beyond ``fill_s`` by about the held-out misses of shape B's EP/LLEP rows (predicted 8–12% slow) and
@@ -33,40 +33,6 @@ CASES = (("B", "ep", "balanced", 0), ("B", "llep", "balanced", 0), ("B", "llep",
 """(shape, operator, routing profile, rank) of ``bench/dispatch.py``'s binding rows."""
 
 
-class Filler:
-    """Patches ``exchange.a2a``: under the fake process group, fill ``out`` from a random buffer."""
-
-    def __init__(self, exchange, device) -> None:
-        self.exchange, self.device, self.orig = exchange, device, exchange.a2a
-        self.buf: dict = {}
-        self.nbytes = 0
-
-    def _src(self, out):
-        import torch
-
-        key = out.dtype
-        have = self.buf.get(key)
-        if have is None or have.numel() < out.numel():
-            have = torch.randn(out.numel(), device=self.device).to(out.dtype)
-            self.buf[key] = have
-        return have[: out.numel()].view_as(out)
-
-    def a2a(self, out, inp, out_splits, in_splits, group=None, async_op: bool = False):
-        if self.exchange._is_fake(group):
-            if out.numel():
-                out.copy_(self._src(out))
-                self.nbytes += 2 * out.numel() * out.element_size()
-            return None
-        return self.orig(out, inp, out_splits, in_splits, group=group, async_op=async_op)
-
-    def __enter__(self):
-        self.exchange.a2a = self.a2a
-        return self
-
-    def __exit__(self, *exc):
-        self.exchange.a2a = self.orig
-
-
 def main(argv: list[str] | None = None) -> int:
     from _common import operator_parser, use_allocator, write_results
 
@@ -79,8 +45,8 @@ def main(argv: list[str] | None = None) -> int:
 
     from dispatch import shapes
     from planner.plans.llep import LlepKnobs
-    from planner.runtime import exchange
     from planner.runtime.dispatch_trace import build_layer, make_plan
+    from planner.runtime.emulated_fill import FilledAllToAll
     from planner.runtime.measure import sync
     from planner.schema.io import load_cluster
     from planner.timing import ops
@@ -104,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
             dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=s.E_p)
             try:
                 _, run = build_layer(op, s, plan, profile, device=device, init=True)
-                filler = Filler(exchange, device)
+                filler = FilledAllToAll(device)
                 if fill:
                     with filler:
                         run()                                        # warm-up; counts the fill once

@@ -8,13 +8,15 @@ hook it must offer::
         -> tuple[Callable[[], None], dict[str, int]]
 
 returning a closure that runs one forward + backward of PipelinedLLEP at a fixed representative
-shape with ``K = num_chunks`` (on the current process group, or a single-rank emulation), and the
-shape it used (``tokens_per_rank, hidden_size, expert_ffn, num_experts, top_k, expert_parallel``).
+shape with ``K = num_chunks`` on the current process group, and the shape it used
+(``tokens_per_rank, hidden_size, expert_ffn, num_experts, top_k, expert_parallel``). It may also
+offer ``emulation(device)``, a context the runs happen in: on one GPU, rank 0 of ``E_p = 8`` under
+the fake process group with filled all-to-all outputs (``pipelined_llep_calibration``), so that the
+curve is measured where the search's PipelinedLLEP plans run (GPU-bound chunk loops).
 Until the module and the hook exist, the curve is skipped with a message saying which is missing.
 
-Measured ``K`` values: 1, 2, 3, 5, 10, 20 (1, 2 under ``--smoke``). Single-GPU runs have no
-communication to hide, so the curve is only as good as the process group it ran on; its note says
-which.
+Measured ``K`` values: 1, 2, 3, 5, 10, 20 (1, 2 under ``--smoke``). Emulated runs have no
+communication to hide; the curve's note says how it ran.
 """
 
 from __future__ import annotations
@@ -31,6 +33,8 @@ CHUNK_COUNTS = (1, 2, 3, 5, 10, 20)
 SMOKE_CHUNK_COUNTS = (1, 2)
 MODULE = "planner.runtime.pipelined_llep_calibration"
 HOOK = "calibration_case"
+EMULATION = "emulation"
+"""Optional context of the operator module the runs happen in (``emulation(device)``)."""
 
 
 class Skipped(Exception):
@@ -60,21 +64,41 @@ def load_hook():
 
 def chunk_curve(*, smoke: bool, device: torch.device, prov: dict, tick: Callable[[int], None],
                 min_time_s: float = 1e-3, iters: int = 3) -> ChunkCurve:
-    """Measure the chunk-count curve (raises ``Skipped`` when PipelinedLLEP is not available)."""
-    hook = load_hook()
-    ks = SMOKE_CHUNK_COUNTS if smoke else CHUNK_COUNTS
-    times, shape = [], {}
-    for k in ks:
-        fn, shape = hook(k, smoke=smoke, device=device)
-        times.append(time_rep(fn, min_time_s=min_time_s, iters=iters, device=device))
-        tick(1)
+    """Measure the chunk-count curve (raises ``Skipped`` when PipelinedLLEP is not available).
+
+    The runs happen inside the operator module's ``emulation(device)`` context where it has one
+    (on one GPU: rank 0 of several expert-parallel ranks under the fake process group)."""
+    import contextlib
+
     import torch.distributed as dist
 
-    world = dist.get_world_size() if dist.is_initialized() else 1
+    hook = load_hook()
+    emulation = getattr(importlib.import_module(MODULE), EMULATION, None)
+    ks = SMOKE_CHUNK_COUNTS if smoke else CHUNK_COUNTS
+    times, fills, shape = [], [], {}
+    with (emulation(device) if emulation is not None else contextlib.nullcontext()) as filler:
+        for k in ks:
+            fn, shape = hook(k, smoke=smoke, device=device)
+            if filler is not None:                # one call's fill bytes (the call warms up too)
+                filler.nbytes = 0
+                fn()
+                fills.append(float(filler.nbytes))
+            times.append(time_rep(fn, min_time_s=min_time_s, iters=iters, device=device))
+            fn = None  # noqa: F841 - drop the layer before the next K builds its own
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+            tick(1)
+        world = dist.get_world_size() if dist.is_initialized() else 1
+        fake = dist.is_initialized() and dist.get_backend() == "fake"
+    if fake:
+        how = (f" on rank 0 of E_p = {world} emulated on one GPU (fake process group: no communication, "
+               "every all-to-all output filled from random data)")
+    elif world > 1:
+        how = f" on {world} ranks"
+    else:
+        how = " on one rank (no communication to hide: single-rank emulation)"
     return ChunkCurve(num_chunks=list(ks), time_s=times, shape={k: int(v) for k, v in shape.items()},
-                      provenance=prov,
-                      note=f"PipelinedLLEP forward+backward on {world} rank(s)"
-                           + ("" if world > 1 else " (no communication to hide: single-rank emulation)"))
+                      fill_bytes=fills or None, provenance=prov, note="PipelinedLLEP forward+backward" + how)
 
 
 def count(smoke: bool) -> int:

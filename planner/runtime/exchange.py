@@ -37,10 +37,18 @@ import torch
 from planner.runtime import shim
 
 
+fake_fill = None
+"""``fill(out)`` or None: while set (``planner.runtime.emulated_fill.FilledAllToAll``), an all-to-all
+on the fake process group writes its output with ``fill`` instead of leaving it unwritten."""
+
+
 def a2a(out, inp, out_splits, in_splits, group=None, async_op: bool = False):
     """``shim.all_to_all_single``; under the fake process group (emulation, traces), which can't
     fill a non-empty output from an empty input, such a call is skipped (communication is a
-    no-op there anyway)."""
+    no-op there anyway), or its output written by ``fake_fill`` where that is set."""
+    if fake_fill is not None and _is_fake(group):
+        fake_fill(out)
+        return None
     if inp.shape[0] == 0 and out.shape[0] > 0 and _is_fake(group):
         return None
     return shim.all_to_all_single(out, inp, out_splits, in_splits, group=group, async_op=async_op)

@@ -208,11 +208,18 @@ class ChunkCurve(Curve):
     shape: dict[str, int] = Field(default_factory=dict)
     """The measured shape (tokens_per_rank, hidden_size, expert_ffn, num_experts, top_k,
     expert_parallel)."""
+    fill_bytes: list[float] | None = None
+    """Per ``K``: bytes read and written per forward+backward by the emulation's filled all-to-all
+    outputs (``planner.runtime.emulated_fill``), which ``time_s`` includes and the operator does not
+    (the time model takes them out at the ``copy`` class rate); None where nothing was filled."""
 
     @model_validator(mode="after")
     def _points(self):
         if len(self.num_chunks) != len(self.time_s) or not self.num_chunks:
             raise ValueError("num_chunks and time_s must be non-empty and of equal length")
+        if self.fill_bytes is not None and (len(self.fill_bytes) != len(self.num_chunks)
+                                            or any(not (b >= 0 and math.isfinite(b)) for b in self.fill_bytes)):
+            raise ValueError("fill_bytes must have one finite value ≥ 0 per num_chunks entry")
         if any(b <= a for a, b in zip(self.num_chunks, self.num_chunks[1:])) or self.num_chunks[0] < 1:
             raise ValueError("num_chunks must be ≥ 1 and strictly increasing")
         if any(not (v > 0 and math.isfinite(v)) for v in self.time_s):

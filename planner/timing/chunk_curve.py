@@ -11,7 +11,12 @@ and the ``dispatch_kernels`` curve; what it misses per chunk (allocator reuse ac
 partial waves of small blocks, the reentrant checkpoint's bookkeeping) the curve has measured. So
 the operator's compute at ``K`` chunks is the replay times
 
-    φ(K) = (t_K − ρ) / (r_K − ρ)        (the curve's measured/replayed ratio of the operator alone)
+    φ(K) = (t_K − f_K − ρ) / (r_K − ρ)   (the curve's measured/replayed ratio of the operator alone)
+
+where ``f_K`` is the seconds of the emulation's filled all-to-all outputs at the ``copy`` class rate
+(a curve measured on one GPU runs rank 0 of ``E_p = 8`` under the fake process group, its receive
+buffers written from random data: ``planner/runtime/pipelined_llep_calibration.py``; 0 on a real
+group)
 
 piecewise-linear in ``log K`` between the measured ``K``; above the largest measured ``K`` its last
 ratio (rule, listed in ``assumed``). The ratio is measured at one shape (the curve's ``shape``) and
@@ -42,12 +47,15 @@ not used (listed). At the H200 curve's shape (E_p = 1, 128 slots per chunk) K = 
 threshold below 10% splits that curve the same way (a policy, not a measurement)."""
 
 
-def ratios(lk: Lookups, replay: Callable[[int, dict], tuple[float, float, float]]) -> tuple[np.ndarray, np.ndarray] | None:
+def ratios(lk: Lookups, replay: Callable[[int, dict], tuple[float, float, float]],
+           copy_s: Callable[[float, dict], float] | None = None) -> tuple[np.ndarray, np.ndarray] | None:
     """``(K, φ_K)`` at the curve's measured ``K`` (module formula), or None without a usable curve.
 
     ``replay(K, shape) -> (operator seconds, router-and-loss seconds, exposed host seconds)`` at the
-    curve's shape (forward + backward, no communication, balanced, ``c = ceil(N/K)``). Host-bound
-    points (``HOST_BOUND_SHARE``) are left out; None when no point is left.
+    curve's shape (forward + backward, no communication, balanced, ``c = ceil(N/K)``).
+    ``copy_s(nbytes, shape) -> seconds``: the emulation's all-to-all fills (``fill_bytes``), taken
+    out of ``t_K`` (required when the curve has them). Host-bound points (``HOST_BOUND_SHARE``) are
+    left out; None when no point is left.
     """
     cc = lk.curves.chunk_count
     if cc is None or any(k not in cc.shape for k in SHAPE_KEYS):
@@ -56,7 +64,11 @@ def ratios(lk: Lookups, replay: Callable[[int, dict], tuple[float, float, float]
     hit = memo.get("phi")
     if hit is None:
         ks, phi, dropped = [], [], []
-        for K, t in zip(cc.num_chunks, cc.time_s):
+        fills = cc.fill_bytes or [0.0] * len(cc.num_chunks)
+        if cc.fill_bytes and copy_s is None:
+            raise ValueError("the chunk-count curve has fill_bytes: ratios() needs copy_s")
+        for K, t, nb in zip(cc.num_chunks, cc.time_s, fills):
+            t = t - (copy_s(nb, dict(cc.shape)) if nb else 0.0)
             op, rho, host = replay(int(K), dict(cc.shape))
             if op > 0 and host > HOST_BOUND_SHARE * op:
                 dropped.append(int(K))
@@ -72,9 +84,9 @@ def ratios(lk: Lookups, replay: Callable[[int, dict], tuple[float, float, float]
     return hit[:2] if hit is not None else None
 
 
-def factor(lk: Lookups, K, replay) -> np.ndarray | float:
+def factor(lk: Lookups, K, replay, copy_s=None) -> np.ndarray | float:
     """φ(K) for every candidate's chunk count (module docstring); 1 without the curve."""
-    got = ratios(lk, replay)
+    got = ratios(lk, replay, copy_s)
     K = np.asarray(K, dtype=float)
     if got is None or not np.all(np.isfinite(got[1])):
         lk.assume("PipelinedLLEP per-chunk costs from the operator replay alone (the profile has no usable "

@@ -185,6 +185,14 @@ def _curve_replay(lk: Lookups, K: int, shape: dict) -> tuple[float, float, float
     return float(r["fwd"] + r["bwd"]), float(sum(rl["fwd"]) + sum(rl["bwd"])), float(r["host_fwd"] + r["host_bwd"])
 
 
+def _curve_fill_s(lk: Lookups, nbytes: float, shape: dict) -> float:
+    """Seconds of the chunk-count curve's filled all-to-all outputs (``ChunkCurve.fill_bytes``: read
+    and write) at the ``copy`` class rate of the curve's width."""
+    H, I, k = (int(shape[key]) for key in ("hidden_size", "expert_ffn", "top_k"))
+    with KR.at_width(lk, H, I, k):
+        return float(KR.memory_s(lk, {"copy": nbytes}))
+
+
 def moe_dispatch_s(lk: Lookups, op: str, N, E: int, k: int, E_p, K, H: int, I: int, b: int, *,
                    profile: str = "balanced", knobs: LlepKnobs = LlepKnobs(), comm: bool = True,
                    rank: int | None = None, dense_grad: bool = True,
@@ -230,7 +238,8 @@ def _moe_dispatch_s(lk: Lookups, op: str, N, E: int, k: int, E_p, K, H: int, I: 
         cp = {w: np.array([r[w] for r in per])[inv] for w in per[0]}
     if op == "pipelined_llep" and chunk_costs:
         phi = chunk_curve.factor(lk, np.asarray(cp.get("K", K), dtype=float) * np.ones(N.shape),
-                                 lambda kk, shape: _curve_replay(lk, kk, shape))
+                                 lambda kk, shape: _curve_replay(lk, kk, shape),
+                                 lambda nbytes, shape: _curve_fill_s(lk, nbytes, shape))
         cp = {w: (v * phi if w in PARTS else v) for w, v in cp.items()}
     one = np.ones(N.shape)
     c_f = (cp["gemm_f"] + cp["mem_f"] + cp["host_f"]) * one

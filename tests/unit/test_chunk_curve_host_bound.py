@@ -47,3 +47,36 @@ def test_a_share_at_the_threshold_is_kept(lk):
 def test_no_gpu_bound_point_means_no_curve(lk):
     assert chunk_curve.ratios(lk, _replay(1)) is None
     assert chunk_curve.factor(lk, 4, _replay(1)) == 1.0
+
+
+FILL_S_PER_BYTE = 1e-9
+"""The synthetic ``copy`` rate of the fill tests: 1 GB/s read+write."""
+
+
+def _with_fill(h_lk, fills):
+    cc = h_lk.curves.chunk_count.model_copy(update={"fill_bytes": fills})
+    return Lookups(h_lk.cluster.model_copy(update={"curves": h_lk.curves.model_copy(update={"chunk_count": cc})}),
+                   strict=True)
+
+
+def test_an_emulated_curves_fills_are_taken_out_of_its_times(lk):
+    """A curve measured on an emulated rank (``fill_bytes``) includes its filled all-to-alls; φ is the
+    operator's ratio net of them, at the ``copy`` seconds the caller gives."""
+    fills = [1e8, 2e8, 2e8, 4e8]                    # 0.1, 0.2, 0.2, 0.4 s at 1 GB/s
+    lk2 = _with_fill(lk, fills)
+    ks, phi = chunk_curve.ratios(lk2, _replay(99), lambda nb, shape: nb * FILL_S_PER_BYTE)
+    assert list(ks) == [1.0, 2.0, 5.0, 10.0]
+    assert np.allclose(phi, [(2.0 - 0.1) / 2.0, (2.2 - 0.2) / 2.0, (3.0 - 0.2) / 2.0, (5.0 - 0.4) / 2.0])
+    with pytest.raises(ValueError, match="needs copy_s"):
+        chunk_curve.ratios(_with_fill(lk, fills), _replay(99))
+
+
+def test_fill_bytes_must_match_the_points():
+    from planner.schema.curves import ChunkCurve
+
+    ok = dict(load_cluster("h200").curves.chunk_count.model_dump(exclude={"fill_bytes"}), num_chunks=[1, 2],
+              time_s=[1.0, 1.0])
+    assert ChunkCurve(**ok, fill_bytes=[0.0, 3.0]).fill_bytes == [0.0, 3.0]
+    for bad in ([1.0], [1.0, -1.0], [1.0, float("nan")]):
+        with pytest.raises(ValueError, match="fill_bytes"):
+            ChunkCurve(**ok, fill_bytes=bad)

@@ -398,7 +398,8 @@ is not the profile curve's."""
 
 def chunk_count_cases(cluster, curve=None, tag: str = "") -> list[Case]:
     """A chunk-count curve (``calibration/chunks.py``: ``pipelined_llep.calibration_case``, one rank,
-    balanced, ``c = ceil(N/K)``, router and a dense upstream gradient) as operator rows: the profile's
+    balanced, ``c = ceil(N/K)``, router and a dense upstream gradient; an emulated rank's filled
+    all-to-alls added to the prediction at the ``copy`` rate) as operator rows: the profile's
     own (``curve=None``: calibration points, the time model reads them) or a bench curve (held out
     where its shape differs from the profile curve's)."""
     own = cluster.curves.chunk_count
@@ -409,11 +410,13 @@ def chunk_count_cases(cluster, curve=None, tag: str = "") -> list[Case]:
     same = own is not None and dict(own.shape) == dict(s)
     why = "" if same else (f"chunk-count curve at a shape the profile's curve did not measure "
                            f"(N={N}, H={s['hidden_size']}, I={s['expert_ffn']}, k={s['top_k']})")
+    fills = (cc.get("fill_bytes") if isinstance(cc, dict) else cc.fill_bytes) or [0.0] * len(ks)
     out = []
-    for K, t in zip(ks, ts):
+    for K, t, nb in zip(ks, ts, fills):
         _, fb = ops.dispatch_time("pipelined_llep", N, s["hidden_size"], s["expert_ffn"], s["num_experts"], s["top_k"],
                                   E_p, ceil_div(N, K), "balanced", cluster, max_chunks=max(K, 10), rank=0,
                                   dense_grad=True)
+        fb += fill_copy_s(cluster, s["hidden_size"], s["expert_ffn"], s["top_k"], nb) if nb else 0.0
         out.append(Case(f"chunk-count curve{tag} N={N} H={s['hidden_size']} K={K} (E_p={E_p}) fwd+bwd", t, fb, why))
     return out
 
