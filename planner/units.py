@@ -135,6 +135,12 @@ def fmt_gib(n_bytes: float, digits: int = 2) -> str:
     return f"{gib(n_bytes):.{digits}f} GiB"
 
 
+def fmt_share(x: float) -> str:
+    """A fraction as a percentage with up to three significant digits: ``0.03`` → ``3%``,
+    ``0.004`` → ``0.4%``, ``0.999`` → ``99.9%`` (``:.0%`` would print 0% and 100%)."""
+    return f"{x * 100:.3g}%"
+
+
 def fmt_count(n: int) -> str:
     """Format a token count compactly: 131072 -> ``128k``, 1048576 -> ``1m``."""
     for suffix, size in (("m", 1 << 20), ("k", 1 << 10)):

@@ -14,7 +14,7 @@ from planner.errors import InvalidPlan, PlanError
 from planner.schema import PlanFile, Workload
 from planner.schema.cluster_ref import planfile_doc
 from planner.schema.knobs import default
-from planner.units import plural
+from planner.units import fmt_share, plural
 
 
 STACKS = ("best", "composed", "fsdp2")
@@ -44,7 +44,7 @@ class Closest:
                     f"{r.binding_phase}, live set {r.binding_live_set}; largest terms there: {terms}")
         h = r.host
         if r.fits_host:   # fits both: only the search's headroom rule rejects it
-            return (f"under the {self.min_headroom:.0%} headroom the search keeps (--min-headroom): peak "
+            return (f"under the {fmt_share(self.min_headroom)} headroom the search keeps (--min-headroom): peak "
                     f"{gib(r.peak_bytes):.1f} GiB of {gib(r.capacity_bytes):.1f} GiB usable in {r.binding_phase} "
                     f"leaves {gib(r.capacity_bytes - r.peak_bytes):.2f} GiB (planner check says it fits)")
         parts = {"optimizer state": int(h.optimizer_bytes), "SCO boundaries": int(h.sco_bytes),
@@ -133,7 +133,8 @@ class SearchReport:
     def to_json(self) -> dict:
         def cand(c):
             return None if c is None else {
-                "step_s": c.step_s, "tokens_per_step": c.tokens_per_step, "tokens_per_s_per_gpu": c.tokens_per_s_per_gpu, "tflops_per_gpu": c.tflops_per_gpu,
+                "step_s": c.step_s, "tokens_per_step": round(c.tokens_per_step_per_rank * c.plan.world_size),
+                "tokens_per_step_per_rank": round(c.tokens_per_step_per_rank), "tokens_per_s_per_gpu": c.tokens_per_s_per_gpu, "tflops_per_gpu": c.tflops_per_gpu,
                 "peak_bytes": c.peak_bytes, "host_bytes": c.host_bytes, "binding_phase": c.binding_phase,
                 "breakdown": c.breakdown, "components": c.components, "routing": self.routing_basis(c.plan),
                 "plan": c.plan.model_dump(mode="json")}

@@ -7,7 +7,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from planner.budget.terms import LIVE_SETS, PHASE_KINDS
-from planner.units import fmt_count, fmt_gib, gib, plural
+from planner.units import fmt_count, fmt_gib, fmt_share, gib, plural
 
 
 def _plan_line(rep) -> str:
@@ -124,7 +124,7 @@ def render_check(rep, console: Console, explain: bool = False) -> None:
         from planner.budget.frontier import MIN_HEADROOM
 
         console.print(f"[yellow]headroom:[/] {rep.headroom_fraction:.1%} of the usable capacity free "
-                      f"({fmt_gib(rep.capacity_bytes - rep.peak_bytes)}), under the {MIN_HEADROOM:.0%} that search, "
+                      f"({fmt_gib(rep.capacity_bytes - rep.peak_bytes)}), under the {fmt_share(MIN_HEADROOM)} that search, "
                       f"sweep, min-gpus, max-context and max-batch keep (--min-headroom)")
     if rep.fits:
         console.print("[bold green]FITS[/]")

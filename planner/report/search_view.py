@@ -8,7 +8,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from planner.units import fmt_count, gib, plural
+from planner.units import fmt_count, fmt_share, gib, plural
 
 
 def _knobs(plan) -> str:
@@ -132,6 +132,6 @@ def render_min_gpus(rep, console: Console) -> None:
                 pk = r[f"{st}_lowest_peak_bytes"]
                 parts.append(f"{name} {r[st + '_fit']} fit" + (f" (lowest peak {gib(pk):.1f} GiB)" if pk else ""))
         console.print(f"  W = {r['world_size']}: " + ", ".join(parts), markup=False, highlight=False)
-    console.print(f"a plan fits when its peak leaves {rep.min_headroom:.0%} of the usable capacity free "
+    console.print(f"a plan fits when its peak leaves {fmt_share(rep.min_headroom)} of the usable capacity free "
                   f"(--min-headroom, as in search) and it fits the host RAM; memory model only (the search's "
                   f"candidate space); `planner search` at that W ranks the plans", style="dim")

@@ -20,7 +20,7 @@ from planner.context.derive import global_batch_divides
 from planner.errors import InvalidPlan
 from planner.schema import ClusterSpec, ModelSpec, Plan, Workload
 from planner.search.space import Group
-from planner.units import plural
+from planner.units import fmt_share, plural
 
 
 class Rejection(str, Enum):
@@ -122,7 +122,7 @@ def evaluate_group(group: Group, model: ModelSpec, cluster: ClusterSpec, workloa
         tally.add(f"{Rejection.OVER_HBM.value} in {ev.phases[int(i)].label}", int(c))
     tally.add(Rejection.OVER_HOST.value, int(over_host.sum()))
     if short.any():
-        tally.add(f"under {min_headroom:.0%} headroom (--min-headroom)", int(short.sum()))
+        tally.add(f"under {fmt_share(min_headroom)} headroom (--min-headroom)", int(short.sum()))
     ok = batch & ~over_hbm & ~over_host & ~short
     if not ok.any():
         return None

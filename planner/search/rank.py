@@ -32,8 +32,9 @@ class Candidate:
     plan: Plan
     """The resolved plan (numeric knobs filled in)."""
     step_s: float
-    tokens_per_step: float
-    """Distinct tokens per GPU per optimizer step (plans differ in it without ``--global-batch-tokens``)."""
+    tokens_per_step_per_rank: float
+    """Distinct tokens per rank per optimizer step (``W`` times it is the step's tokens; plans differ
+    in it without ``--global-batch-tokens``)."""
     tokens_per_s_per_gpu: float
     tflops_per_gpu: float
     peak_bytes: int
@@ -131,7 +132,7 @@ def _candidates(evs: list[Evaluated], n: int) -> list[Candidate]:
         tok = float(np.broadcast_to(st.tokens_per_step, ev.step_s.shape)[i])
         fl = float(np.broadcast_to(st.model_flops, ev.step_s.shape)[i])
         out.append(Candidate(
-            plan=_plan_of(ev, i), step_s=step, tokens_per_step=tok, tokens_per_s_per_gpu=tok / step, tflops_per_gpu=fl / step / 1e12,
+            plan=_plan_of(ev, i), step_s=step, tokens_per_step_per_rank=tok, tokens_per_s_per_gpu=tok / step, tflops_per_gpu=fl / step / 1e12,
             peak_bytes=peak, host_bytes=host, binding_phase=ev.binding[i],
             breakdown={k: float(np.broadcast_to(v, ev.step_s.shape)[i]) for k, v in st.breakdown.items()},
             components={k: float(np.broadcast_to(v, ev.step_s.shape)[i]) for k, v in st.components.items()}))

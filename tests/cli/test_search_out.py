@@ -35,10 +35,10 @@ def report():
 def test_ranking_is_strict_and_collapsed(report):
     top = report.result.top
     assert len(top) >= 3
-    keys = [(c.step_s / c.tokens_per_step, c.peak_bytes, c.host_bytes) for c in top]
+    keys = [(c.step_s / c.tokens_per_step_per_rank, c.peak_bytes, c.host_bytes) for c in top]
     assert keys == sorted(keys), "ranked by seconds per token, then peak, then host bytes"
     classes = {(c.plan.composed.dispatch, c.plan.composed.vocab, c.plan.composed.optimizer,
-                c.plan.composed.checkpoint, c.step_s / c.tokens_per_step, c.peak_bytes) for c in top}
+                c.plan.composed.checkpoint, c.step_s / c.tokens_per_step_per_rank, c.peak_bytes) for c in top}
     assert len(classes) == len(top), "no two listed plans are equivalent"
 
 
@@ -51,19 +51,19 @@ def test_plans_that_train_different_tokens_are_ranked_per_token(report):
     (``W/D`` sequences): the rank and the speedup are per token, not per step."""
     r = report.result
     top = r.top
-    assert len({c.tokens_per_step for c in top}) >= 2, "the listed plans differ in tokens per step"
+    assert len({c.tokens_per_step_per_rank for c in top}) >= 2, "the listed plans differ in tokens per step"
     assert any(a.step_s > b.step_s for a, b in zip(top, top[1:])), \
         "a longer step that trains more tokens ranks first: step time alone would order these otherwise"
-    tps = [c.tokens_per_step / c.step_s for c in top]
+    tps = [c.tokens_per_step_per_rank / c.step_s for c in top]
     assert all(a >= b * (1 - SAME_RATIO_REL) for a, b in zip(tps, tps[1:])), "tokens/s/GPU never rises down the list"
     assert r.speedup == pytest.approx(top[0].tokens_per_s_per_gpu / r.baseline.tokens_per_s_per_gpu,
                                       rel=SAME_RATIO_REL)
-    assert r.baseline.tokens_per_step != top[0].tokens_per_step
+    assert r.baseline.tokens_per_step_per_rank != top[0].tokens_per_step_per_rank
 
 
 def test_at_a_fixed_global_batch_the_rank_is_the_step_time():
     r = api.search(model=MODEL, gpus=int(W), seq_len=32768, top=20, global_batch_tokens=int(W) * 32768).result
-    assert {c.tokens_per_step for c in r.top} == {r.baseline.tokens_per_step} == {32768.0}
+    assert {c.tokens_per_step_per_rank for c in r.top} == {r.baseline.tokens_per_step_per_rank} == {32768.0}
     steps = [c.step_s for c in r.top]
     assert steps == sorted(steps)
     assert r.speedup == pytest.approx(r.baseline.step_s / r.top[0].step_s, rel=SAME_RATIO_REL)
@@ -96,6 +96,9 @@ def test_out_writes_the_requested_stack_and_check_accepts_it(stack, tmp_path, re
     assert chk.returncode == 0, chk.stderr
     c = json.loads(chk.stdout)
     assert c["peak_bytes"] == expect["peak_bytes"]
+    assert (c["tokens_per_step"], c["tokens_per_step_per_rank"]) == (expect["tokens_per_step"],
+                                                                   expect["tokens_per_step_per_rank"])
+    assert expect["tokens_per_step"] == expect["tokens_per_step_per_rank"] * int(W)
     # check resolves nothing new (the plan is written resolved) but the routing no one named: the
     # file leaves it out, so the check derives it from the plan's own operator
     assert written["plan"]["routing"] is None and c["routing"]["default"]

@@ -75,6 +75,19 @@ PIPE_SKEW_B_H200 = ("PipelinedLLEP one_rank at shape B forward, +10.4% on H200 d
                     "its balanced, 30/16, 80/16 and 95/16 forwards there): the binding rank's forward under one-rank "
                     "routing is faster, which the model prices alike (PIPE_SKEW_A)")
 
+PIPE_B_EP8 = ("PipelinedLLEP forward at shape B, E_p = 8, predicted 12-13% fast on H100 d4d3ef6b with the instance's "
+              "E_p = 8 chunk curve: phi is measured at shape A (0.955-0.988 at K = 3-10) and used at every shape, while "
+              "the same instance's E_p = 8 curve at shape B (bench/results/calibration/chunk_ep8_h100_d4d3ef6b) gives "
+              "1.021, 1.081 and 1.099 at K = 3, 5 and 10: the per-chunk costs the replay misses grow as a chunk's work "
+              "shrinks. With the shipped h100 profile's E_p = 1 curve (phi(3) = 1.011) the same rows are 1-11% fast")
+CHUNK_B_EP8 = ("chunk-count curve at shape B, E_p = 8, K = 5 on H100 d4d3ef6b predicted 11.5% fast: phi(5) = 0.956 is "
+               "measured at shape A, where the replay of that configuration is 4% above the measurement, and at shape B the "
+               "replay is 8% below it (PIPE_B_EP8); K = 10 is at -9.7%")
+PIPE_EP1_EP8 = ("PipelinedLLEP at E_p = 1 (128 slots per chunk, host-bound) on H100 d4d3ef6b, priced with phi from an E_p = 8 "
+                "curve (no exposed host): the replay's host seconds are the instance's host-loop calibration, whose pace "
+                "these loops do not keep (PIPE_EP1_00C); shape A at E_p = 1 was the E_p = 1 curve's own configuration "
+                "before the curve moved to E_p = 8")
+
 INSTANCE_BELOW_TARGET: dict[str, str] = {
     "h100_00c2e474": "67 of 76 (88%) within 10%, 67 also with the shipped profile alone: five PipelinedLLEP rows at "
                      "shape A under skew (PIPE_SKEW_A), two host-bound E_p = 1 rows, two forwards timed by two calls",
@@ -102,6 +115,15 @@ INSTANCE_ROW_GAPS: dict[str, dict[str, str]] = {
     "h100_d0b286e2": {
         "pipelined_llep balanced N=32768 H=4096 I=4096 E_p=1 rank 0 fwd+bwd": PIPE_EP1_INSTANCE,  # -25.3%
         "llep one_rank N=32768 H=4096 I=4096 E_p=8 rank 1 fwd+bwd [filled]": LLEP_ONE_RANK_B,  # +12.1%
+    },
+    "h100_d4d3ef6b": {
+        "pipelined_llep balanced N=32768 H=4096 I=4096 E_p=8 rank 2 fwd [filled]": PIPE_B_EP8,  # -12.0%
+        "pipelined_llep 30/16 N=32768 H=4096 I=4096 E_p=8 rank 2 fwd [filled]": PIPE_B_EP8,  # -12.7%
+        "pipelined_llep 80/16 N=32768 H=4096 I=4096 E_p=8 rank 3 fwd [filled]": PIPE_B_EP8,  # -12.5%
+        "pipelined_llep 50/4 N=32768 H=4096 I=4096 E_p=8 rank 2 fwd [filled]": PIPE_B_EP8,  # -12.2%
+        "pipelined_llep balanced N=32768 H=4096 I=4096 E_p=1 rank 0 fwd": PIPE_EP1_EP8,  # -21.9%
+        "pipelined_llep balanced N=65536 H=7168 I=2048 E_p=1 rank 0 fwd": PIPE_EP1_EP8,  # +15.0%
+        "pipelined_llep balanced N=65536 H=7168 I=2048 E_p=1 rank 0 fwd+bwd": PIPE_EP1_EP8,  # -29.4%
     },
     "h200_dec975e8": {
         "pipelined_llep one_rank N=32768 H=4096 I=4096 E_p=8 rank 2 fwd [filled]": PIPE_SKEW_B_H200,  # +10.4%
