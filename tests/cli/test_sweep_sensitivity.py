@@ -5,10 +5,13 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 from typer.testing import CliRunner
 
 from planner import api
 from planner.api.build import build_planfile
+from planner.budget.build import make_context
+from planner.budget.fsdp2_saved import routed_rows_excess
 from planner.budget.sensitivity import ROUTINGS, routing_sensitivity
 from planner.plans.routing import NAMED_SKEW
 from planner.cli import app
@@ -28,13 +31,18 @@ def test_sweep_rows_carry_the_sensitivity_of_their_own_plan():
         assert r.routing_sensitivity["worst"]["peak_bytes"] >= bal["peak_bytes"]
         for v in r.routing_sensitivity.values():
             assert v["fits_hbm"] == (v["peak_bytes"] <= r.capacity_bytes)
-    # an FSDP2 row whose experts are all local (ep = 1) cannot move with the routing; one with ep > 1
-    # grows with the skew (standard EP has no launch-time bound)
+    # an FSDP2 row whose experts are all local (ep = 1) receives N·k rows under every routing (no
+    # excess rows), and moves only with the per-expert blocks of its expert loop (one expert's block
+    # under worst routing holds N rows); one with ep > 1 grows with the skew (no launch-time bound)
     for r in rows:
         if r.stack == "fsdp2":
             sens = r.routing_sensitivity
             if r.plan.baseline.ep == 1:
-                assert sens["worst"]["peak_bytes"] == sens["balanced"]["peak_bytes"]
+                assert sens["worst"]["peak_bytes"] >= sens["balanced"]["peak_bytes"]
+                pf = build_planfile(model="gpt-oss-20b", gpus=8, seq_len=r.seq_len)
+                for routing in ROUTINGS:
+                    ctx = make_context(pf.model, pf.cluster, pf.workload, r.plan.model_copy(update={"routing": routing}))
+                    assert int(np.max(routed_rows_excess(ctx))) == 0, routing
             else:
                 assert sens["worst"]["peak_bytes"] > sens["balanced"]["peak_bytes"]
     # without checkpointing every layer's saved expert rows are sized by the routing too
