@@ -51,6 +51,9 @@ class CheckReport:
     """One-line warnings: the Hugging Face importer's, a fallen-back ``D``."""
     cluster_ref: dict | None = None
     """How the ``plan`` of ``--json`` names its cluster (``planner.schema.cluster_ref``)."""
+    min_headroom: float = MIN_HEADROOM
+    """The share of the usable capacity ``under_min_headroom`` compares with (``--min-headroom``;
+    the verdict itself is against the usable capacity)."""
 
     @property
     def peak_bytes(self) -> int:
@@ -76,11 +79,11 @@ class CheckReport:
 
     @property
     def under_min_headroom(self) -> bool:
-        """The peak fits the usable capacity but leaves less than ``MIN_HEADROOM`` of it free: the
+        """The peak fits the usable capacity but leaves less than ``min_headroom`` of it free: the
         verdict stays "fits" (the capacity is the physical limit), but ``search``, ``sweep``,
         ``min-gpus``, ``max-context`` and ``max-batch`` do not count such a plan as fitting at
         their default ``--min-headroom`` (the same comparison as theirs)."""
-        return self.fits_hbm and self.peak_bytes > self.capacity_bytes * (1.0 - MIN_HEADROOM)
+        return self.fits_hbm and self.peak_bytes > self.capacity_bytes * (1.0 - self.min_headroom)
 
     @property
     def binding_phase(self) -> str:
@@ -144,7 +147,7 @@ class CheckReport:
         return {
             "fits": self.fits, "fits_hbm": self.fits_hbm, "warnings": list(self.warnings), "peak_bytes": self.peak_bytes,
             "capacity_bytes": self.capacity_bytes, "headroom_bytes": self.capacity_bytes - self.peak_bytes,
-            "headroom_fraction": self.headroom_fraction, "min_headroom": MIN_HEADROOM,
+            "headroom_fraction": self.headroom_fraction, "min_headroom": self.min_headroom,
             "under_min_headroom": self.under_min_headroom,
             "hbm_bytes": self.hbm_bytes, "outside_allocator_bytes": self.outside_allocator_bytes,
             "binding_phase": self.binding_phase, "binding_live_set": self.binding_live_set,
@@ -235,13 +238,18 @@ def dispatch_bounds(ctx: Ctx, ev: Evaluation) -> dict[str, int]:
     return out
 
 
-def check(**kwargs) -> CheckReport:
+def check(*, min_headroom: float | None = None, **kwargs) -> CheckReport:
     """``planner check``: see ``build`` for the arguments; the report's ``warnings`` hold the
     Hugging Face importer's warnings and the note on a fallen-back ``D``; it also carries the
-    routing sensitivity (``budget.sensitivity``)."""
+    routing sensitivity (``budget.sensitivity``). ``min_headroom`` (``--min-headroom``, checked as
+    the other commands check it) sets what ``under_min_headroom`` compares with."""
+    from planner.api.frontier import min_headroom_of
+
+    headroom = min_headroom_of(min_headroom)
     notes: list[str] = []
     pf, ref = build(**kwargs, notes=notes)
     rep = check_planfile(pf)
+    rep.min_headroom = headroom
     rep.warnings = notes + rep.warnings
     rep.cluster_ref = ref
     rep.extra["routing_sensitivity"] = routing_sensitivity(pf.model, pf.cluster, pf.workload, rep.ctx.plan,

@@ -25,6 +25,7 @@ def check(
     seq_len: SeqLen = None, global_batch_tokens: GBT = None, seqs_per_microbatch: Seqs = None,
     hbm_gib: HbmGib = None, host_ram_gib: HostRamGib = None, gpus_per_node: GpusPerNode = None,
     mtp_trained: MtpTrained = None, baseline: Baseline = False,
+    min_headroom: headroom_option("a plan that fits (its headroom line; the verdict is against the usable capacity)") = None,
     explain: Annotated[bool, typer.Option("--explain", help="Print every term's formula and value.", show_default="off")] = False,
     json_out: Json = False, **knobs,
 ) -> None:
@@ -36,7 +37,7 @@ def check(
                              global_batch_tokens=global_batch_tokens, seqs_per_microbatch=seqs_per_microbatch,
                              hbm_gib=hbm_gib, host_ram_gib=host_ram_gib, gpus_per_node=gpus_per_node,
                              mtp_trained=mtp_trained),
-                    overrides=plan_overrides(knobs, baseline=baseline))
+                    overrides=plan_overrides(knobs, baseline=baseline), min_headroom=min_headroom)
     warn(rep.warnings)
     if json_out:
         print_json(rep.to_json())

@@ -121,11 +121,9 @@ def render_check(rep, console: Console, explain: bool = False) -> None:
         console.print("[yellow]provisional terms[/] (not yet confirmed by a traced or measured step; --explain marks them): "
                       + ", ".join(f"{ls} ({n})" for ls, n in per.items()))
     if rep.fits and rep.under_min_headroom:
-        from planner.budget.frontier import MIN_HEADROOM
-
-        console.print(f"[yellow]headroom:[/] {rep.headroom_fraction:.1%} of the usable capacity free "
-                      f"({fmt_gib(rep.capacity_bytes - rep.peak_bytes)}), under the {fmt_share(MIN_HEADROOM)} that search, "
-                      f"sweep, min-gpus, max-context and max-batch keep (--min-headroom)")
+        console.print(f"[yellow]headroom:[/] {fmt_share(rep.headroom_fraction)} of the usable capacity free "
+                      f"({fmt_gib(rep.capacity_bytes - rep.peak_bytes)}), under the {fmt_share(rep.min_headroom)} "
+                      f"(--min-headroom) that search, sweep, min-gpus, max-context and max-batch would keep")
     if rep.fits:
         console.print("[bold green]FITS[/]")
     else:

@@ -129,10 +129,19 @@ def test_check_says_when_a_fitting_plan_is_under_the_headroom(at_4, tmp_path):
     assert res.returncode == 0, res.stderr        # the verdict is against the usable capacity: it fits
     lines = res.stdout.strip().splitlines()
     assert lines[-1] == "FITS"
-    assert lines[-2] == ("headroom: 1.6% of the usable capacity free (1.09 GiB), under the 3% that search, sweep, "
-                         "min-gpus, max-context and max-batch keep (--min-headroom)")
+    assert lines[-2] == ("headroom: 1.6% of the usable capacity free (1.09 GiB), under the 3% (--min-headroom) that "
+                         "search, sweep, min-gpus, max-context and max-batch would keep")
     doc = json.loads(_run("check", "--plan", str(path), "--json").stdout)
     assert doc["under_min_headroom"] is True and doc["headroom_fraction"] == j["headroom_fraction"]
+    # check takes --min-headroom as the other commands do: below this plan's 1.6% no line, the same verdict
+    low = _run("check", "--plan", str(path), "--min-headroom", "0.01", "--json")
+    assert low.returncode == 0, low.stderr
+    doc = json.loads(low.stdout)
+    assert doc["under_min_headroom"] is False and doc["min_headroom"] == 0.01 and doc["fits"]
+    assert "headroom:" not in _run("check", "--plan", str(path), "--min-headroom", "0.01").stdout
+    bad = _run("check", "--plan", str(path), "--min-headroom", "1")
+    assert bad.returncode == 2 and "--min-headroom (1.0) must be in [0, 1)" in bad.stderr
+    assert "Traceback" not in bad.stderr and len(bad.stderr.strip().splitlines()) == 1
 
 
 def test_check_of_a_plan_well_below_the_capacity_has_no_headroom_line(tmp_path):
