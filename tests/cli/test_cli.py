@@ -52,7 +52,8 @@ def test_baseline_flags_select_fsdp2(monkeypatch):
     ov = seen["overrides"]
     assert ov["stack"] == "fsdp2" and ov["tp"] == 2 and ov["cp"] == 4 and ov["expert_parallel"] == 2
     assert ov["ac"] == "selective" and ov["cpu_offload"] is True and seen["seq_len"] == 1 << 20
-    pf = api.build_planfile(**{k: v for k, v in seen.items() if k != "overrides"}, overrides=ov)
+    assert seen["min_headroom"] is None                 # check's own flag, not a build argument
+    pf = api.build_planfile(**{k: v for k, v in seen.items() if k not in ("overrides", "min_headroom")}, overrides=ov)
     assert pf.plan.baseline.ep == 2 and pf.plan.stack == "fsdp2"   # --expert-parallel means ep here
 
 
