@@ -328,24 +328,19 @@ def dispatch_widths(cfg, dev, clock: Clock, dry: bool, command: str) -> dict:
 def chunk_curves(cfg, dev, clock: Clock, dry: bool) -> dict:
     import torch
 
-    from planner.runtime.dispatch_trace import DispatchShape, build_layer, make_plan
-    from planner.runtime.pipelined_llep_calibration import EMULATED_EXPERT_PARALLEL, emulation
-    from planner.units import ceil_div
+    from planner.runtime.pipelined_llep_calibration import EMULATED_EXPERT_PARALLEL, calibration_case, emulation
 
     deadline = clock.section_deadline("chunk_curves")
-    E_p = EMULATED_EXPERT_PARALLEL
     out = {}
     with emulation(dev) as filler:
         for tag, dims in cfg["chunk_shapes"].items():
-            ks, times, fills = [], [], []
+            ks, times, fills, shape = [], [], [], {}
             for K in cfg["chunk_ks"]:
                 guess = times[-1] * 2 if times else 0.0
                 if time.perf_counter() + 3 * guess > deadline:
                     clock.skip(f"chunk_curves {tag} K={K}: out of budget")
                     continue
-                s = DispatchShape(**dims, E_p=E_p, c=ceil_div(dims["N"], K), K_max=max(K, 10), m=8 if dry else 1024)
-                _, run = build_layer("pipelined_llep", s, make_plan("pipelined_llep", s, "balanced"), "balanced",
-                                     device=dev, init=True)
+                run, shape = calibration_case(K, smoke=dry, device=dev, dims=dims)
                 filler.nbytes = 0
                 run()  # warm-up; one call's fill bytes
                 fills.append(float(filler.nbytes))
@@ -355,14 +350,13 @@ def chunk_curves(cfg, dev, clock: Clock, dry: bool) -> dict:
                 del run
                 if dev.type == "cuda":
                     torch.cuda.empty_cache()
-                log(f"chunk curve {tag} K={K:2d} (rank 0 of E_p = {E_p}): {t * 1e3:.1f} ms")
-            out[tag] = {"num_chunks": ks, "time_s": times, "fill_bytes": fills,
-                        "shape": dict(tokens_per_rank=dims["N"], hidden_size=dims["H"], expert_ffn=dims["I"],
-                                      num_experts=dims["E"], top_k=dims["k"], expert_parallel=E_p)}
-    return {"curves": out, "note": f"PipelinedLLEP forward+backward on rank 0 of E_p = {E_p} emulated on one GPU "
-                                   "(the calibration hook's emulation: fake process group, every all-to-all output "
-                                   "filled from random data, fill_bytes per call), balanced routing, c = ceil(N/K), "
-                                   "K_max = max(K, 10), router and out.backward of a random N×H gradient included"}
+                log(f"chunk curve {tag} K={K:2d} (rank 0 of E_p = {EMULATED_EXPERT_PARALLEL}): {t * 1e3:.1f} ms")
+            out[tag] = {"num_chunks": ks, "time_s": times, "fill_bytes": fills, "shape": shape}
+    return {"curves": out, "note": f"PipelinedLLEP forward+backward on rank 0 of E_p = {EMULATED_EXPERT_PARALLEL} "
+                                   "emulated on one GPU (the calibration hook, planner.runtime.pipelined_llep_calibration: "
+                                   "fake process group, every all-to-all output filled from random data, fill_bytes per "
+                                   "call), balanced routing, c = ceil(N/K), K_max = max(K, 10), router and out.backward "
+                                   "of a random N×H gradient included"}
 
 
 # ------------------------------------------------------------------------------------------------

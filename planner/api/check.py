@@ -10,7 +10,7 @@ import numpy as np
 
 from planner.api.build import build
 from planner.budget.build import make_context
-from planner.budget.frontier import MIN_HEADROOM
+from planner.budget.frontier import MIN_HEADROOM, within_headroom
 from planner.context.ctx import Ctx
 from planner.budget.host import host_budget
 from planner.budget.peak import Evaluation, assumed_used, capacity_bytes, evaluate, outside_allocator_bytes
@@ -83,7 +83,7 @@ class CheckReport:
         verdict stays "fits" (the capacity is the physical limit), but ``search``, ``sweep``,
         ``min-gpus``, ``max-context`` and ``max-batch`` do not count such a plan as fitting at
         their default ``--min-headroom`` (the same comparison as theirs)."""
-        return self.fits_hbm and self.peak_bytes > self.capacity_bytes * (1.0 - self.min_headroom)
+        return self.fits_hbm and not within_headroom(self.peak_bytes, self.capacity_bytes, self.min_headroom)
 
     @property
     def binding_phase(self) -> str:

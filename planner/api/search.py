@@ -133,7 +133,7 @@ class SearchReport:
     def to_json(self) -> dict:
         def cand(c):
             return None if c is None else {
-                "step_s": c.step_s, "tokens_per_step": round(c.tokens_per_step_per_rank * c.plan.world_size),
+                "step_s": c.step_s, "tokens_per_step": c.tokens_per_step,
                 "tokens_per_step_per_rank": round(c.tokens_per_step_per_rank), "tokens_per_s_per_gpu": c.tokens_per_s_per_gpu, "tflops_per_gpu": c.tflops_per_gpu,
                 "peak_bytes": c.peak_bytes, "host_bytes": c.host_bytes, "binding_phase": c.binding_phase,
                 "breakdown": c.breakdown, "components": c.components, "routing": self.routing_basis(c.plan),

@@ -67,6 +67,12 @@ so a plan chosen at the edge of the capacity does not OOM on a model error; the 
 reserve is already subtracted from the capacity."""
 
 
+def within_headroom(peak_bytes, capacity_bytes, min_headroom: float):
+    """Whether ``peak_bytes`` leaves ``min_headroom`` of the usable capacity free (the rule of
+    ``--min-headroom`` in every command; arrays broadcast)."""
+    return peak_bytes <= capacity_bytes * (1.0 - min_headroom)
+
+
 def seq_degree(plan: Plan) -> int:
     """The degree sharding each sequence of a resolved plan: ``D`` (Ulysses) composed, ``cp`` for
     the baseline."""
@@ -101,7 +107,7 @@ def scan(pf: PlanFile, axis: str, values: np.ndarray, min_headroom: float = MIN_
         hb = np.broadcast_to(host.bytes, v.shape)
         peaks.append(peak)
         hosts.append(hb)
-        fits.append((peak <= cap * (1.0 - min_headroom)) & (hb <= host_cap))
+        fits.append(within_headroom(peak, cap, min_headroom) & (hb <= host_cap))
         tokens.append(np.broadcast_to(ctx.tokens_per_rank, v.shape))
     return FrontierScan(np.asarray(values), np.concatenate(tokens), np.concatenate(peaks),
                         np.concatenate(hosts), np.concatenate(fits), cap, host_cap, plan)

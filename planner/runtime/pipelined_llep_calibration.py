@@ -52,12 +52,13 @@ def emulation(device: torch.device):
         shim.dist.destroy_process_group()
 
 
-def calibration_case(num_chunks: int, *, smoke: bool, device):
+def calibration_case(num_chunks: int, *, smoke: bool, device, dims: dict | None = None):
     """Hook of ``calibration/chunks.py``: one forward+backward of PipelinedLLEP with
     ``K = num_chunks`` on the current process group (under ``emulation``: rank 0 of the fake one),
     balanced routing.
 
-    Shape per rank: reference shape A (``FULL_DIMS``; ``SMOKE_DIMS`` under ``smoke``), ``E_p`` =
+    Shape per rank: ``dims`` (``N, H, I, E, k``; default reference shape A, ``FULL_DIMS``, or
+    ``SMOKE_DIMS`` under ``smoke``), ``E_p`` =
     the group size, ``c = ceil(N/K)``, ``K_max = max(K, 10)``. On a real group the plan comes from
     the real route counts (all-gather and all-reduce-max); on the fake one from the balanced
     routing's counts. Returns ``(run, shape)``.
@@ -65,7 +66,7 @@ def calibration_case(num_chunks: int, *, smoke: bool, device):
     if not isinstance(num_chunks, int) or isinstance(num_chunks, bool) or num_chunks < 1:
         raise ValueError(f"num_chunks must be a positive int, got {num_chunks!r}")
     world = shim.group_size(None)
-    dims = SMOKE_DIMS if smoke else FULL_DIMS
+    dims = dims or (SMOKE_DIMS if smoke else FULL_DIMS)
     if dims["E"] % world:
         raise ValueError(f"the process group's {world} ranks must divide the curve's {dims['E']} experts")
     s = DispatchShape(**dims, E_p=world, c=ceil_div(dims["N"], num_chunks), K_max=max(num_chunks, 10),

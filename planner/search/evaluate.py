@@ -13,6 +13,7 @@ from enum import Enum
 import numpy as np
 
 from planner.budget.build import make_context
+from planner.budget.frontier import within_headroom
 from planner.budget.host import host_budget
 from planner.budget.peak import capacity_bytes, evaluate
 from planner.budget.work_bounds import TooCostly
@@ -113,7 +114,7 @@ def evaluate_group(group: Group, model: ModelSpec, cluster: ClusterSpec, workloa
     batch = np.broadcast_to(global_batch_divides(workload, plan.world_size, ctx.tokens_per_rank), (n,))
     over_hbm = batch & (peak > cap)
     over_host = batch & ~over_hbm & (hb > host.capacity_bytes)
-    short = batch & ~over_hbm & ~over_host & (peak > cap * (1.0 - min_headroom))
+    short = batch & ~over_hbm & ~over_host & ~within_headroom(peak, cap, min_headroom)
     tally.evaluated += n
     tally.add(BATCH_REJECTION, int((~batch).sum()))
     bind = np.broadcast_to(ev.binding_index, (n,))

@@ -17,7 +17,7 @@ from typing import Callable
 
 import numpy as np
 
-from planner.budget.frontier import MIN_HEADROOM
+from planner.budget.frontier import MIN_HEADROOM, within_headroom
 from planner.plans.routing import launch_time_bound, with_routing
 from planner.schema import ClusterSpec, ModelSpec, Plan, Workload
 from planner.search.evaluate import Evaluated, Tally, evaluate_group, group_plan
@@ -33,8 +33,8 @@ class Candidate:
     """The resolved plan (numeric knobs filled in)."""
     step_s: float
     tokens_per_step_per_rank: float
-    """Distinct tokens per rank per optimizer step (``W`` times it is the step's tokens; plans differ
-    in it without ``--global-batch-tokens``)."""
+    """Distinct tokens per rank per optimizer step (plans differ in it without
+    ``--global-batch-tokens``)."""
     tokens_per_s_per_gpu: float
     tflops_per_gpu: float
     peak_bytes: int
@@ -43,6 +43,11 @@ class Candidate:
     breakdown: dict = field(default_factory=dict)
     components: dict = field(default_factory=dict)
     """``StepTime.components``: compute, attention, recompute, optimizer, copies, communication."""
+
+    @property
+    def tokens_per_step(self) -> int:
+        """Distinct tokens the whole job trains per optimizer step (``W`` ranks)."""
+        return round(self.tokens_per_step_per_rank * self.plan.world_size)
 
 
 @dataclass
@@ -202,7 +207,7 @@ def lowest_peak(model: ModelSpec, cluster: ClusterSpec, workload: Workload, *, w
         host = host_budget(ctx)
         ok_host = np.broadcast_to((host.bytes <= host.capacity_bytes)   # and a whole number of micro-steps
                                   & global_batch_divides(workload, world_size, ctx.tokens_per_rank), (g.size,))
-        fitting += int(((peak <= capacity_bytes(ctx) * (1.0 - min_headroom)) & ok_host).sum())
+        fitting += int((within_headroom(peak, capacity_bytes(ctx), min_headroom) & ok_host).sum())
         cand = np.where(ok_host, peak, np.iinfo(np.int64).max)
         i = int(np.argmin(cand))
         if ok_host[i] and (best is None or cand[i] < best[0]):

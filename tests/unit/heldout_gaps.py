@@ -76,11 +76,11 @@ PIPE_SKEW_B_H200 = ("PipelinedLLEP one_rank at shape B forward, +10.4% on H200 d
                     "routing is faster, which the model prices alike (PIPE_SKEW_A)")
 
 PIPE_B_EP8 = ("PipelinedLLEP forward at shape B, E_p = 8, predicted 12-13% fast on H100 d4d3ef6b with the instance's "
-              "E_p = 8 chunk curve: phi is measured at shape A (0.955-0.988 at K = 3-10) and used at every shape, while "
+              "E_p = 8 chunk curve: phi is measured at shape A (0.954-0.990 at K = 3-10) and used at every shape, while "
               "the same instance's E_p = 8 curve at shape B (bench/results/calibration/chunk_ep8_h100_d4d3ef6b) gives "
               "1.021, 1.081 and 1.099 at K = 3, 5 and 10: the per-chunk costs the replay misses grow as a chunk's work "
-              "shrinks. With the shipped h100 profile's E_p = 1 curve (phi(3) = 1.011) the same rows are 1-11% fast")
-CHUNK_B_EP8 = ("chunk-count curve at shape B, E_p = 8, K = 5 on H100 d4d3ef6b predicted 11.5% fast: phi(5) = 0.956 is "
+              "shrinks. With the shipped h100 profile's E_p = 1 curve (phi(3) = 1.011) the same rows are 6-11% fast")
+CHUNK_B_EP8 = ("chunk-count curve at shape B, E_p = 8, K = 5 on H100 d4d3ef6b predicted 11.5% fast: phi(5) = 0.954 is "
                "measured at shape A, where the replay of that configuration is 4% above the measurement, and at shape B the "
                "replay is 8% below it (PIPE_B_EP8); K = 10 is at -9.7%")
 PIPE_EP1_EP8 = ("PipelinedLLEP at E_p = 1 (128 slots per chunk, host-bound) on H100 d4d3ef6b, priced with phi from an E_p = 8 "
