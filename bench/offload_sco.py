@@ -8,16 +8,15 @@ region's forward outlasts one boundary's D2H (401 MB at ~54 GB/s ≈ 7.4 ms).
 
 from __future__ import annotations
 
-import contextlib
 import time
 
 import torch
-import torch.nn.functional as F
 
+from calibration.sco_decoder import Decoder, plain_region, sdpa_backend
 from planner.plans.sco import pinned_host_bytes
 from planner.runtime.measure import peak_memory, wall_time
 from planner.runtime.pinned import live_pinned_bytes
-from planner.runtime.sco import SCO, checkpoint_region, set_race_sleep
+from planner.runtime.sco import SCO, set_race_sleep
 from planner.units import GiB
 
 FULL = dict(layers=24, N=69632, H=2880, heads=4, head_dim=128, ffn=8192, d_in=64)
@@ -27,67 +26,6 @@ RACE_SMOKE = dict(layers=2, N=64, H=32, heads=2, head_dim=8, ffn=48, d_in=8)
 BUDGETS_GIB = (0, 8, 16, "full")
 STEP_TIME_TOLERANCE = 0.02
 """Target: SCO moves the step time by at most 2%."""
-
-
-class Decoder:
-    """Weights of ``layers`` decoder layers; ``step(run_region)`` runs forward + backward."""
-
-    def __init__(self, shape: dict, device, dtype=torch.bfloat16, seed: int = 0) -> None:
-        g = torch.Generator(device=device).manual_seed(seed)
-        H, L, A = shape["H"], shape["layers"], shape["heads"] * shape["head_dim"]
-        self.s, self.device, self.dtype = shape, device, dtype
-
-        def w(*size, scale=0.02):
-            return (torch.randn(*size, device=device, generator=g) * scale).to(dtype).requires_grad_()
-
-        self.w_in = w(H, shape["d_in"], scale=1.0)
-        self.layers = [dict(n1=torch.ones(H, device=device, dtype=dtype, requires_grad=True),
-                            n2=torch.ones(H, device=device, dtype=dtype, requires_grad=True),
-                            wqkv=w(3 * A, H), wo=w(H, A, scale=0.02 / (2 * L) ** 0.5),
-                            w1=w(shape["ffn"], H), w3=w(shape["ffn"], H),
-                            w2=w(H, shape["ffn"], scale=0.02 / (2 * L) ** 0.5)) for _ in range(L)]
-
-    def params(self) -> list[torch.Tensor]:
-        return [self.w_in] + [t for m in self.layers for t in m.values()]
-
-    def attention(self, m, x_BNH):
-        s = self.s
-        qkv = F.linear(F.rms_norm(x_BNH, (s["H"],), m["n1"]), m["wqkv"])
-        q, k, v = qkv.view(1, s["N"], 3, s["heads"], s["head_dim"]).permute(2, 0, 3, 1, 4).unbind(0)
-        o = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        return x_BNH + F.linear(o.transpose(1, 2).reshape(1, s["N"], -1), m["wo"])
-
-    def mlp(self, m, x_BNH):
-        y = F.rms_norm(x_BNH, (self.s["H"],), m["n2"])
-        return x_BNH + F.linear(F.silu(F.linear(y, m["w1"])) * F.linear(y, m["w3"]), m["w2"])
-
-    def regions(self):
-        for m in self.layers:
-            yield lambda x, m=m: self.attention(m, x)
-            yield lambda x, m=m: self.mlp(m, x)
-
-    def step(self, run_region, x_in) -> None:
-        h = F.linear(x_in, self.w_in)
-        for i, fn in enumerate(self.regions(), start=1):
-            h = run_region(i, fn, h)
-        ((h * 0.5).sum()).backward()
-
-    def zero_grad(self) -> None:
-        for p in self.params():
-            if p.grad is not None:
-                p.grad.zero_()
-
-
-def _plain(i, fn, h):
-    return checkpoint_region(fn, h)
-
-
-def _sdpa(device, math: bool = False):
-    if device.type != "cuda":
-        return contextlib.nullcontext()
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-
-    return sdpa_kernel(SDPBackend.MATH if math else SDPBackend.FLASH_ATTENTION)
 
 
 def _formula(shape: dict, budget: int):
@@ -123,13 +61,13 @@ def run(device: torch.device, smoke: bool) -> dict:
     rows = []
     configs = [("plain", None)] + [(f"{b} GiB" if b != "full" else "full", L_b * slot if b == "full" else b * GiB)
                                    for b in BUDGETS_GIB]
-    with _sdpa(device):
+    with sdpa_backend(device):
         for name, budget in configs:
             t_pin = time.perf_counter()
             sco = None if budget is None else SCO(num_boundaries=L_b, boundary_shape=(1, shape["N"], shape["H"]),
                                                   dtype=torch.bfloat16, device=device, host_budget_bytes=budget)
             t_pin = time.perf_counter() - t_pin
-            region = _plain if sco is None else sco.region
+            region = plain_region if sco is None else sco.region
 
             def step():
                 dec.zero_grad()
@@ -167,8 +105,8 @@ def _derive(rows: list[dict], nhb: int, cuda: bool) -> list[dict]:
     plain = rows[0]
     ref = rows[1]
     for r in rows[1:]:
-        r["step_change_vs_plain"] = r["step_s"] / plain["step_s"] - 1
-        r["step_within_2pct"] = abs(r["step_change_vs_plain"]) <= STEP_TIME_TOLERANCE
+        r["step_change_vsplain_region"] = r["step_s"] / plain["step_s"] - 1
+        r["step_within_2pct"] = abs(r["step_change_vsplain_region"]) <= STEP_TIME_TOLERANCE
         f_drop = ref["formula_boundaries_peak_bytes"] - r["formula_boundaries_peak_bytes"]
         r["formula_drop_bytes"] = f_drop
         if cuda:
@@ -199,14 +137,14 @@ def race(device: torch.device, smoke: bool, iterations: int = 100) -> dict:
     torch.use_deterministic_algorithms(True)
     equal = 0
     try:
-        with _sdpa(device, math=True):
+        with sdpa_backend(device, math=True):
             for it in range(iterations):
                 g = torch.Generator(device=device).manual_seed(1000 + it)
                 x_in = torch.randn(1, shape["N"], shape["d_in"], device=device, generator=g).to(torch.bfloat16)
                 for p in dec.params():
                     p.grad = None
                 set_race_sleep(0, 0)
-                dec.step(_plain, x_in)
+                dec.step(plain_region, x_in)
                 ref = [p.grad.clone() for p in dec.params()]
                 for p in dec.params():
                     p.grad = None
@@ -236,7 +174,7 @@ def markdown(res: dict) -> list[str]:
         drop = f"{r['measured_drop_boundaries']:.2f}" if "measured_drop_boundaries" in r else "-"
         fdrop = f"{r['formula_drop_bytes']/nhb:.2f}" if "formula_drop_bytes" in r else "-"
         dd = f"{r['drop_pct_diff']:+.2f}" if r.get("drop_pct_diff") is not None else "-"
-        sv = f"{r['step_change_vs_plain']*100:+.2f}%" if "step_change_vs_plain" in r else "-"
+        sv = f"{r['step_change_vsplain_region']*100:+.2f}%" if "step_change_vsplain_region" in r else "-"
         lines.append(f"| {r['config']} | {r['num_offloaded']} | {fmt('pinned_bytes')} | "
                      f"{r.get('pinned_within_budget', '-')} | {fmt('peak_allocated_bytes')} | "
                      f"{fmt('peak_reserved_bytes')} | {drop} | {fdrop} | {dd} | {r['step_s']:.3f} | {sv} |")

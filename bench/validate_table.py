@@ -162,11 +162,31 @@ def instance_cluster(folder: str, cluster):
     return merged(cluster.model_dump(mode="json"), _instance_fragments(folder))
 
 
-def cases(stem: str, calibration: str | None = None):
+@functools.lru_cache(maxsize=None)
+def _whole_profile(path: str, base_name: str):
+    from calibration.merge import merged
+    from planner.schema.io import load_cluster
+
+    return merged(load_cluster(base_name).model_dump(mode="json"), [path])
+
+
+def profile_cluster(path: str, cluster):
+    """``cluster`` with every measured curve and constant of the profile at ``path`` (a ``planner
+    calibrate`` output) merged in, as ``python3 -m calibration.merge`` merges it; ``cluster`` unchanged
+    when that profile was measured on another GPU."""
+    from calibration.io import read_yaml
+
+    if (read_yaml(path).get("topology") or {}).get("gpu_name") != cluster.topology.gpu_name:
+        return cluster
+    return _whole_profile(str(path), cluster.name)
+
+
+def cases(stem: str, calibration: str | None = None, profile: str | None = None):
     """``(case, plan file)`` of every case that ran, in run order; each case carries
     ``carried_bytes`` (``carried_workspace_bytes``; 0 for ``FRESH_STEMS``). The plan's cluster is the
     shipped profile of the run's GPU (``shipped_cluster_for``). ``calibration``: a folder of
-    ``INSTANCE_ROOTS`` whose sections are merged into every case's cluster (``instance_cluster``)."""
+    ``INSTANCE_ROOTS`` whose sections are merged into every case's cluster (``instance_cluster``);
+    ``profile``: a whole measured profile merged in (``profile_cluster``)."""
     doc = json.loads((RESULTS / f"{stem}.json").read_text())
     cluster = shipped_cluster_for(doc.get("provenance", {}).get("device", ""))
     held = 0
@@ -179,6 +199,8 @@ def cases(stem: str, calibration: str | None = None):
                       c["layers"]).planfile
         if calibration is not None:
             pf = pf.model_copy(update={"cluster": instance_cluster(calibration, pf.cluster)})
+        if profile is not None:
+            pf = pf.model_copy(update={"cluster": profile_cluster(profile, pf.cluster)})
         own = blaslt_bytes(make_context(pf.model, pf.cluster, pf.workload, pf.plan))
         carried = 0 if stem in FRESH_STEMS else carried_workspace_bytes(own, held)
         held = max(held, own)
@@ -263,14 +285,19 @@ def main(argv=None) -> int:
                          "the runs made on the same GPU (e.g. instance_7542d85e, the instance of "
                          "validate_w1_pinned_expandable; h200_dec975e8, of validate_*_h200_si_expandable; runs "
                          "on another GPU keep their own profile)")
+    ap.add_argument("--profile", default=None, metavar="FILE",
+                    help="predict with this measured profile (the output of planner calibrate on the runs' "
+                         "instance) merged whole into the shipped profile of the runs made on its GPU")
     args = ap.parse_args(argv)
+    if args.profile is not None and not Path(args.profile).is_file():
+        ap.error(f"--profile {args.profile!r}: no such file; give the YAML that planner calibrate wrote")
     if args.calibration is not None:
         try:
             _instance_fragments(args.calibration)
         except ValueError as e:
             ap.error(str(e))
     stems = list(dict.fromkeys(args.stems or STEMS))
-    recs = [row(stem, c, pf) for stem in stems for c, pf in cases(stem, args.calibration)]
+    recs = [row(stem, c, pf) for stem in stems for c, pf in cases(stem, args.calibration, args.profile)]
     if args.summary:
         print(summary(recs, "composed") + "\n\n" + summary(recs, "fsdp2"))
         return 0

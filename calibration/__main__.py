@@ -22,6 +22,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--name", help="profile name (default: the file's stem)")
     ap.add_argument("--no-progress", action="store_true", help="no progress bar")
     ap.add_argument("--sections", help="comma-separated subset of sections (then merge the partial profile)")
+    ap.add_argument("--attention-budget-s", type=float,
+                    help="wall budget of the long-context attention section (default 240 s; 60 s with --quick)")
     args = ap.parse_args(argv)
 
     from calibration.runner import LAST_RUN, run
@@ -33,7 +35,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         spec = run(args.out, quick=args.quick, progress=not args.no_progress, command=command,
                    smoke=args.smoke, name=args.name,
-                   only=tuple(args.sections.split(",")) if args.sections else None)
+                   only=tuple(args.sections.split(",")) if args.sections else None,
+                   budgets={"attention_long": args.attention_budget_s} if args.attention_budget_s is not None else None)
     except PlanError as err:
         print(f"error: {err}", file=sys.stderr)
         return err.exit_code

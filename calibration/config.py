@@ -24,10 +24,12 @@ KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
 
 GPU_SECTIONS = ("constants", "gemm", "gemm_fp32", "grouped_gemm", "attention", "transfer", "gpu_adamw",
                 "cpu_adamw", "cpu_cast", "fragmentation", "host_copy", "chunk_count", "dispatch_kernels",
-                "memory_sizes")
+                "memory_sizes", "dispatch_widths", "sco", "baseline_host", "attention_long")
 """Sections of a GPU calibration, in run order (constants first: before anything is cached).
 ``dispatch_kernels`` (``calibration.dispatch_kernels``, ~15 s on an H200) and ``memory_sizes``
-(``calibration.memory_sizes``) run their own fixed shapes in every GPU grid."""
+(``calibration.memory_sizes``) run their own fixed shapes in every GPU grid; the last four are
+``calibration.coverage_sections.SECTIONS`` (every width, SCO, the FSDP2 host rows, long-context
+attention), each under a wall budget."""
 
 CPU_SECTIONS = ("gemm", "cpu_adamw", "cpu_cast", "host_copy")
 """Sections of the CPU-only quick profile."""
@@ -81,6 +83,11 @@ class Grid:
     gemm_fp32_k: tuple[int, ...] = ()
 
 
+HOST_TABLE_PARAMS = 10**9
+"""Parameters of the full grid's host AdamW and cast tables: the count the CPUOffloadAdamW benches
+run at, where the state is far larger than the last-level cache (at 3.4·10^7 the rate read off the
+table was the cache's)."""
+
 FP32_M = (1024, 4096, 16384)
 FP32_N = (2048, 4096, 8192, 16384, 32768)
 FP32_K = (1024, 2048, 4096, 8192, 16384)
@@ -102,7 +109,7 @@ FULL = Grid(
     attn_head_dim=(64, 128, 192),
     transfer_bytes=tuple(1 << e for e in range(16, 33, 2)),  # 64 KiB .. 4 GiB
     gpu_adamw_params=tuple(1 << e for e in range(20, 29, 2)),  # 1M .. 256M
-    cpu_adamw_params=1 << 25,
+    cpu_adamw_params=HOST_TABLE_PARAMS,
     cpu_threads=thread_counts(_CORES),
     pin_bytes=1 * GiB,
     host_copy_bytes=1 * GiB,
@@ -191,6 +198,28 @@ SMOKE = Grid(
     gemm_fp32_n=(32, 64),
     gemm_fp32_k=(32, 64),
 )
+
+
+def check_sections(only, budgets) -> None:
+    """Validate ``run``'s ``only`` and ``budgets`` before anything is measured.
+
+    Raises:
+        InvalidPlan: a section that is not one of ``GPU_SECTIONS``, a budget for a section that has
+            none, or a budget that is not a positive finite number of seconds.
+    """
+    import math
+
+    from calibration.coverage_sections import BUDGETED
+    from planner.errors import InvalidPlan
+
+    for s in only or ():
+        if s not in GPU_SECTIONS:
+            raise InvalidPlan("--sections", s, "is not a calibration section", f"use some of {', '.join(GPU_SECTIONS)}")
+    for k, v in (budgets or {}).items():
+        if k not in BUDGETED:
+            raise InvalidPlan("budgets", k, "names no section with a wall budget", f"use one of {', '.join(BUDGETED)}")
+        if v is not None and not (isinstance(v, (int, float)) and math.isfinite(v) and v > 0):
+            raise InvalidPlan(f"budget of {k}", v, "must be a positive number of seconds", "e.g. 240")
 
 
 def choose(*, quick: bool, smoke: bool, cuda: bool) -> Grid:

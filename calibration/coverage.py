@@ -139,10 +139,12 @@ def fragment(doc: dict) -> tuple[dict, dict]:
             if not c["num_chunks"]:
                 continue
             held[tag] = dict(status="measured", provenance=prov, note=note + "; points of ≥ 0.5 s timed by one call", **c)
-    if doc.get("sco") and doc["sco"].get("rows"):
-        keys = ("config", "boundary_bytes", "num_boundaries", "plain_step_s", "sco_step_s", "forward_s", "d2h_s", "h2d_s")
-        curves["sco"] = dict(status="measured", provenance=prov, note=doc["sco"]["note"],
-                             rows=[{k: r[k] for k in keys} for r in doc["sco"]["rows"]])
+    if doc.get("sco"):
+        from calibration.sco_overlap import curve as sco_curve
+
+        sco = sco_curve(doc["sco"], prov)
+        if sco:
+            curves["sco"] = sco
     Curves.model_validate(curves)   # raises on a malformed section
     return {"curves": curves}, held
 

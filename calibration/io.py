@@ -11,9 +11,11 @@ import os
 from pathlib import Path
 
 
-from planner.schema.io import dump_yaml, read_structured, write_text_atomic, write_yaml_atomic
+from planner.errors import InvalidPlan, PlanError
+from planner.schema.io import check_writable, dump_yaml, read_structured, write_text_atomic, write_yaml_atomic
 
-__all__ = ["command_line", "dump_yaml", "read_run", "read_yaml", "section_parser", "write_measurement", "write_text_atomic", "write_yaml_atomic"]
+__all__ = ["Interrupted", "command_line", "dump_yaml", "output_paths", "read_run", "read_yaml", "section_parser",
+           "write_measurement", "write_outputs", "write_text_atomic", "write_yaml_atomic"]
 
 
 def command_line(launcher: str, argv: list[str] | None) -> str:
@@ -92,3 +94,52 @@ def read_run(path: str, section: str, required: tuple[str, ...] = ()) -> dict:
           f"python3 -m calibration.{section} wrote", file=sys.stderr)
     raise SystemExit(2)
 
+
+class Interrupted(PlanError):
+    """An interrupt after the profile was replaced: the profile is complete, the summary is not."""
+
+    exit_code = 130
+
+
+def output_paths(out_path) -> tuple[Path, Path]:
+    """(profile, summary) paths, both checked writable before anything is measured. The summary is
+    ``<stem>.summary.md`` beside the profile, so it never replaces the profile or a ``<stem>.md``.
+
+    Raises:
+        planner.errors.InvalidPlan: ``--out`` ends in ``.md`` (the summary's extension), or a path
+            cannot be written.
+    """
+    out = Path(out_path)
+    if out.suffix.lower() == ".md":
+        raise InvalidPlan("--out", str(out), "ends in .md, the extension of the calibration summary",
+                          "give the profile a .yaml name (its summary goes to <stem>.summary.md)")
+    summary = out.with_name(f"{out.stem}.summary.md")
+    check_writable(out, "--out")
+    check_writable(summary, "--out (its summary)")
+    return out, summary
+
+
+def write_outputs(out: Path, summary: Path, profile: dict, text: str) -> None:
+    """Profile then summary, each atomically; SIGTERM during the writes raises ``SystemExit`` so
+    the temp file is removed (``write_bytes_atomic``'s ``finally``)."""
+    import signal
+    import threading
+
+    def _term(signum, frame):
+        raise SystemExit(128 + signum)
+
+    main = threading.current_thread() is threading.main_thread()
+    old = signal.signal(signal.SIGTERM, _term) if main else None
+    written = False
+    try:
+        write_yaml_atomic(out, profile, "--out")
+        written = True
+        write_text_atomic(summary, text, "--out (its summary)")
+    except (KeyboardInterrupt, SystemExit):
+        if written:
+            raise Interrupted(f"interrupted after {out} was written (the profile is complete); its summary "
+                              f"{summary} was not written") from None
+        raise
+    finally:
+        if main:
+            signal.signal(signal.SIGTERM, old)

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from planner.schema.curves import BandwidthCurve, ChunkCurve, CpuAdamWTable, Curves, ParamRateCurve, RateTable
+from planner.schema.curves import (BandwidthCurve, BaselineHostCurve, ChunkCurve, CpuAdamWTable, Curves,
+                                   DispatchKernelsCurve, LongAttentionTable, ParamRateCurve, RateTable, SCOCurve)
 
 
 def _curve_row(name: str, c) -> str:
@@ -21,6 +22,15 @@ def _curve_row(name: str, c) -> str:
         what = ", ".join(f"{t} thr: {s * 1e9:.3f} s/1e9" for t, s in zip(c.threads, c.s_per_param))
     elif isinstance(c, ChunkCurve):
         what = ", ".join(f"K={k}: {t * 1e3:.2f} ms" for k, t in zip(c.num_chunks, c.time_s))
+    elif isinstance(c, LongAttentionTable):
+        what = (f"S {c.seq_len[0]:,}..{c.seq_len[-1]:,} × heads {c.heads}; at the longest S, 1 head row: "
+                f"fwd {c.fwd_s[-1][0]:.4g} s, bwd {c.bwd_s[-1][0]:.4g} s; {c.backend}")
+    elif isinstance(c, SCOCurve):
+        what = ", ".join(f"{r.config}: SCO/plain {r.sco_step_s / r.plain_step_s:.3f}" for r in c.rows)
+    elif isinstance(c, DispatchKernelsCurve):
+        what = ", ".join(f"{k}={v}" for k, v in c.widths.items()) + f"; {len(c.memory)} memory classes"
+    elif isinstance(c, BaselineHostCurve):
+        what = f"{len(c.rows)} rows: " + ", ".join(sorted({f'{r.model} ac={r.ac}' for r in c.rows}))
     else:
         what = ""
     dev = c.provenance.device if c.provenance else "-"

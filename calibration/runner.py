@@ -17,13 +17,12 @@ import re
 import sys
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from calibration import config
-from calibration.io import write_text_atomic, write_yaml_atomic
-from planner.errors import InvalidPlan, PlanError
+from calibration.config import check_sections
+from calibration.io import Interrupted, output_paths, write_outputs  # noqa: F401 - re-exported
+from planner.errors import InvalidPlan
 from planner.schema import cluster_constants
-from planner.schema.io import check_writable
 
 ASSUMED = {c.name: (c.default, ("policy: " if c.default_status == "policy" else "") + c.default_note)
            for c in cluster_constants.CONSTANTS}
@@ -46,6 +45,9 @@ class RunState:
     failed: list = field(default_factory=list)
     skipped: list = field(default_factory=list)
     host_mem_bw: float = 0.0
+    dispatch_shared: dict | None = None
+    """The ``dispatch_kernels`` section's sustained-GEMM and host-loop documents (reused by
+    ``dispatch_widths``)."""
 
 
 LAST_RUN: list[RunState] = []
@@ -108,11 +110,25 @@ def _measured(value: float, note: str, prov: dict) -> dict:
     return {"value": float(value), "status": "measured", "provenance": prov, "note": note}
 
 
-def _section(name: str, grid, device, prov, st: RunState, bar: _Bar) -> None:
-    from calibration import chunks, compute, constants, optimizer, transfer
+def _coverage_section(name: str, grid, device, prov, st: RunState, bar: _Bar, budgets: dict) -> None:
+    from calibration import coverage_sections
+    from planner.schema.curves import Curves
+
+    curves, skipped = coverage_sections.run(name, grid.name, device, prov, budget_s=budgets.get(name),
+                                            log=bar.log, shared=st.dispatch_shared)
+    validated = Curves.model_validate(curves)   # a malformed section fails alone
+    st.curves.update({k: getattr(validated, k) for k in curves})
+    st.skipped += [f"{name}: {why}" for why in skipped]
+    bar.tick(1)
+
+
+def _section(name: str, grid, device, prov, st: RunState, bar: _Bar, budgets: dict | None = None) -> None:
+    from calibration import chunks, compute, constants, coverage_sections, optimizer, transfer
 
     tick = bar.tick
-    if name == "constants":
+    if name in coverage_sections.SECTIONS:
+        _coverage_section(name, grid, device, prov, st, bar, budgets or {})
+    elif name == "constants":
         ctx, method = constants.context_bytes()
         st.memory["_context_init"] = (ctx, method)
         for key, (v, note) in constants.blas_workspaces().items():
@@ -155,6 +171,7 @@ def _section(name: str, grid, device, prov, st: RunState, bar: _Bar) -> None:
         from planner.schema.curves import DispatchKernelsCurve
 
         doc = dispatch_kernels.measure(grid.name == "smoke", prov["command"])
+        st.dispatch_shared = {"sustained": doc["sustained"], "host_blocks": doc["host_blocks"]}
         st.curves["dispatch_kernels"] = DispatchKernelsCurve.model_validate(
             {**dispatch_kernels.curve_data(doc), "provenance": {**doc["provenance"], **prov}})
         tick(1)
@@ -189,6 +206,16 @@ def _topology(prov: dict, st: RunState) -> dict:
             "topology_status": "measured"}
 
 
+def _dump(curve):
+    """JSON data of a curve, or of a list or mapping of curves (``dispatch_kernels_widths``,
+    ``attention_long``)."""
+    if isinstance(curve, list):
+        return [_dump(c) for c in curve]
+    if isinstance(curve, dict):
+        return {k: _dump(c) for k, c in curve.items()}
+    return curve.model_dump(mode="json")
+
+
 def _assemble(name: str, prov: dict, st: RunState):
     from calibration.constants import expandable_segments
     from planner.timing.curves import parse_cluster
@@ -198,12 +225,12 @@ def _assemble(name: str, prov: dict, st: RunState):
               for k, (v, note) in ASSUMED.items()}
     memory["expandable_segments"] = expandable_segments()
     data = {"name": name, "topology": _topology(prov, st), "memory": memory,
-            "curves": {k: c.model_dump(mode="json") for k, c in st.curves.items()}}
+            "curves": {k: _dump(c) for k, c in st.curves.items()}}
     return parse_cluster(data)
 
 
 def run(out_path, *, quick: bool, progress: bool = True, command: str, smoke: bool = False,
-        name: str | None = None, only: tuple[str, ...] | None = None):
+        name: str | None = None, only: tuple[str, ...] | None = None, budgets: dict | None = None):
     """Calibrate this machine and write its cluster profile to ``out_path`` (atomically).
 
     Args:
@@ -214,6 +241,8 @@ def run(out_path, *, quick: bool, progress: bool = True, command: str, smoke: bo
         smoke: every section at tiny shapes on any device (code-path check; not a real profile).
         name: profile name (default: the file's stem).
         only: run just these sections (a partial profile to merge with ``calibration.merge``).
+        budgets: wall budget in seconds per coverage section (``calibration.coverage_sections``;
+            absent: the grid's default).
     Returns:
         The ``ClusterSpec`` written.
     Raises:
@@ -221,6 +250,7 @@ def run(out_path, *, quick: bool, progress: bool = True, command: str, smoke: bo
         validate (nothing is written then).
     """
     out, summary = output_paths(out_path)
+    check_sections(only, budgets)
     _ensure_alloc_conf()
     import torch
 
@@ -232,6 +262,9 @@ def run(out_path, *, quick: bool, progress: bool = True, command: str, smoke: bo
     prov = provenance(command)
     st = RunState()
     LAST_RUN[:] = [st]
+    if only is not None and not set(only) & set(grid.sections):
+        raise InvalidPlan("--sections", ",".join(only), f"are not measured by the {grid.name} grid on this machine",
+                          f"use some of {', '.join(grid.sections)}" + ("" if cuda else ", or run on a GPU"))
     sections = [s for s in grid.sections if (cuda or s not in CUDA_ONLY) and (only is None or s in only)]
     st.skipped += [f"{s}: needs CUDA" for s in grid.sections
                    if s not in sections and s in CUDA_ONLY and not cuda and (only is None or s in only)]
@@ -241,7 +274,7 @@ def run(out_path, *, quick: bool, progress: bool = True, command: str, smoke: bo
             bar.section(sec)
             t0 = time.perf_counter()
             try:
-                _section(sec, grid, device, prov, st, bar)
+                _section(sec, grid, device, prov, st, bar, budgets or {})
             except Exception as err:  # noqa: BLE001 - one broken section must not lose the others
                 st.failed.append(f"{sec}: {type(err).__name__}: {err}")
                 bar.log(f"[red]failed[/] {sec}: {type(err).__name__}: {err}")
@@ -267,55 +300,5 @@ def run(out_path, *, quick: bool, progress: bool = True, command: str, smoke: bo
         f"Calibration ({grid.name}) of {prov['device']}", prov, spec.curves,
         {k: v.model_dump(mode="json") if hasattr(v, "model_dump") else v
          for k, v in dict(spec.memory).items()}, st.timings, st.skipped + st.failed)
-    _write_outputs(out, summary, spec.model_dump(mode="json"), text)
+    write_outputs(out, summary, spec.model_dump(mode="json"), text)
     return spec
-
-
-class Interrupted(PlanError):
-    """An interrupt after the profile was replaced: the profile is complete, the summary is not."""
-
-    exit_code = 130
-
-
-def output_paths(out_path) -> tuple[Path, Path]:
-    """(profile, summary) paths, both checked writable before anything is measured. The summary is
-    ``<stem>.summary.md`` beside the profile, so it never replaces the profile or a ``<stem>.md``.
-
-    Raises:
-        planner.errors.InvalidPlan: ``--out`` ends in ``.md`` (the summary's extension), or a path
-            cannot be written.
-    """
-    out = Path(out_path)
-    if out.suffix.lower() == ".md":
-        raise InvalidPlan("--out", str(out), "ends in .md, the extension of the calibration summary",
-                          "give the profile a .yaml name (its summary goes to <stem>.summary.md)")
-    summary = out.with_name(f"{out.stem}.summary.md")
-    check_writable(out, "--out")
-    check_writable(summary, "--out (its summary)")
-    return out, summary
-
-
-def _write_outputs(out: Path, summary: Path, profile: dict, text: str) -> None:
-    """Profile then summary, each atomically; SIGTERM during the writes raises ``SystemExit`` so
-    the temp file is removed (``write_bytes_atomic``'s ``finally``)."""
-    import signal
-    import threading
-
-    def _term(signum, frame):
-        raise SystemExit(128 + signum)
-
-    main = threading.current_thread() is threading.main_thread()
-    old = signal.signal(signal.SIGTERM, _term) if main else None
-    written = False
-    try:
-        write_yaml_atomic(out, profile, "--out")
-        written = True
-        write_text_atomic(summary, text, "--out (its summary)")
-    except (KeyboardInterrupt, SystemExit):
-        if written:
-            raise Interrupted(f"interrupted after {out} was written (the profile is complete); its summary "
-                              f"{summary} was not written") from None
-        raise
-    finally:
-        if main:
-            signal.signal(signal.SIGTERM, old)

@@ -122,7 +122,12 @@ def test_failed_section_is_reported_and_exit_code_1(tmp_path, monkeypatch, capsy
 
 
 def test_smoke_runs_every_section_on_cpu(tmp_path):
-    spec = calibration.run(tmp_path / "smoke.yaml", quick=False, smoke=True, progress=False, command="pytest")
+    """Every section but the coverage ones (``test_coverage_sections.py`` runs those once)."""
+    from calibration import coverage_sections
+
+    only = tuple(s for s in config.GPU_SECTIONS if s not in coverage_sections.SECTIONS)
+    spec = calibration.run(tmp_path / "smoke.yaml", quick=False, smoke=True, progress=False, command="pytest",
+                           only=only)
     st = runner.LAST_RUN[0]
     for name in ("gemm", "grouped_gemm", "attention_fwd", "attention_bwd", "cpu_adamw"):
         assert getattr(spec.curves, name) is not None, (name, st.failed)

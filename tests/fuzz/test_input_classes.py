@@ -347,24 +347,24 @@ def test_calibrate_out_is_refused_before_measuring(case, tmp_path, capsys):
 
 def test_calibrate_outputs_never_clobber_and_interrupts_say_what_was_written(tmp_path, monkeypatch):
     pytest.importorskip("torch")
-    from calibration import runner
+    from calibration import io as cal_io
 
     out = tmp_path / "prof.yaml"
     (tmp_path / "prof.md").write_text("unrelated notes")
-    o, summary = runner.output_paths(out)
+    o, summary = cal_io.output_paths(out)
     assert summary.name == "prof.summary.md"
-    runner._write_outputs(o, summary, {"a": 1}, "# summary")
+    cal_io.write_outputs(o, summary, {"a": 1}, "# summary")
     assert (tmp_path / "prof.md").read_text() == "unrelated notes"
     assert yaml.safe_load(out.read_text()) == {"a": 1} and summary.read_text() == "# summary"
 
     def interrupt(*a, **k):
         raise KeyboardInterrupt
-    monkeypatch.setattr(runner, "write_text_atomic", interrupt)     # after the profile's rename
-    with pytest.raises(runner.Interrupted, match="was written .* summary .* was not written"):
-        runner._write_outputs(o, summary, {"a": 2}, "# new")
+    monkeypatch.setattr(cal_io, "write_text_atomic", interrupt)     # after the profile's rename
+    with pytest.raises(cal_io.Interrupted, match="was written .* summary .* was not written"):
+        cal_io.write_outputs(o, summary, {"a": 2}, "# new")
     assert yaml.safe_load(out.read_text()) == {"a": 2}
     monkeypatch.setattr(os, "fsync", interrupt)                       # during the profile's write
     with pytest.raises(KeyboardInterrupt):
-        runner._write_outputs(o, summary, {"a": 3}, "# new")
+        cal_io.write_outputs(o, summary, {"a": 3}, "# new")
     assert yaml.safe_load(out.read_text()) == {"a": 2}                 # old profile intact
     assert not [p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
