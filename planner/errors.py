@@ -46,6 +46,13 @@ class InvalidPlan(PlanError, ValueError):
             msg += f"; fix: {shown(fix, MAX_TEXT_CHARS)}"
         super().__init__(msg)
 
+    def renamed(self, field: str) -> InvalidPlan:
+        """The same refusal with its value named ``field`` instead (the command-line flag that set
+        a schema field: ``planner.cli.options.FLAG_OF_FIELD``); the old name is replaced where the
+        problem or the fix repeats it."""
+        return type(self)(field, self.value, self.problem.replace(self.field, field),
+                          self.fix.replace(self.field, field))
+
 
 MAX_FIELD_CHARS = 120
 """An error names at most this many characters of a field path (a 50 MB unknown key stays a line)."""

@@ -14,6 +14,7 @@ import typer
 
 from planner.cli import plan_commands, search_commands, tools  # noqa: F401 - registers the commands
 from planner.cli.app import app, err
+from planner.cli.options import named_by_flag
 from planner.errors import INTERRUPTED, InvalidPlan, PlanError, usage_exception_types, usage_line
 
 __all__ = ["app", "main"]
@@ -37,7 +38,8 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point: maps errors to exit codes (2 invalid input, 3 internal error with traceback).
 
     Usage errors (bad option values, unknown options or commands, missing values) exit 2 with one
-    ``error:`` line; bare ``planner`` prints the help and exits 2 (click's convention).
+    ``error:`` line; bare ``planner`` prints the help and exits 2 (click's convention). A refusal of
+    a value typed as a flag names the flag, not the schema field it set (``options.named_by_flag``).
     """
     usage_types, abort_types = usage_exception_types()
     args = sys.argv[1:] if argv is None else list(argv)
@@ -47,6 +49,7 @@ def main(argv: list[str] | None = None) -> int:
         rv = app(args=argv, prog_name="planner", standalone_mode=False)
         code = int(rv or 0)
     except PlanError as e:
+        e = named_by_flag(e, args)
         err.print(f"error: {e}", markup=False, highlight=False, soft_wrap=True)
         code = e.exit_code
         if as_json:

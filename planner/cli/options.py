@@ -8,7 +8,8 @@ from typing import Annotated, Any, Optional
 import typer
 
 from planner.budget.frontier import MIN_HEADROOM
-from planner.schema.knobs import KNOBS, Knob, default, enum_of
+from planner.errors import InvalidPlan, PlanError
+from planner.schema.knobs import ALIASES, KNOBS, Knob, default, enum_of
 from planner.schema.plan import ROUTING_DEFAULT_TEXT
 from planner.units import parse_count
 
@@ -54,6 +55,42 @@ BoundOpt = Annotated[DispatchBoundC, typer.Option(help="Dispatch size the verdic
 DtypeOpt = Annotated[DtypeC, typer.Option(help="Activation dtype.")]
 DEFAULT_BOUND = DispatchBoundC(default("dispatch_bound"))
 DEFAULT_DTYPE = DtypeC(default("dtype"))
+
+
+FLAG_OF_FIELD: dict[str, tuple[str, ...]] = {
+    "plan.world_size": ("--gpus",),
+    "workload.seq_len": ("--seq-len", "--seq-lens"),
+    "workload.seqs_per_microbatch": ("--seqs-per-microbatch",),
+    "workload.global_batch_tokens": ("--global-batch-tokens",),
+    "cluster.topology.gpus_per_node": ("--gpus-per-node",),
+    **{k.path: (k.flag,) for k in KNOBS.values() if k.cli is not None and k.cli.parse != "gib"},
+    **{KNOBS[b].path: (KNOBS[a].flag,) for a, b in ALIASES.items()},
+}
+"""Schema path → the flags that set it, for the errors about a value the user typed: a refusal
+of ``plan.baseline.tp`` reads ``--tp (3) must …`` when ``--tp`` was on the command line
+(``named_by_flag``). The knobs' entries come from the registry (``Knob.path``, ``Knob.flag``;
+``--expert-parallel`` sets the baseline's ``ep``). Left out: the fields whose flag takes another
+unit (``--sco-host-gib``, ``--hbm-gib``, ``--host-ram-gib`` hold bytes; their flags are checked in
+GiB where they are parsed) and those no flag sets (``plan.baseline.dp_replicate``, ``model.*``)."""
+
+
+def typed_flags(args: list[str]) -> set[str]:
+    """The long options on a command line, as click reads them: ``--tp 3`` and ``--tp=3`` give
+    ``--tp``; nothing after ``--`` is an option."""
+    args = args[:args.index("--")] if "--" in args else args
+    return {a.split("=", 1)[0] for a in args if a.startswith("--")}
+
+
+def named_by_flag(e: PlanError, args: list[str]) -> PlanError:
+    """``e`` naming the flag the user typed where it names the schema field that flag set
+    (``FLAG_OF_FIELD``). A field not set by a flag on this command line keeps its path: it names
+    the field of the plan, model or cluster file it came from (``check --plan FILE``), or a
+    derived default."""
+    if not isinstance(e, InvalidPlan):
+        return e
+    typed = typed_flags(args)
+    flag = next((f for f in FLAG_OF_FIELD.get(e.field, ()) if f in typed), None)
+    return e if flag is None else e.renamed(flag)
 
 
 def count(v: str | None, field: str) -> int | None:

@@ -19,6 +19,7 @@ from typing import Any
 
 from pydantic.fields import FieldInfo
 
+from planner.schema.base import MAX_BYTES
 from planner.schema.plan import BaselineKnobs, Cli, ComposedKnobs, Plan
 
 PARTS = {"plan": Plan, "composed": ComposedKnobs, "baseline": BaselineKnobs}
@@ -49,6 +50,11 @@ class Knob:
     @property
     def doc(self) -> str:
         return self.field.description or ""
+
+    @property
+    def path(self) -> str:
+        """Where the knob sits in a plan file: ``plan.dtype``, ``plan.composed.token_budget``."""
+        return f"plan.{self.name}" if self.part == "plan" else f"plan.{self.part}.{self.name}"
 
     @property
     def flag(self) -> str:
@@ -117,6 +123,9 @@ def parse_flag(name: str, value: Any) -> Any:
     if parse == "gib":
         if not math.isfinite(value) or value < 0:
             raise InvalidPlan(flag_of(name), value, "must be >= 0 and finite", "give a budget in GiB, e.g. 64")
+        if value > MAX_BYTES // GiB:      # refused here, in GiB: the schema's bound would name bytes
+            raise InvalidPlan(flag_of(name), value, f"must be <= {MAX_BYTES // GiB} GiB (2^60 bytes)",
+                              "give a budget in GiB, e.g. 64")
         return int(Decimal(repr(value)) * GiB)
     return value
 

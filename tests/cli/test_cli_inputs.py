@@ -60,15 +60,12 @@ HUGE = "9" * 4301
 """An integer longer than Python prints by default (over 4300 digits): its error must still be one line."""
 
 
-@pytest.mark.parametrize("flag,field", [("--seq-len", "workload.seq_len"),
-                                        ("--bucket-params", "plan.composed.bucket_params"),
-                                        ("--token-budget", "plan.composed.token_budget"),
-                                        ("--global-batch-tokens", "workload.global_batch_tokens")])
-def test_an_integer_too_long_to_print_is_one_line(flag, field):
+@pytest.mark.parametrize("flag", ["--seq-len", "--bucket-params", "--token-budget", "--global-batch-tokens"])
+def test_an_integer_too_long_to_print_is_one_line(flag):
     args = ["check", "gpt-oss-20b", "--gpus", "8", "--seq-len", "32k", flag, HUGE]
     if flag == "--seq-len":
         args = ["check", "gpt-oss-20b", "--gpus", "8", flag, HUGE]
-    line = _refused(args, field, "an integer of 4301 digits", "fix:")
+    line = _refused(args, f"error: {flag} (an integer of 4301 digits) must be", "fix:")
     assert len(line) < 400
 
 
