@@ -48,7 +48,7 @@ SHARES = {"attention": 0.43, "dispatch_widths": 0.12, "chunk_curves": 0.09, "sco
 """Each section's share of ``--budget-s`` (a section may also use what earlier ones left)."""
 BENCH_TIMEOUT_S = 120.0
 """The CPUOffloadAdamW bench subprocess (~45 s on an H200 host) is killed after this long."""
-FULL = dict(attention=attention_long.FULL, grid="full", chunk_ks=(1, 2, 3, 5, 10, 20),
+FULL = dict(attention=dict(attention_long.FULL, **attention_long.BEYOND), grid="full", chunk_ks=(1, 2, 3, 5, 10, 20),
             chunk_shapes={"A": dict(N=65536, H=7168, I=2048, E=128, k=8), "B": dict(N=32768, H=4096, I=4096, E=128, k=4)},
             host_params=HOST_TABLE_PARAMS, host_threads=(1, 2, 4, 8, 16))
 DRY = dict(attention=attention_long.SMOKE, grid="smoke", chunk_ks=(1, 2),

@@ -72,7 +72,8 @@ STEMS = ("validate", "validate_w1", "validate_w1_run3", "validate_w1_run4", "val
          "validate_w1_pinned_expandable", "validate_fsdp2_pinned_expandable", "validate_w1_h100_expandable",
          "validate_fsdp2_h100_expandable", "validate_w1_h100_cal_expandable", "validate_fsdp2_h100_cal_expandable",
          "validate_w1_h100_si_expandable", "validate_w1_64k_h100_si_expandable", "validate_fsdp2_h100_si_expandable",
-         "validate_w1_h200_si_expandable", "validate_fsdp2_h200_si_expandable")
+         "validate_w1_h200_si_expandable", "validate_fsdp2_h200_si_expandable",
+         "validate_w1_h100_d700f3ef_expandable", "validate_fsdp2_h100_d700f3ef_expandable")
 """The committed runs: the composed matrix, the composed W = 1 runs at three context lengths (timed
 as the median of steps 2–4), the FSDP2 baseline's cases, and held-out cases of both stacks run
 through the CLI (``validate_heldout``, one process each). The ``*_expandable`` and held-out runs ran
@@ -221,7 +222,7 @@ def row(stem: str, c: dict, pf) -> dict:
     lo = min(rows, key=lambda r: r.ratio)
     hi = max(rows, key=lambda r: r.ratio)
     meas_peak = int(res["measured_peak_bytes"]) - carried
-    return {"stack": "fsdp2" if _fsdp2(stem, c) else "composed", "case": c.get("name") or c["model"],
+    return {"stem": stem, "stack": "fsdp2" if _fsdp2(stem, c) else "composed", "case": c.get("name") or c["model"],
             "model": c["model"], "W": c["W"], "S": c["S"], "lifetime": c["lifetime"],
             "peak_predicted": pred.peak_bytes, "peak_measured": meas_peak,
             "peak_ok_conservative": pred.peak_bytes >= meas_peak * 0.99,

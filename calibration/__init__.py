@@ -1,7 +1,9 @@
 """Calibration microbenchmarks that write cluster profiles (DESIGN §6).
 
-- ``run(out_path, *, quick, progress=True, command, smoke=False, name=None) -> ClusterSpec``:
-  measure this machine (``python -m calibration --out FILE [--quick] [--smoke]``).
+- ``run(out_path, *, quick, progress=True, command, smoke=False, name=None, only=None, budgets=None)
+  -> ClusterSpec``: measure this machine, every section of ``calibration.config``'s grid or the
+  ``only`` ones, the coverage sections under their wall ``budgets`` (``planner calibrate``,
+  ``python -m calibration --out FILE [--quick] [--smoke] [--sections A,B] [--attention-budget-s S]``).
 - ``merge(profile_path, measured_path, *, out_path=None) -> ClusterSpec``: fold measurements into
   a declared profile (``python -m calibration.merge``).
 - ``write_yaml_atomic(path, data)``: the atomic profile writer.

@@ -15,7 +15,12 @@ def main(argv: list[str] | None = None) -> int:
     # Before torch starts CUDA: the memory constants are measured with expandable segments.
     os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
     argv = list(sys.argv[1:] if argv is None else argv)
-    ap = argparse.ArgumentParser(prog="python -m calibration", description="Calibrate this machine.")
+    class _Parser(argparse.ArgumentParser):
+        def error(self, message):   # one line, exit 2 (the CLI contract), not argparse's usage block
+            print(f"error: {message}; fix: see python3 -m calibration --help", file=sys.stderr)
+            raise SystemExit(2)
+
+    ap = _Parser(prog="python -m calibration", description="Calibrate this machine.")
     ap.add_argument("--out", required=True, help="cluster profile YAML to write (a .md summary goes beside it)")
     ap.add_argument("--quick", action="store_true", help="coarse grid; without CUDA, the small CPU profile")
     ap.add_argument("--smoke", action="store_true", help="every section at tiny shapes (code-path check)")
@@ -26,25 +31,33 @@ def main(argv: list[str] | None = None) -> int:
                     help="wall budget of the long-context attention section (default 240 s; 60 s with --quick)")
     args = ap.parse_args(argv)
 
+    from calibration import config
+    from calibration.io import command_line
     from calibration.runner import LAST_RUN, run
     from planner.errors import PlanError
 
-    from calibration.io import command_line
-
     command = command_line("python3 -m calibration", argv)
+    only = tuple(x.strip() for x in args.sections.split(",") if x.strip()) if args.sections is not None else None
+    budgets = {"attention_long": args.attention_budget_s} if args.attention_budget_s is not None else None
     try:
+        import torch
+
+        cuda = torch.cuda.is_available()
+        grid = config.choose(quick=args.quick, smoke=args.smoke, cuda=cuda)
+        config.check_request(only, budgets, grid, cuda, names=config.FLAG_NAMES)
         spec = run(args.out, quick=args.quick, progress=not args.no_progress, command=command,
-                   smoke=args.smoke, name=args.name,
-                   only=tuple(args.sections.split(",")) if args.sections else None,
-                   budgets={"attention_long": args.attention_budget_s} if args.attention_budget_s is not None else None)
+                   smoke=args.smoke, name=args.name, only=only, budgets=budgets)
     except PlanError as err:
         print(f"error: {err}", file=sys.stderr)
         return err.exit_code
+    except KeyboardInterrupt:
+        print("interrupted (the profile, if one was there, is unchanged)", file=sys.stderr)
+        return 130
     st = LAST_RUN[0]
     print(f"wrote {args.out} ({spec.topology.gpu_name}) in {st.timings.get('total', 0):.1f} s; "
           f"sections: " + ", ".join(f"{k} {v:.1f}s" for k, v in st.timings.items() if k != "total"))
-    for msg in st.skipped:
-        print(f"skipped: {msg}")
+    if st.skipped:
+        print(f"skipped {len(st.skipped)}, listed in the summary beside the profile")
     for msg in st.failed:
         print(f"FAILED: {msg}", file=sys.stderr)
     return 1 if st.failed else 0

@@ -19,8 +19,12 @@ VARIANTS = {"sliding64": dict(heads=(1, 8), kv_div=8, d=64, dv=64, kind="runtime
             "sinks64": dict(heads=(1, 8), kv_div=8, d=64, dv=64, kind="runtime", sinks=True)}
 """Head counts per rank: 1 and 8 (2 for flash) span the shipped models' ``h/(tp·cp)`` at long context."""
 
-FULL = dict(seqs=(65536, 131072, 262144, 524288, 1048576), beyond=(2097152,), variants=VARIANTS,
-            beyond_variants=("flash128", "mla"), beyond_heads=(1,))
+FULL = dict(seqs=(65536, 131072, 262144, 524288, 1048576), beyond=(), variants=VARIANTS,
+            beyond_variants=(), beyond_heads=())
+BEYOND = dict(beyond=(2097152,), beyond_variants=("flash128", "mla"), beyond_heads=(1,))
+"""Points past the complete grid (2M at one head) that ``bench/calibrate_coverage.py`` adds where time
+is left: a table keeps only the ``S`` measured at every head count, so ``planner calibrate`` does
+not spend its budget on them."""
 QUICK = dict(seqs=(65536, 131072, 262144), beyond=(), variants=VARIANTS, beyond_variants=(), beyond_heads=())
 SMOKE = dict(seqs=(64, 128), beyond=(256,),
              variants={"flash128": dict(heads=(1, 2), kv_div=1, d=16, dv=16, kind="flash"),
@@ -121,21 +125,19 @@ def measure(cfg: dict, dev, clock: Clock, min_time_s: float, *, median_of: int =
         else:
             guess = _guess(prev, S, v)
         if not clock.fits(guess):
-            clock.skip(f"attention {name} S={S} h={h}: ~{guess:.1f} s would pass the section's budget")
+            clock.skip(f"attention {name} S={S} h={h}: " + (f"~{guess:.1f} s would pass the section's budget" if guess > 0
+                                                           else "the section's budget is spent"))
             continue
-        try:
+        with clock.point(f"attention {name} S={S} h={h}", dev) as done:
             fwd, bwd_setup, bwd, backend, hkv = _case(v, S, h, dev, dt)
             if prev is None:       # first time at this (variant, h): load the kernels
                 fwd()
             t_f, n_f = timed(fwd, dev, min_time_s, median_of)
             bwd_setup()
             t_b, n_b = timed(bwd, dev, min_time_s, median_of)
-        except torch.OutOfMemoryError as err:
-            clock.skip(f"attention {name} S={S} h={h}: out of memory ({str(err).splitlines()[0]})")
+            del fwd, bwd_setup, bwd
+        if not done:
             continue
-        finally:
-            if dev.type == "cuda":
-                torch.cuda.empty_cache()
         last[(name, h)] = (S, t_f, t_b)
         widen = (v["d"] + v["dv"]) / (2 * v["d"])
         f_f = float(attention_flops(S, h, v["d"])) * widen

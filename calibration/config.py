@@ -200,26 +200,74 @@ SMOKE = Grid(
 )
 
 
-def check_sections(only, budgets) -> None:
-    """Validate ``run``'s ``only`` and ``budgets`` before anything is measured.
+API_NAMES = {"only": "only", "budget": "budgets[{section!r}]"}
+"""How ``check_request`` names the arguments of ``calibration.run``."""
+FLAG_NAMES = {"only": "--sections", "budget": "--attention-budget-s"}
+"""How it names the command-line flags (``planner calibrate``, ``python3 -m calibration``; only the
+long-context attention's budget has a flag)."""
 
+
+def check_request(only, budgets, grid: Grid | None = None, cuda: bool = True, names: dict = API_NAMES) -> None:
+    """Validate ``run``'s ``only`` and ``budgets`` before anything is measured or written.
+
+    Args:
+        only: ``None`` (every section of the grid) or a tuple/list of section names.
+        budgets: ``None`` or a mapping ``{section: seconds or None}``.
+        grid, cuda: the grid this machine runs; with it, every requested section must be one it
+            measures here (a CUDA-only section needs CUDA).
+        names: how the errors name the arguments (``API_NAMES`` or ``FLAG_NAMES``).
     Raises:
-        InvalidPlan: a section that is not one of ``GPU_SECTIONS``, a budget for a section that has
-            none, or a budget that is not a positive finite number of seconds.
+        InvalidPlan: naming the argument, the value and the fix.
     """
+    import difflib
     import math
 
     from calibration.coverage_sections import BUDGETED
     from planner.errors import InvalidPlan
 
-    for s in only or ():
-        if s not in GPU_SECTIONS:
-            raise InvalidPlan("--sections", s, "is not a calibration section", f"use some of {', '.join(GPU_SECTIONS)}")
-    for k, v in (budgets or {}).items():
+    oname = names["only"]
+    if only is not None:
+        if isinstance(only, (str, bytes)) or not isinstance(only, (tuple, list)):
+            raise InvalidPlan(oname, only, f"must be a tuple of section names, not {type(only).__name__}",
+                              "e.g. ('sco', 'attention_long')" if oname == "only" else "e.g. sco,attention_long")
+        if not only:
+            raise InvalidPlan(oname, "", "names no section", "give a comma-separated list, e.g. sco,attention_long")
+        for s in only:
+            if not isinstance(s, str) or s not in GPU_SECTIONS:
+                near = difflib.get_close_matches(str(s).lower(), GPU_SECTIONS, n=1)
+                raise InvalidPlan(oname, s, "is not a calibration section",
+                                  (f"did you mean {near[0]}? " if near else "") + f"use some of {', '.join(GPU_SECTIONS)}")
+        if grid is not None:
+            for s in only:
+                if s not in grid.sections or (not cuda and s in CUDA_ONLY):
+                    here = [x for x in grid.sections if cuda or x not in CUDA_ONLY]
+                    raise InvalidPlan(oname, s, f"is not measured by the {grid.name} grid on this machine"
+                                      + ("" if cuda else " (no CUDA device)"),
+                                      f"use some of {', '.join(here)}" + ("" if cuda else ", or run on a GPU"))
+    if budgets is None:
+        return
+    if not isinstance(budgets, dict):
+        raise InvalidPlan("budgets", budgets, f"must be a mapping of section to seconds, not {type(budgets).__name__}",
+                          "e.g. {'attention_long': 240}")
+    for k, v in budgets.items():
+        field = names["budget"].format(section=k)
         if k not in BUDGETED:
             raise InvalidPlan("budgets", k, "names no section with a wall budget", f"use one of {', '.join(BUDGETED)}")
-        if v is not None and not (isinstance(v, (int, float)) and math.isfinite(v) and v > 0):
-            raise InvalidPlan(f"budget of {k}", v, "must be a positive number of seconds", "e.g. 240")
+        if v is None:
+            continue
+        try:
+            ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(float(v)) and v > 0
+        except OverflowError:
+            ok = False
+        if not ok:
+            raise InvalidPlan(field, v, "must be a positive finite number of seconds", "e.g. 240")
+        if only is not None and k not in only:
+            raise InvalidPlan(field, v, f"does not apply: {k} is not among the sections run",
+                              f"add {k} to the sections, or drop the budget")
+
+
+CUDA_ONLY = ("constants", "fragmentation", "dispatch_kernels", "memory_sizes")
+"""Sections that need a CUDA device (the others run on the CPU too, at the smoke shapes)."""
 
 
 def choose(*, quick: bool, smoke: bool, cuda: bool) -> Grid:

@@ -71,15 +71,11 @@ def measure(grid: str, dev, clock: Clock, prov: dict, command: str, *, shared: d
             clock.skip(f"dispatch_widths {label}: out of budget")
             continue
         t0 = time.perf_counter()
-        try:
+        with clock.point(f"dispatch_widths {label}", dev) as done:
             ref, mem = dk.memory(c, dev, dt)
             layouts = dk.gemm_layouts(c, dev, dt)
-        except torch.OutOfMemoryError as err:
-            clock.skip(f"dispatch_widths {label}: out of memory ({str(err).splitlines()[0]})")
+        if not done:
             continue
-        finally:
-            if dev.type == "cuda":
-                torch.cuda.empty_cache()
         per = time.perf_counter() - t0
         widths.append({"provenance": prov, "command": command, "shape": c, "adamw_ref_bytes_per_s": ref,
                        "memory": mem, "gemm_layouts": layouts, **shared, "users": w["users"]})

@@ -23,7 +23,7 @@ def _curve_row(name: str, c) -> str:
     elif isinstance(c, ChunkCurve):
         what = ", ".join(f"K={k}: {t * 1e3:.2f} ms" for k, t in zip(c.num_chunks, c.time_s))
     elif isinstance(c, LongAttentionTable):
-        what = (f"S {c.seq_len[0]:,}..{c.seq_len[-1]:,} × heads {c.heads}; at the longest S, 1 head row: "
+        what = (f"S {c.seq_len[0]:,}..{c.seq_len[-1]:,} × heads {c.heads}; at the longest S, {c.heads[0]} head(s): "
                 f"fwd {c.fwd_s[-1][0]:.4g} s, bwd {c.bwd_s[-1][0]:.4g} s; {c.backend}")
     elif isinstance(c, SCOCurve):
         what = ", ".join(f"{r.config}: SCO/plain {r.sco_step_s / r.plain_step_s:.3f}" for r in c.rows)

@@ -19,7 +19,7 @@ import time
 from dataclasses import dataclass, field
 
 from calibration import config
-from calibration.config import check_sections
+from calibration.config import CUDA_ONLY, check_request
 from calibration.io import Interrupted, output_paths, write_outputs  # noqa: F401 - re-exported
 from planner.errors import InvalidPlan
 from planner.schema import cluster_constants
@@ -31,8 +31,6 @@ default, ``planner.schema.cluster_constants``): status ``policy`` for the reserv
 margins), ``assumed`` for the rest."""
 
 POLICY = tuple(c.name for c in cluster_constants.CONSTANTS if c.default_status == "policy")
-
-CUDA_ONLY = ("constants", "fragmentation", "dispatch_kernels", "memory_sizes")
 
 
 @dataclass
@@ -249,8 +247,8 @@ def run(out_path, *, quick: bool, progress: bool = True, command: str, smoke: bo
         planner.errors.InvalidPlan: a full calibration without CUDA, or measurements that do not
         validate (nothing is written then).
     """
+    check_request(only, budgets)
     out, summary = output_paths(out_path)
-    check_sections(only, budgets)
     _ensure_alloc_conf()
     import torch
 
@@ -262,9 +260,7 @@ def run(out_path, *, quick: bool, progress: bool = True, command: str, smoke: bo
     prov = provenance(command)
     st = RunState()
     LAST_RUN[:] = [st]
-    if only is not None and not set(only) & set(grid.sections):
-        raise InvalidPlan("--sections", ",".join(only), f"are not measured by the {grid.name} grid on this machine",
-                          f"use some of {', '.join(grid.sections)}" + ("" if cuda else ", or run on a GPU"))
+    check_request(only, budgets, grid, cuda)
     sections = [s for s in grid.sections if (cuda or s not in CUDA_ONLY) and (only is None or s in only)]
     st.skipped += [f"{s}: needs CUDA" for s in grid.sections
                    if s not in sections and s in CUDA_ONLY and not cuda and (only is None or s in only)]

@@ -8,6 +8,7 @@ every dispatch width, SCO), and the one-shot timer they share.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 
@@ -44,6 +45,23 @@ class Clock:
         self.skipped.append(what)
         if self._log is not None:
             self._log(f"skip: {what}")
+
+    @contextlib.contextmanager
+    def point(self, label: str, dev):
+        """Measure one point: an out-of-memory error skips it (named ``label``) instead of ending the
+        section, and the CUDA cache is emptied after it either way. Yields a list that holds
+        ``True`` once the point completed."""
+        import torch
+
+        done: list[bool] = []
+        try:
+            yield done
+            done.append(True)
+        except torch.OutOfMemoryError as err:
+            self.skip(f"{label}: out of memory ({str(err).splitlines()[0]})")
+        finally:
+            if getattr(dev, "type", dev) == "cuda":
+                torch.cuda.empty_cache()
 
 
 def _sync(dev) -> None:

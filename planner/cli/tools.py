@@ -22,41 +22,43 @@ def calibrate(
 ) -> None:
     """Measure this machine's curves and constants and write a cluster profile (needs the runtime extra).
 
-    Every curve the time model reads: GEMM and attention tables, long-context attention variants, copies, AdamW (GPU and host), the chunk-count curve, the dispatch kernels at every shipped width, SCO against plain checkpointing, the FSDP2 host rows, and the memory constants. About 8 minutes on one H200, most of it the long-context attention's budget."""
+    Every curve the time model reads: GEMM and attention tables, long-context attention variants, copies, AdamW (GPU and host), the chunk-count curve, the dispatch kernels at every shipped width, SCO against plain checkpointing, the FSDP2 host rows, and the memory constants. 5.5 minutes on one H100 with --attention-budget-s 160, most of it that budget."""
     import importlib.util
 
     if importlib.util.find_spec("torch") is None:
         raise InvalidPlan("planner calibrate", "torch", "is not installed (it needs the runtime extra)",
                           "pip install 'moe-planner[runtime]'")
-    import calibration
-    from calibration.config import check_sections
+    import torch
 
-    only = tuple(s for s in sections.split(",") if s) if sections is not None else None
-    budgets = {"attention_long": attention_budget_s} if attention_budget_s is not None else {}
-    if attention_budget_s is not None and not (0 < attention_budget_s < float("inf")):
-        raise InvalidPlan("--attention-budget-s", attention_budget_s, "must be a positive number of seconds", "e.g. 240")
-    if only == ():
-        raise InvalidPlan("--sections", sections, "names no section", "give a comma-separated list, e.g. attention_long,sco")
-    check_sections(only, budgets)
+    import calibration
+    from calibration import config
+    from calibration.io import command_line
+
+    only = tuple(x.strip() for x in sections.split(",") if x.strip()) if sections is not None else None
+    budgets = {"attention_long": attention_budget_s} if attention_budget_s is not None else None
+    cuda = torch.cuda.is_available()
+    grid = config.choose(quick=quick, smoke=False, cuda=cuda)
+    config.check_request(only, budgets, grid, cuda, names=config.FLAG_NAMES)
     path = out_file
     if path is None:
         from pathlib import Path
 
         path = default_calibration_path()
         Path(path).parent.mkdir(parents=True, exist_ok=True)
-    spec = calibration.run(path, quick=quick, progress=progress, command=" ".join(["planner", *sys.argv[2:]]),
+    spec = calibration.run(path, quick=quick, progress=progress, command=command_line("planner", sys.argv[1:]),
                            only=only, budgets=budgets)
-    err.print(f"wrote {path} ({spec.name}): use it with --cluster {path}; to fold a GPU calibration into a declared "
-              f"profile of the same GPU: python3 -m calibration.merge PROFILE {path}", markup=False, highlight=False)
+    say = dict(markup=False, highlight=False, soft_wrap=True)
+    err.print(f"wrote {path} ({spec.name}): use it with --cluster {path}"
+              + (f"; to fold it into a declared profile of the same GPU: python3 -m calibration.merge PROFILE {path}"
+                 if cuda else ""), **say)
     from calibration.runner import LAST_RUN, output_paths
 
     st, summary = LAST_RUN[0], output_paths(path)[1]
     if st.skipped:
         err.print(f"skipped {len(st.skipped)} (listed in {summary}; the time model names its rule for each under "
-                  f"'assumed'): " + "; ".join(st.skipped[:3]) + (" …" if len(st.skipped) > 3 else ""),
-                  markup=False, highlight=False)
+                  f"'assumed'): " + "; ".join(st.skipped[:3]) + (" …" if len(st.skipped) > 3 else ""), **say)
     for msg in st.failed:
-        err.print(f"FAILED: {msg}", markup=False, highlight=False)
+        err.print(f"FAILED: {msg}", **say)
     if st.failed:
         raise typer.Exit(1)
 

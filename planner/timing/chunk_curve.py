@@ -25,7 +25,9 @@ point too: φ(1) carries the whole-operator correction of that shape. A point wh
 host-bound (``HOST_BOUND_SHARE``) is left out (listed): there the replay runs at the profile's
 host calibration and the measurement at the host of the instance the curve ran on, so the ratio is
 the two hosts' pace, which a GPU-bound configuration (PipelinedLLEP at ``E_p = 8``, 16 slots per
-chunk) must not inherit. Without the curve, or without a GPU-bound point, φ = 1 (listed).
+chunk) must not inherit. A point whose ratio is not positive (its measured seconds no more than the
+replay's router and the fills: a curve too small to time the operator) is left out too (listed).
+Without the curve, or without a usable point, φ = 1 (listed).
 """
 
 from __future__ import annotations
@@ -63,7 +65,7 @@ def ratios(lk: Lookups, replay: Callable[[int, dict], tuple[float, float, float]
     memo = shared_memo(("chunk_curve_ratios", cc))
     hit = memo.get("phi")
     if hit is None:
-        ks, phi, dropped = [], [], []
+        ks, phi, dropped, unusable = [], [], [], []
         fills = cc.fill_bytes or [0.0] * len(cc.num_chunks)
         if cc.fill_bytes and copy_s is None:
             raise ValueError("the chunk-count curve has fill_bytes: ratios() needs copy_s")
@@ -73,10 +75,19 @@ def ratios(lk: Lookups, replay: Callable[[int, dict], tuple[float, float, float]
             if op > 0 and host > HOST_BOUND_SHARE * op:
                 dropped.append(int(K))
                 continue
+            ratio = (t - rho) / op if op > 0 else np.nan
+            if not (np.isfinite(ratio) and ratio > 0):
+                unusable.append(int(K))
+                continue
             ks.append(float(K))
-            phi.append((t - rho) / op if op > 0 else np.nan)
+            phi.append(ratio)
         hit = (np.asarray(ks), np.asarray(phi, dtype=float), dropped) if ks else None
         memo["phi"] = hit
+        memo["unusable"] = unusable
+    if memo.get("unusable"):
+        lk.assume(f"chunk-count curve points K = {memo['unusable']} left out of φ(K): their measured seconds do not "
+                  "exceed the replay's router and loss plus the emulation's fills at the copy rate (a curve too "
+                  "small to time the operator), so their ratio is not positive")
     if hit is not None and hit[2]:
         lk.assume(f"chunk-count curve points K = {hit[2]} left out of φ(K): their replay is host-bound (exposed host "
                   f"launches above {HOST_BOUND_SHARE:.0%} of it), so their measured/replayed ratio is the host pace of "

@@ -121,26 +121,6 @@ def test_failed_section_is_reported_and_exit_code_1(tmp_path, monkeypatch, capsy
     assert "gemm: RuntimeError: no kernel" in out.with_name(out.stem + ".summary.md").read_text()
 
 
-def test_smoke_runs_every_section_on_cpu(tmp_path):
-    """Every section but the coverage ones (``test_coverage_sections.py`` runs those once)."""
-    from calibration import coverage_sections
-
-    only = tuple(s for s in config.GPU_SECTIONS if s not in coverage_sections.SECTIONS)
-    spec = calibration.run(tmp_path / "smoke.yaml", quick=False, smoke=True, progress=False, command="pytest",
-                           only=only)
-    st = runner.LAST_RUN[0]
-    for name in ("gemm", "grouped_gemm", "attention_fwd", "attention_bwd", "cpu_adamw"):
-        assert getattr(spec.curves, name) is not None, (name, st.failed)
-    assert spec.curves.grouped_gemm.backend in ("torch._grouped_mm", "loop of torch.mm")
-    # host-to-host copies on a shared CPU may be too noisy to fit: then they are reported, not lost
-    for name, section in (("h2d", "transfer"), ("d2h", "transfer"), ("bidir", "transfer"),
-                          ("gpu_adamw", "gpu_adamw")):
-        fitted = getattr(spec.curves, name) is not None
-        assert fitted or any(f.startswith(f"{section}: ") for f in st.failed), name
-    assert {"constants: needs CUDA", "fragmentation: needs CUDA", "dispatch_kernels: needs CUDA",
-            "memory_sizes: needs CUDA"} <= set(st.skipped)
-
-
 def test_dispatch_kernels_section_on_cpu_smoke():
     """The GPU-only ``dispatch_kernels`` section's code path (``--sections dispatch_kernels``), run at
     the smoke shapes on the CPU: a validated curve with the run's provenance and host instance."""

@@ -117,6 +117,9 @@ def test_baseline_scan_too_costly_to_plan_names_the_routing_not_a_flag_never_giv
 @pytest.mark.parametrize("args,flag", [
     (["max-context", "gpt-oss-20b", "--gpus", "8", "--seq-len", "128k"], "--seq-len"),
     (["max-batch", "gpt-oss-20b", "--gpus", "8", "--seq-len", "32k", "--seqs-per-microbatch", "2"],
-     "--seqs-per-microbatch")])
+     "--seqs-per-microbatch"),
+    (["max-context", "gpt-oss-20b", "--gpus", "8", "--global-batch-tokens", "5"], "--global-batch-tokens"),
+    (["max-batch", "gpt-oss-20b", "--gpus", "8", "--seq-len", "32k", "--global-batch-tokens", "1m"],
+     "--global-batch-tokens")])
 def test_the_scanned_quantity_cannot_also_be_given(args, flag):
     _refused(args, flag, "does not apply to", "fix: drop it")

@@ -70,3 +70,24 @@ def test_heldout_shape_b_on_its_instance():
     assert not bad, table
     own = chunk_count_cases(cluster, curves["A"], " [A]")
     assert not any(c.held_out for c in own), "shape A is the calibration curve's own shape"
+
+
+def test_a_curve_too_small_to_time_the_operator_is_left_out_not_negative(tmp_path):
+    """A profile whose chunk-count curve measured less than its replay's router and fills (a smoke
+    calibration's tiny shape) gives no negative φ: its points are left out and listed, and the step
+    is priced with φ = 1 (a profile that validates never makes an internal error)."""
+    import math
+
+    from planner.api import check
+
+    data = load_cluster("h200").model_dump(mode="json")
+    cc = data["curves"]["chunk_count"]
+    cc["time_s"] = [1e-9] * len(cc["num_chunks"])
+    from calibration.io import write_yaml_atomic
+
+    write_yaml_atomic(tmp_path / "tiny_curve.yaml", data)
+    rep = check(model="qwen3-30b-a3b", cluster=str(tmp_path / "tiny_curve.yaml"), gpus=8, seq_len=32768)
+    step = rep.to_json()
+    assert step["step_s"] is not None and math.isfinite(step["step_s"]) and step["step_s"] > 0
+    assert any("left out of φ(K)" in a and "not positive" in a for a in step["step_assumed"])
+    assert any("from the operator replay alone" in a for a in step["step_assumed"])
