@@ -31,20 +31,15 @@ def main(argv: list[str] | None = None) -> int:
                     help="wall budget of the long-context attention section (default 240 s; 60 s with --quick)")
     args = ap.parse_args(argv)
 
-    from calibration import config
     from calibration.io import command_line
-    from calibration.runner import LAST_RUN, run
+    from calibration.runner import LAST_RUN, preflight, run
     from planner.errors import PlanError
 
     command = command_line("python3 -m calibration", argv)
     only = tuple(x.strip() for x in args.sections.split(",") if x.strip()) if args.sections is not None else None
     budgets = {"attention_long": args.attention_budget_s} if args.attention_budget_s is not None else None
     try:
-        import torch
-
-        cuda = torch.cuda.is_available()
-        grid = config.choose(quick=args.quick, smoke=args.smoke, cuda=cuda)
-        config.check_request(only, budgets, grid, cuda, names=config.FLAG_NAMES)
+        preflight(quick=args.quick, smoke=args.smoke, only=only, budgets=budgets)
         spec = run(args.out, quick=args.quick, progress=not args.no_progress, command=command,
                    smoke=args.smoke, name=args.name, only=only, budgets=budgets)
     except PlanError as err:

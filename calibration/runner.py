@@ -227,6 +227,17 @@ def _assemble(name: str, prov: dict, st: RunState):
     return parse_cluster(data)
 
 
+def preflight(*, quick: bool, smoke: bool = False, only=None, budgets=None, names: dict = config.FLAG_NAMES) -> None:
+    """Refuse, before any folder is made or anything measured, a request this machine cannot run:
+    a full grid without CUDA, or sections and budgets ``config.check_request`` refuses for the grid
+    chosen here (errors name the command-line flags by default)."""
+    import torch
+
+    cuda = torch.cuda.is_available()
+    grid = config.choose(quick=quick, smoke=smoke, cuda=cuda)
+    check_request(only, budgets, grid, cuda, names=names)
+
+
 def run(out_path, *, quick: bool, progress: bool = True, command: str, smoke: bool = False,
         name: str | None = None, only: tuple[str, ...] | None = None, budgets: dict | None = None):
     """Calibrate this machine and write its cluster profile to ``out_path`` (atomically).

@@ -28,17 +28,13 @@ def calibrate(
     if importlib.util.find_spec("torch") is None:
         raise InvalidPlan("planner calibrate", "torch", "is not installed (it needs the runtime extra)",
                           "pip install 'moe-planner[runtime]'")
-    import torch
-
     import calibration
-    from calibration import config
     from calibration.io import command_line
+    from calibration.runner import preflight
 
     only = tuple(x.strip() for x in sections.split(",") if x.strip()) if sections is not None else None
     budgets = {"attention_long": attention_budget_s} if attention_budget_s is not None else None
-    cuda = torch.cuda.is_available()
-    grid = config.choose(quick=quick, smoke=False, cuda=cuda)
-    config.check_request(only, budgets, grid, cuda, names=config.FLAG_NAMES)
+    preflight(quick=quick, only=only, budgets=budgets)
     path = out_file
     if path is None:
         from pathlib import Path
@@ -50,7 +46,7 @@ def calibrate(
     say = dict(markup=False, highlight=False, soft_wrap=True)
     err.print(f"wrote {path} ({spec.name}): use it with --cluster {path}"
               + (f"; to fold it into a declared profile of the same GPU: python3 -m calibration.merge PROFILE {path}"
-                 if cuda else ""), **say)
+                 if spec.topology.gpu_name != "cpu" else ""), **say)
     from calibration.runner import LAST_RUN, output_paths
 
     st, summary = LAST_RUN[0], output_paths(path)[1]
