@@ -255,8 +255,9 @@ def run(out_path, *, quick: bool, progress: bool = True, command: str, smoke: bo
     Returns:
         The ``ClusterSpec`` written.
     Raises:
-        planner.errors.InvalidPlan: a full calibration without CUDA, or measurements that do not
-        validate (nothing is written then).
+        planner.errors.InvalidPlan: a full calibration without CUDA, ``only`` or ``budgets`` that
+        ``config.check_request`` refuses, an ``out_path`` that names a folder, or measurements that
+        do not validate (nothing is written then).
     """
     check_request(only, budgets)
     out, summary = output_paths(out_path)
