@@ -32,12 +32,11 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
 
     from calibration.io import command_line
-    from calibration.runner import LAST_RUN, preflight, run
+    from calibration.runner import LAST_RUN, preflight, request_from_flags, run
     from planner.errors import PlanError
 
     command = command_line("python3 -m calibration", argv)
-    only = tuple(x.strip() for x in args.sections.split(",") if x.strip()) if args.sections is not None else None
-    budgets = {"attention_long": args.attention_budget_s} if args.attention_budget_s is not None else None
+    only, budgets = request_from_flags(args.sections, args.attention_budget_s)
     try:
         preflight(quick=args.quick, smoke=args.smoke, only=only, budgets=budgets)
         spec = run(args.out, quick=args.quick, progress=not args.no_progress, command=command,

@@ -34,9 +34,10 @@ SMOKE = dict(seqs=(64, 128), beyond=(256,),
              beyond_variants=("flash128",), beyond_heads=(1,))
 GRIDS = {"full": FULL, "quick": QUICK, "smoke": SMOKE}
 BUDGET_S = {"full": 240.0, "quick": 60.0, "smoke": 60.0}
-"""Default wall budget of the section per grid (``planner calibrate --attention-budget-s``). On an
-H200, 240 s reaches every variant at 524,288 and flash at 1,048,576; 1M for MLA at 8 heads alone
-takes ~180 s."""
+"""Default wall budget of the section per grid (``planner calibrate --attention-budget-s``; a
+policy). Measured: on an H100 (d700f3ef) 148 s of a 160 s budget reached every variant at 524,288
+and the sliding window at 1,048,576; MLA at 8 heads and 1,048,576 alone took 178 s on an H200
+(``bench/results/calibration/coverage/coverage_1m.json``)."""
 MIN_TIME_S = {"full": 0.02, "quick": 0.02, "smoke": 0.002}
 NOTE = ("causal, batch 1, [1, h, S, d]; fwd_s under no_grad, bwd_s = autograd.grad of the output for q, k, v "
         "(and the sink logits) with a random upstream gradient; causal_flops_* = "
@@ -98,10 +99,24 @@ def _guess(prev: tuple, S: int, v: dict) -> float:
     return f + sum(t if t >= ONE_SHOT_S else 4 * t + 0.06 for t in (f, b))
 
 
-def plan(cfg: dict) -> list[tuple[int, str, int]]:
-    """``(S, variant, heads)`` in run order: ascending ``S`` across variants, the beyond points last."""
-    out = [(S, name, h) for S in cfg["seqs"] for name, v in cfg["variants"].items() for h in v["heads"]]
-    return out + [(S, name, h) for S in cfg["beyond"] for name in cfg["beyond_variants"] for h in cfg["beyond_heads"]]
+def plan(cfg: dict) -> list[tuple[int, str, tuple[int, ...]]]:
+    """``(S, variant, heads)`` groups in run order: ascending ``S`` across variants, the beyond points
+    last. A table keeps an ``S`` only where every head count of its variant was measured, so a group
+    is measured whole or skipped whole."""
+    out = [(S, name, tuple(v["heads"])) for S in cfg["seqs"] for name, v in cfg["variants"].items()]
+    return out + [(S, name, tuple(cfg["beyond_heads"])) for S in cfg["beyond"] for name in cfg["beyond_variants"]]
+
+
+def _point_guess(last: dict, name: str, h: int, S: int, v: dict) -> float:
+    """``_guess`` from the same variant's last point at ``h`` heads, else from its nearest head count
+    (``∝ h``); 0 for a variant not yet measured."""
+    if (name, h) in last:
+        return _guess(last[(name, h)], S, v)
+    near = min((k for k in last if k[0] == name), key=lambda k: abs(k[1] - h), default=None)
+    if near is None:
+        return 0.0
+    S0, t_f, t_b = last[near]
+    return _guess((S0, t_f * h / near[1], t_b * h / near[1]), S, v)
 
 
 def measure(cfg: dict, dev, clock: Clock, min_time_s: float, *, median_of: int = 1, partial=None, log=print) -> dict:
@@ -113,43 +128,38 @@ def measure(cfg: dict, dev, clock: Clock, min_time_s: float, *, median_of: int =
 
     dt = torch.bfloat16 if dev.type == "cuda" else torch.float32
     rows, last = [], {}
-    for S, name, h in plan(cfg):
+    for S, name, heads in plan(cfg):
         v = cfg["variants"][name]
-        prev = last.get((name, h))
-        if prev is None:   # first point at these heads: scale the same variant's nearest heads (∝ h)
-            near = min((k for k in last if k[0] == name), key=lambda k: abs(k[1] - h), default=None)
-            guess = 0.0
-            if near is not None:
-                S0, t_f, t_b = last[near]
-                guess = _guess((S0, t_f * h / near[1], t_b * h / near[1]), S, v)
-        else:
-            guess = _guess(prev, S, v)
-        if not clock.fits(guess):
-            clock.skip(f"attention {name} S={S} h={h}: " + (f"~{guess:.1f} s would pass the section's budget" if guess > 0
-                                                           else "the section's budget is spent"))
+        guess = sum(_point_guess(last, name, h, S, v) for h in heads)
+        if not clock.fits(guess):   # the whole group: a table cannot use part of it
+            clock.skip(f"attention {name} S={S} h={','.join(map(str, heads))}: "
+                       + (f"~{guess:.1f} s would pass the section's budget" if guess > 0
+                          else "the section's budget is spent"))
             continue
-        with clock.point(f"attention {name} S={S} h={h}", dev) as done:
-            fwd, bwd_setup, bwd, backend, hkv = _case(v, S, h, dev, dt)
-            if prev is None:       # first time at this (variant, h): load the kernels
-                fwd()
-            t_f, n_f = timed(fwd, dev, min_time_s, median_of)
-            bwd_setup()
-            t_b, n_b = timed(bwd, dev, min_time_s, median_of)
-            del fwd, bwd_setup, bwd
-        if not done:
-            continue
-        last[(name, h)] = (S, t_f, t_b)
-        widen = (v["d"] + v["dv"]) / (2 * v["d"])
-        f_f = float(attention_flops(S, h, v["d"])) * widen
-        f_b = float(attention_flops(S, h, v["d"], backward=True)) * widen
-        row = dict(variant=name, seq_len=S, heads=h, kv_heads=hkv, d_qk=v["d"], d_v=v["dv"], window=v.get("window"),
-                   sinks=bool(v.get("sinks")), backend=backend, fwd_s=t_f, bwd_s=t_b, fwd_calls=n_f, bwd_calls=n_b,
-                   causal_flops_fwd=f_f, causal_flops_bwd=f_b,
-                   fwd_tflops=f_f / t_f / 1e12, bwd_tflops=f_b / t_b / 1e12)
-        rows.append(row)
-        if partial is not None:
-            partial({"rows": rows, "partial": True})
-        log(f"attention {name:9s} S={S:>8d} h={h} (kv {hkv}): "
-            f"fwd {t_f * 1e3:9.2f} ms ({row['fwd_tflops']:6.1f} TF/s), bwd {t_b * 1e3:9.2f} ms "
-            f"({row['bwd_tflops']:6.1f} TF/s)")
+        for h in heads:
+            prev = last.get((name, h))
+            with clock.point(f"attention {name} S={S} h={h}", dev) as done:
+                fwd, bwd_setup, bwd, backend, hkv = _case(v, S, h, dev, dt)
+                if prev is None:       # first time at this (variant, h): load the kernels
+                    fwd()
+                t_f, n_f = timed(fwd, dev, min_time_s, median_of)
+                bwd_setup()
+                t_b, n_b = timed(bwd, dev, min_time_s, median_of)
+                del fwd, bwd_setup, bwd
+            if not done:
+                continue
+            last[(name, h)] = (S, t_f, t_b)
+            widen = (v["d"] + v["dv"]) / (2 * v["d"])
+            f_f = float(attention_flops(S, h, v["d"])) * widen
+            f_b = float(attention_flops(S, h, v["d"], backward=True)) * widen
+            row = dict(variant=name, seq_len=S, heads=h, kv_heads=hkv, d_qk=v["d"], d_v=v["dv"], window=v.get("window"),
+                       sinks=bool(v.get("sinks")), backend=backend, fwd_s=t_f, bwd_s=t_b, fwd_calls=n_f, bwd_calls=n_b,
+                       causal_flops_fwd=f_f, causal_flops_bwd=f_b,
+                       fwd_tflops=f_f / t_f / 1e12, bwd_tflops=f_b / t_b / 1e12)
+            rows.append(row)
+            if partial is not None:
+                partial({"rows": rows, "partial": True})
+            log(f"attention {name:9s} S={S:>8d} h={h} (kv {hkv}): "
+                f"fwd {t_f * 1e3:9.2f} ms ({row['fwd_tflops']:6.1f} TF/s), bwd {t_b * 1e3:9.2f} ms "
+                f"({row['bwd_tflops']:6.1f} TF/s)")
     return {"rows": rows, "note": NOTE, "variants": cfg["variants"]}

@@ -19,12 +19,11 @@ BUDGETED = ("dispatch_widths", "sco", "attention_long")
 
 
 def default_budget_s(section: str, grid: str) -> float:
-    """The section's wall budget on ``grid`` (``full``, ``quick`` or ``smoke``); 0 for a section
-    without one."""
+    """The wall budget of a ``BUDGETED`` section on ``grid`` (``full``, ``quick`` or ``smoke``)."""
     from calibration import attention_long, dispatch_widths, sco_overlap
 
     return {"attention_long": attention_long.BUDGET_S, "dispatch_widths": dispatch_widths.BUDGET_S,
-            "sco": sco_overlap.BUDGET_S}.get(section, {}).get(grid, 0.0)
+            "sco": sco_overlap.BUDGET_S}[section][grid]
 
 
 def run(section: str, grid: str, device, prov: dict, *, budget_s: float | None, log, shared: dict | None = None
@@ -40,7 +39,15 @@ def run(section: str, grid: str, device, prov: dict, *, budget_s: float | None, 
     """
     from calibration.wall_budget import Clock
 
-    clock = Clock(budget_s or default_budget_s(section, grid) or 1.0, log=log)
+    if section == "baseline_host":   # fixed cases, no budget
+        from calibration import step_host
+
+        doc = step_host.measure(grid == "smoke", prov["command"])
+        skipped = [f"baseline_host {f['model']} ac={f['ac']}: {f['error']}" for f in doc["failed"]]
+        return ({"baseline_host": step_host.fragment(doc)["curves"]["baseline_host"]} if doc["cases"] else {}), skipped
+    if section not in BUDGETED:
+        raise ValueError(f"unknown coverage section {section!r}; one of {', '.join(SECTIONS)}")
+    clock = Clock(budget_s or default_budget_s(section, grid), log=log)
     if section == "attention_long":
         from calibration import attention_long
         from calibration.coverage import attention_tables
@@ -55,15 +62,7 @@ def run(section: str, grid: str, device, prov: dict, *, budget_s: float | None, 
         doc = dispatch_widths.measure(grid, device, clock, prov, prov["command"], shared=shared, log=log)
         curves = dispatch_curves(doc)
         return ({"dispatch_kernels_widths": curves} if curves else {}), clock.skipped
-    if section == "sco":
-        from calibration import sco_overlap
+    from calibration import sco_overlap
 
-        curve = sco_overlap.curve(sco_overlap.measure(sco_overlap.GRIDS[grid], device, clock, log=log), prov)
-        return ({"sco": curve} if curve else {}), clock.skipped
-    if section == "baseline_host":
-        from calibration import step_host
-
-        doc = step_host.measure(grid == "smoke", prov["command"])
-        skipped = [f"baseline_host {f['model']} ac={f['ac']}: {f['error']}" for f in doc["failed"]]
-        return ({"baseline_host": step_host.fragment(doc)["curves"]["baseline_host"]} if doc["cases"] else {}), skipped
-    raise ValueError(f"unknown coverage section {section!r}; one of {', '.join(SECTIONS)}")
+    curve = sco_overlap.curve(sco_overlap.measure(sco_overlap.GRIDS[grid], device, clock, log=log), prov)
+    return ({"sco": curve} if curve else {}), clock.skipped

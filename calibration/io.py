@@ -15,7 +15,7 @@ from planner.errors import InvalidPlan, PlanError
 from planner.schema.io import check_writable, dump_yaml, read_structured, write_text_atomic, write_yaml_atomic
 
 __all__ = ["Interrupted", "command_line", "dump_yaml", "output_paths", "read_run", "read_yaml", "section_parser",
-           "write_measurement", "write_outputs", "write_text_atomic", "write_yaml_atomic"]
+           "summary_path", "write_measurement", "write_outputs", "write_text_atomic", "write_yaml_atomic"]
 
 
 def command_line(launcher: str, argv: list[str] | None) -> str:
@@ -101,6 +101,12 @@ class Interrupted(PlanError):
     exit_code = 130
 
 
+def summary_path(out_path) -> Path:
+    """``<stem>.summary.md`` beside the profile ``out_path``."""
+    out = Path(out_path)
+    return out.with_name(f"{out.stem}.summary.md")
+
+
 def output_paths(out_path) -> tuple[Path, Path]:
     """(profile, summary) paths, both checked writable before anything is measured. The summary is
     ``<stem>.summary.md`` beside the profile, so it never replaces the profile or a ``<stem>.md``.
@@ -116,7 +122,7 @@ def output_paths(out_path) -> tuple[Path, Path]:
     if out.suffix.lower() == ".md":
         raise InvalidPlan("--out", str(out), "ends in .md, the extension of the calibration summary",
                           "give the profile a .yaml name (its summary goes to <stem>.summary.md)")
-    summary = out.with_name(f"{out.stem}.summary.md")
+    summary = summary_path(out)
     check_writable(out, "--out")
     check_writable(summary, "--out (its summary)")
     return out, summary

@@ -21,7 +21,6 @@ from dataclasses import dataclass, field
 from calibration import config
 from calibration.config import CUDA_ONLY, check_request
 from calibration.io import Interrupted, output_paths, write_outputs  # noqa: F401 - re-exported
-from planner.errors import InvalidPlan
 from planner.schema import cluster_constants
 
 ASSUMED = {c.name: (c.default, ("policy: " if c.default_status == "policy" else "") + c.default_note)
@@ -227,15 +226,21 @@ def _assemble(name: str, prov: dict, st: RunState):
     return parse_cluster(data)
 
 
-def preflight(*, quick: bool, smoke: bool = False, only=None, budgets=None, names: dict = config.FLAG_NAMES) -> None:
-    """Refuse, before any folder is made or anything measured, a request this machine cannot run:
-    a full grid without CUDA, or sections and budgets ``config.check_request`` refuses for the grid
-    chosen here (errors name the command-line flags by default)."""
+def request_from_flags(sections: str | None, attention_budget_s: float | None) -> tuple:
+    """``(only, budgets)`` of ``run`` from the command-line flags ``--sections A,B`` (items
+    stripped, empty ones dropped) and ``--attention-budget-s``."""
+    only = tuple(x.strip() for x in sections.split(",") if x.strip()) if sections is not None else None
+    return only, ({"attention_long": attention_budget_s} if attention_budget_s is not None else None)
+
+
+def preflight(*, quick: bool, smoke: bool = False, only=None, budgets=None) -> None:
+    """What ``run`` refuses before measuring (a full grid without CUDA, sections and budgets
+    ``config.check_request`` refuses for the grid chosen here), with the command-line flags' names,
+    before the command makes a folder or anything else."""
     import torch
 
     cuda = torch.cuda.is_available()
-    grid = config.choose(quick=quick, smoke=smoke, cuda=cuda)
-    check_request(only, budgets, grid, cuda, names=names)
+    check_request(only, budgets, config.choose(quick=quick, smoke=smoke, cuda=cuda), cuda, names=config.FLAG_NAMES)
 
 
 def run(out_path, *, quick: bool, progress: bool = True, command: str, smoke: bool = False,
@@ -259,8 +264,6 @@ def run(out_path, *, quick: bool, progress: bool = True, command: str, smoke: bo
         ``config.check_request`` refuses, an ``out_path`` that names a folder, or measurements that
         do not validate (nothing is written then).
     """
-    check_request(only, budgets)
-    out, summary = output_paths(out_path)
     _ensure_alloc_conf()
     import torch
 
@@ -268,11 +271,12 @@ def run(out_path, *, quick: bool, progress: bool = True, command: str, smoke: bo
 
     cuda = torch.cuda.is_available()
     grid = config.choose(quick=quick, smoke=smoke, cuda=cuda)
+    check_request(only, budgets, grid, cuda)
+    out, summary = output_paths(out_path)
     device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
     prov = provenance(command)
     st = RunState()
     LAST_RUN[:] = [st]
-    check_request(only, budgets, grid, cuda)
     sections = [s for s in grid.sections if (cuda or s not in CUDA_ONLY) and (only is None or s in only)]
     st.skipped += [f"{s}: needs CUDA" for s in grid.sections
                    if s not in sections and s in CUDA_ONLY and not cuda and (only is None or s in only)]

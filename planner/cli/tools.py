@@ -30,10 +30,9 @@ def calibrate(
                           "pip install 'moe-planner[runtime]'")
     import calibration
     from calibration.io import command_line
-    from calibration.runner import preflight
+    from calibration.runner import preflight, request_from_flags
 
-    only = tuple(x.strip() for x in sections.split(",") if x.strip()) if sections is not None else None
-    budgets = {"attention_long": attention_budget_s} if attention_budget_s is not None else None
+    only, budgets = request_from_flags(sections, attention_budget_s)
     preflight(quick=quick, only=only, budgets=budgets)
     path = out_file
     if path is None:
@@ -47,9 +46,10 @@ def calibrate(
     err.print(f"wrote {path} ({spec.name}): use it with --cluster {path}"
               + (f"; to fold it into a declared profile of the same GPU: python3 -m calibration.merge PROFILE {path}"
                  if spec.topology.gpu_name != "cpu" else ""), **say)
-    from calibration.runner import LAST_RUN, output_paths
+    from calibration.io import summary_path
+    from calibration.runner import LAST_RUN
 
-    st, summary = LAST_RUN[0], output_paths(path)[1]
+    st, summary = LAST_RUN[0], summary_path(path)
     if st.skipped:
         err.print(f"skipped {len(st.skipped)} (listed in {summary}; the time model names its rule for each under "
                   f"'assumed'): " + "; ".join(st.skipped[:3]) + (" …" if len(st.skipped) > 3 else ""), **say)

@@ -62,9 +62,8 @@ def ratios(lk: Lookups, replay: Callable[[int, dict], tuple[float, float, float]
     cc = lk.curves.chunk_count
     if cc is None or any(k not in cc.shape for k in SHAPE_KEYS):
         return None
-    memo = shared_memo(("chunk_curve_ratios", cc))
-    hit = memo.get("phi")
-    if hit is None:
+    memo = shared_memo(("chunk_curve_ratios", lk.curves))   # the replay reads the profile's other curves too
+    if "phi" not in memo:    # computed once per curve, a curve with no usable point included
         ks, phi, dropped, unusable = [], [], [], []
         fills = cc.fill_bytes or [0.0] * len(cc.num_chunks)
         if cc.fill_bytes and copy_s is None:
@@ -81,25 +80,24 @@ def ratios(lk: Lookups, replay: Callable[[int, dict], tuple[float, float, float]
                 continue
             ks.append(float(K))
             phi.append(ratio)
-        hit = (np.asarray(ks), np.asarray(phi, dtype=float), dropped) if ks else None
-        memo["phi"] = hit
-        memo["unusable"] = unusable
-    if memo.get("unusable"):
+        memo["phi"] = (np.asarray(ks), np.asarray(phi, dtype=float)) if ks else None
+        memo["dropped"], memo["unusable"] = dropped, unusable
+    if memo["unusable"]:
         lk.assume(f"chunk-count curve points K = {memo['unusable']} left out of φ(K): their measured seconds do not "
                   "exceed the replay's router and loss plus the emulation's fills at the copy rate (a curve too "
                   "small to time the operator), so their ratio is not positive")
-    if hit is not None and hit[2]:
-        lk.assume(f"chunk-count curve points K = {hit[2]} left out of φ(K): their replay is host-bound (exposed host "
+    if memo["dropped"]:
+        lk.assume(f"chunk-count curve points K = {memo['dropped']} left out of φ(K): their replay is host-bound (exposed host "
                   f"launches above {HOST_BOUND_SHARE:.0%} of it), so their measured/replayed ratio is the host pace of "
                   "the curve's instance, not per-chunk GPU costs; φ there is the nearest GPU-bound point's")
-    return hit[:2] if hit is not None else None
+    return memo["phi"]
 
 
 def factor(lk: Lookups, K, replay, copy_s=None) -> np.ndarray | float:
     """φ(K) for every candidate's chunk count (module docstring); 1 without the curve."""
     got = ratios(lk, replay, copy_s)
     K = np.asarray(K, dtype=float)
-    if got is None or not np.all(np.isfinite(got[1])):
+    if got is None:
         lk.assume("PipelinedLLEP per-chunk costs from the operator replay alone (the profile has no usable "
                   "chunk_count curve)")
         return np.ones(K.shape) if K.ndim else 1.0

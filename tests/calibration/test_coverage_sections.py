@@ -91,9 +91,20 @@ def test_a_spent_budget_skips_and_names_every_point():
     assert curves == {}
     assert len(skipped) == len(attention_long.plan(attention_long.SMOKE))
     assert all(s.endswith(("would pass the section's budget", "the section's budget is spent")) for s in skipped)
-    assert skipped[0] == "attention flash128 S=64 h=1: the section's budget is spent"     # nothing measured yet
+    assert skipped[0] == "attention flash128 S=64 h=1,2: the section's budget is spent"   # nothing measured yet
     curves, skipped = coverage_sections.run("sco", "smoke", CPU, PROV, budget_s=1e-9, log=lambda m: None)
     assert curves == {} and skipped == ["sco copy-bound: out of budget"]
+
+
+def test_a_length_is_measured_for_every_head_count_or_skipped_whole(monkeypatch):
+    """A table keeps an ``S`` only where every head count was measured: a budget that admits only
+    the first (unguessed) points measures ``S`` = 64 at all heads and skips each later group whole."""
+    monkeypatch.setattr(Clock, "fits", lambda self, guess, margin=1.15: guess == 0)
+    clock = Clock(60.0)
+    doc = attention_long.measure(attention_long.SMOKE, CPU, clock, 0.0, log=lambda m: None)
+    assert {(r["variant"], r["seq_len"], r["heads"]) for r in doc["rows"]} == {
+        (name, 64, h) for name, v in attention_long.SMOKE["variants"].items() for h in v["heads"]}
+    assert "attention mla S=128 h=1,2: " in " | ".join(clock.skipped)
 
 
 def test_runner_reports_skips_in_its_state(tmp_path):
