@@ -165,21 +165,23 @@ def instance_cluster(folder: str, cluster):
 
 @functools.lru_cache(maxsize=None)
 def _whole_profile(path: str, base_name: str):
+    """The shipped profile ``base_name`` with the profile at ``path`` merged in; None when that
+    profile was measured on another GPU (read once per pair)."""
     from calibration.merge import merged
     from planner.schema.io import load_cluster
 
-    return merged(load_cluster(base_name).model_dump(mode="json"), [path])
+    base = load_cluster(base_name)
+    measured = load_cluster(path)
+    if measured.topology.gpu_name != base.topology.gpu_name:
+        return None
+    return merged(base.model_dump(mode="json"), [path])
 
 
 def profile_cluster(path: str, cluster):
     """``cluster`` with every measured curve and constant of the profile at ``path`` (a ``planner
     calibrate`` output) merged in, as ``python3 -m calibration.merge`` merges it; ``cluster`` unchanged
     when that profile was measured on another GPU."""
-    from calibration.io import read_yaml
-
-    if (read_yaml(path).get("topology") or {}).get("gpu_name") != cluster.topology.gpu_name:
-        return cluster
-    return _whole_profile(str(path), cluster.name)
+    return _whole_profile(str(path), cluster.name) or cluster
 
 
 def cases(stem: str, calibration: str | None = None, profile: str | None = None):
