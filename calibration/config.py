@@ -184,7 +184,7 @@ SMOKE = Grid(
     attn_heads=(1, 2),
     attn_head_dim=(16, 32),
     transfer_bytes=(1 << 12, 1 << 16, 1 << 20),
-    gpu_adamw_params=(1 << 12, 1 << 16),
+    gpu_adamw_params=(1 << 12, 1 << 20),  # 256× apart: the fit needs time to grow with size under CPU load
     cpu_adamw_params=1 << 16,
     cpu_threads=thread_counts(_CORES, smoke=True),
     pin_bytes=1 * MiB,

@@ -28,7 +28,6 @@ host instance: the kernel's ``boot_id``), and the profile fragment ``DIR/dispatc
 
 from __future__ import annotations
 
-import json
 import math
 import time
 from pathlib import Path

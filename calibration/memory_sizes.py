@@ -17,7 +17,6 @@ rate by these points (``planner.timing.memory_sizes``).
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 

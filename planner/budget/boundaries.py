@@ -56,7 +56,6 @@ import numpy as np
 from planner.context.ctx import Ctx
 from planner.budget.dispatch_edges import books_region_io
 from planner.budget.terms import ALL_STEP, FWD_BWD, Phase, Term
-from planner.units import ceil_div
 
 SOURCE = "DESIGN §3.1 table, §3.2 Boundaries; planner/runtime/sco.py inventory"
 SAVED_SOURCE = "Korthikanti et al. 2022 §4 per-layer activations, adapted (module docstring)"

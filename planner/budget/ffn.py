@@ -44,7 +44,6 @@ import numpy as np
 from planner.context.ctx import Ctx
 from planner.budget.dispatch_edges import books_own_grads, books_region_io
 from planner.budget.terms import Phase, Term
-from planner.units import ceil_div
 
 SOURCE = "tensor inventory of planner/runtime/model_layers.py GatedMLP in a region checkpoint"
 GATED_BWD = ("; H200 allocator history of planner validate, deepseek-v2-lite W1 backward[2] (dense FFN): "

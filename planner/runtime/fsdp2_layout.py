@@ -20,7 +20,7 @@ kinds are FSDP-sharded over a mesh that includes ``tp``, so their reduce-scatter
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable
 
 import torch

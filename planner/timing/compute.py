@@ -127,7 +127,7 @@ def gemm_table(lk: Lookups, dtype: str = "bf16"):
         lk.gap(ProfileGap(f"gemm.dtype={cv.gemm.dtype}", dtype, None, None, f"calibrate {dtype} GEMMs"))
         return "gemm", None
     if cv.gemm is None:
-        lk.gap(ProfileGap("gemm", "any", None, None, "the profile has no such curve; run `planner calibrate`"))
+        lk.missing("gemm")
     return "gemm", cv.gemm
 
 
@@ -313,8 +313,7 @@ def hbm_bytes_per_s(lk: Lookups) -> float:
     if lk.topology.gpu_name == "cpu":
         lk.assume("elementwise passes at the declared host-memory bandwidth (CPU profile)")
         return float(lk.topology.host_mem_bw_bytes_per_s)
-    lk.gap(ProfileGap("gpu_adamw (HBM rate of elementwise passes)", "any", None, None,
-                      "run `planner calibrate` (gpu_adamw section)"))
+    lk.missing("gpu_adamw (HBM rate of elementwise passes)")
     return float("nan")
 
 

@@ -5,8 +5,10 @@
   ``[1/t, x/t]·[α, 1/β] ≈ 1``), so small messages weigh as much as large ones. The fit is
   monotone by construction.
 - **Host optimizer tables.** ``cpu_adamw_time_s`` / ``cpu_cast_time_s``: seconds per parameter
-  interpolated in the thread count; ``ProfileGap`` outside the measured threads or below the
-  measured parameter count (zero work is free). ``_check_range`` is the range check every lookup of
+  interpolated in the thread count; ``ProfileGap`` outside the measured threads or below
+  ``HOST_TABLE_FLOOR_PARAMS`` (or the measured count, if smaller; zero work is free). Between the
+  floor and the measured count the measured per-parameter cost holds (an assumed rule the time
+  model lists). ``_check_range`` is the range check every lookup of
   ``planner.timing`` shares.
 - The other lookups live with the time model: rate tables (multilinear in log2 of every axis,
   never monotone-smoothed) in ``planner.timing.compute``, measured copy, collective and AdamW points
@@ -109,9 +111,17 @@ def _check_range(curve: str, values, lo, hi) -> None:
         raise ProfileGap(curve, float(first), lo, hi, _FIX)
 
 
+def missing_curve_fix(gpu_name: str | None = None) -> str:
+    """The fix printed for a curve the profile lacks: a CPU profile (``planner calibrate --quick``
+    on a machine without a GPU) holds no device curve, so calibrating again there cannot help."""
+    if gpu_name == "cpu":
+        return "this profile was calibrated without a GPU; run `planner calibrate` on a GPU of the cluster"
+    return "run `planner calibrate` on this cluster"
+
+
 def _require(curve, name: str):
     if curve is None:
-        raise ProfileGap(name, "any", None, None, "the profile has no such curve; run `planner calibrate`")
+        raise ProfileGap(name, "any", None, None, missing_curve_fix())
     return curve
 
 
@@ -132,11 +142,23 @@ def cpu_cast_time_s(curves: Curves, num_params, threads):
     return _per_thread_time(curves.cpu_cast, "cpu_cast", num_params, threads)
 
 
+HOST_TABLE_FLOOR_PARAMS = 1 << 25
+"""Smallest parameter count a host table times at its measured per-parameter cost: 2^25 parameters
+hold 512 MiB of fp32 AdamW state (p, grad, m, v), beyond any host's last-level cache. Measured on
+two H200 hosts, the per-parameter cost at 2^25 (instance ea6203ee: 1.67 / 0.26 s per 10^9 at 1 / 16
+threads) and at 10^9 (09fb451c: 1.76 / 0.22) agree within the spread between instances."""
+
+
+def table_floor_params(table) -> int:
+    """The smallest count ``table`` answers for (see ``HOST_TABLE_FLOOR_PARAMS``)."""
+    return min(table.num_params, HOST_TABLE_FLOOR_PARAMS)
+
+
 def _per_thread_time(table, name: str, num_params, threads):
     c = _require(table, name)
     _check_range(f"{name}.threads", threads, c.threads[0], c.threads[-1])
     n = np.asarray(num_params, dtype=float)
-    _check_range(f"{name}.num_params", n[n != 0], c.num_params, np.inf)
+    _check_range(f"{name}.num_params", n[n != 0], table_floor_params(c), np.inf)
     spp = np.interp(np.asarray(threads, dtype=float), c.threads, c.s_per_param)
     out = np.asarray(num_params, dtype=float) * spp
     return float(out) if out.ndim == 0 else out

@@ -140,11 +140,15 @@ class Lookups:
         res = out[inv].reshape(shape)
         return float(res) if res.ndim == 0 else res
 
+    def missing(self, name: str) -> None:
+        """Record the gap of a curve the profile lacks (its fix names a GPU for a CPU profile)."""
+        self.gap(ProfileGap(name, "any", None, None, C.missing_curve_fix(self.topology.gpu_name)))
+
     def required(self, name: str):
         """The curve ``name`` of the profile, or a gap (NaN) when it is missing."""
         curve = getattr(self.curves, name, None)
         if curve is None:
-            self.gap(ProfileGap(name, "any", None, None, "the profile has no such curve; run `planner calibrate`"))
+            self.missing(name)
         return curve
 
 

@@ -118,6 +118,14 @@ def cpu_threads_per_gpu(lk: Lookups) -> float:
     return t
 
 
+def _below_measured_count(lk: Lookups, table, theta, name: str) -> None:
+    """List the rule when some ``theta`` is timed below the table's measured count."""
+    n = np.asarray(theta, dtype=float)
+    if np.any((n >= C.table_floor_params(table)) & (n < table.num_params)):
+        lk.assume(f"{name}: parameter counts from {C.table_floor_params(table):.3g} to the measured "
+                  f"{table.num_params:.3g} at the measured per-parameter cost (state beyond the last-level cache)")
+
+
 def host_adamw_s(lk: Lookups, theta, threads, *, casts: bool, ranks: int = 1):
     """Host AdamW seconds over ``theta`` parameters at ``threads`` (+ the casts of CPUOffloadAdamW),
     bounded by the rank's host-memory share when ``ranks > 1``."""
@@ -125,10 +133,12 @@ def host_adamw_s(lk: Lookups, theta, threads, *, casts: bool, ranks: int = 1):
     if c is None:
         return nan_like(theta, threads)
     t = lk.call(lambda n, th: C.cpu_adamw_time_s(lk.curves, n, th), theta, threads)
+    _below_measured_count(lk, c, theta, "cpu_adamw")
     nbytes = HOST_ADAMW_BYTES
     if casts:
         if lk.curves.cpu_cast is not None:  # measured: the upcast + downcast passes by thread count
             t = t + lk.call(lambda n, th: C.cpu_cast_time_s(lk.curves, n, th), theta, threads)
+            _below_measured_count(lk, lk.curves.cpu_cast, theta, "cpu_cast")
         else:
             lk.assume(f"CPUOffloadAdamW casts ({HOST_CAST_BYTES} B/param) at the host bandwidth the fused CPU "
                       f"AdamW implies ({HOST_ADAMW_BYTES} B/param)")

@@ -101,8 +101,45 @@ def test_cpu_adamw_lookup():
         C.cpu_adamw_time_s(curves, 10**9, 32)
     with pytest.raises(ProfileGap, match="num_params"):
         C.cpu_adamw_time_s(curves, 1000, 4)  # could run from cache: not what was measured
-    with pytest.raises(ProfileGap, match="cpu_cast"):
+    with pytest.raises(ProfileGap, match="the profile has no cpu_cast curve; fix: run `planner calibrate`"):
         C.cpu_cast_time_s(curves, 10**9, 4)   # not measured
+
+
+def test_a_host_table_measured_at_1e9_times_any_shard_from_the_floor_and_lists_the_rule():
+    """The shipped tables are measured at 10^9 parameters; a shard of 8.6·10^8 (olmoe-1b-7b's
+    CPUOffloadAdamW candidates) is timed at the measured per-parameter cost, listed as assumed,
+    not dropped as a time-model gap; below ``HOST_TABLE_FLOOR_PARAMS`` it is a gap."""
+    from planner.schema.profiles import load_cluster
+    from planner.timing.lookups import Lookups
+    from planner.timing.offload import host_adamw_s
+
+    h200 = load_cluster("h200")
+    table = h200.curves.cpu_adamw
+    assert table.num_params == 10**9 and C.HOST_TABLE_FLOOR_PARAMS < 8.6e8
+    lk = Lookups(h200, strict=True)
+    t = host_adamw_s(lk, 8.6e8, 16, casts=True)
+    assert t == pytest.approx(8.6e8 * (table.s_per_param[-1] + h200.curves.cpu_cast.s_per_param[-1]), rel=1e-9)
+    assert [a.split(":")[0] for a in lk.assumed if "measured per-parameter cost" in a] == ["cpu_adamw", "cpu_cast"]
+    lk = Lookups(h200, strict=True)
+    host_adamw_s(lk, 2e9, 16, casts=False)
+    assert not any("measured per-parameter cost" in a for a in lk.assumed)
+    with pytest.raises(ProfileGap, match="cpu_adamw.num_params has no measurement at 1e\\+06"):
+        host_adamw_s(Lookups(h200, strict=True), 1e6, 16, casts=False)
+
+
+def test_a_missing_curve_of_a_cpu_profile_says_a_gpu_is_needed():
+    from planner.schema.profiles import load_cluster
+    from planner.timing.lookups import Lookups
+
+    h200 = load_cluster("h200")
+    cpu = h200.model_copy(update={"topology": h200.topology.model_copy(update={"gpu_name": "cpu"}),
+                                  "curves": C.Curves()})
+    for cluster, fix in ((cpu, "this profile was calibrated without a GPU; run `planner calibrate` on a GPU of "
+                               "the cluster"),
+                         (h200.model_copy(update={"curves": C.Curves()}), "run `planner calibrate` on this cluster")):
+        lk = Lookups(cluster)
+        assert lk.required("attention_fwd") is None
+        assert lk.gaps == [f"the profile has no attention_fwd curve; fix: {fix}"]
 
 
 # ---------------------------------------------------------------------------------------------
