@@ -18,6 +18,9 @@ from typing import Any
 
 INTERRUPTED = 130
 """Exit status of a command stopped by Ctrl-C (128 + SIGINT), as shells report it."""
+PIPE_CLOSED = 141
+"""Exit status of a command whose reader closed the pipe (``planner … | head -1``; 128 + SIGPIPE, as
+shells report a writer the pipe stopped): never 0 or 1, which are verdicts."""
 
 
 class PlanError(Exception):

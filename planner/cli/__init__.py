@@ -6,7 +6,9 @@ The commands live in ``plan_commands`` (check, max-context, max-batch), ``search
 knob options in ``options``.
 """
 
+import errno
 import json
+import os
 import sys
 import traceback
 
@@ -15,13 +17,16 @@ import typer
 from planner.cli import plan_commands, search_commands, tools  # noqa: F401 - registers the commands
 from planner.cli.app import app, err
 from planner.cli.options import named_by_flag
-from planner.errors import INTERRUPTED, InvalidPlan, PlanError, usage_exception_types, usage_line
+from planner.errors import (INTERRUPTED, PIPE_CLOSED, InvalidPlan, PlanError, usage_exception_types,
+                            usage_line)
 
 __all__ = ["app", "main"]
 
 
 def _json_error(message: str, field, code: int) -> None:
     """Under ``--json`` an error is one JSON object on stdout too (the line stays on stderr)."""
+    if sys.stdout is None:
+        return
     sys.stdout.write(json.dumps({"error": message, "field": None if field is None else str(field),
                                  "exit_code": code}) + "\n")
 
@@ -32,6 +37,25 @@ def _version_alone(args: list[str]) -> None:
     if args[:1] == ["--version"] and len(args) > 1:
         raise InvalidPlan("--version", " ".join(args[1:]), "takes no value and no other argument",
                           "run `planner --version` alone")
+
+
+_OUTPUT_ERRNOS = {errno.ENOSPC, errno.EIO, errno.EBADF, errno.EDQUOT}
+"""Errors of a write to standard output (no file name) reported as one line, not a traceback."""
+
+
+def _pipe_closed() -> int:
+    """The reader went away: later writes (and the interpreter's last flush) go to /dev/null."""
+    try:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    except (OSError, ValueError, AttributeError):
+        pass
+    return PIPE_CLOSED
+
+
+def _internal_error() -> int:
+    traceback.print_exc()
+    err.print("internal error: please report it with the traceback above", markup=False)
+    return 3
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -45,15 +69,28 @@ def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else list(argv)
     as_json = "--json" in args
     try:
+        if sys.stdout is None:
+            raise InvalidPlan("standard output", "closed", "must be open for the command's output",
+                              "redirect it to a file or /dev/null instead of closing it")
         _version_alone(args)
         rv = app(args=argv, prog_name="planner", standalone_mode=False)
         code = int(rv or 0)
+        sys.stdout.flush()      # a closed pipe or a full disk is reported here, not at exit
+    except BrokenPipeError:
+        code = _pipe_closed()
     except PlanError as e:
         e = named_by_flag(e, args)
         err.print(f"error: {e}", markup=False, highlight=False, soft_wrap=True)
         code = e.exit_code
         if as_json:
             _json_error(str(e), getattr(e, "field", None), code)
+    except OSError as e:
+        if e.filename is not None or e.errno not in _OUTPUT_ERRNOS:
+            code = _internal_error()
+        else:
+            err.print(f"error: the output could not be written ({e.strerror}); fix: free space on its device or "
+                      "redirect it elsewhere", markup=False, highlight=False, soft_wrap=True)
+            code = 2
     except typer.Exit as e:
         code = e.exit_code
     except SystemExit as e:
@@ -71,9 +108,7 @@ def main(argv: list[str] | None = None) -> int:
                 _json_error(usage_line(e).removeprefix("error: "), opts[0] if param is not None else None, 2)
         code = 2
     except Exception:  # noqa: BLE001 - bugs
-        traceback.print_exc()
-        err.print("internal error: please report it with the traceback above", markup=False)
-        code = 3
+        code = _internal_error()
     if code == INTERRUPTED:      # typer >= 0.29 returns a Ctrl-C as exit code 130, silently
         err.print("interrupted", markup=False, highlight=False)
     if argv is None:

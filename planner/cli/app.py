@@ -36,8 +36,18 @@ class _Group(TyperGroup):
 app = typer.Typer(cls=_Group, add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Per-rank memory and step-time planner for long-context MoE training.")
 
-_WIDTH = None if sys.stdout.isatty() else 160
+_WIDTH = None if sys.stdout is not None and sys.stdout.isatty() else 160
 """Rich wraps at 80 columns when not on a terminal; pipes and logs get 160."""
+
+
+def _reader_closed_the_pipe(console) -> None:
+    """Rich exits 1 when the reader closes the pipe (``planner check … | head -1``), which reads as
+    "does not fit": every console of the command line (ours and typer's help) raises instead, and
+    ``planner.cli.main`` exits ``PIPE_CLOSED``."""
+    raise BrokenPipeError
+
+
+Console.on_broken_pipe = _reader_closed_the_pipe
 out = Console(width=_WIDTH)
 err = Console(stderr=True, width=_WIDTH)
 

@@ -109,10 +109,12 @@ def import_hf(config: Annotated[str, typer.Argument(help="Hugging Face config.js
     from pathlib import Path
 
     from planner.schema.hf_import import import_hf as _imp
-    from planner.schema.hf_import import profile_yaml
-    from planner.schema.io import check_writable, read_structured, write_text_atomic
+    from planner.schema.hf_import import default_profile_name, profile_yaml
+    import yaml
 
-    if output:
+    from planner.schema.io import check_writable, read_structured, structured_text, write_text_atomic
+
+    if output is not None:
         check_writable(output, "--output")
         if Path(output).exists() and Path(output).resolve() == Path(config).resolve():
             raise InvalidPlan("--output", output, "is the config being imported",
@@ -123,13 +125,12 @@ def import_hf(config: Annotated[str, typer.Argument(help="Hugging Face config.js
     from planner.api import refuse_planner_file
 
     refuse_planner_file(data, config)
-    stem = Path(config).parent.name if Path(config).name == "config.json" else Path(config).stem
-    spec, warnings = _imp(data, name=name or stem)
+    spec, warnings = _imp(data, name=name or default_profile_name(config))
     for w in warnings:
         err.print(f"[yellow]warning:[/] {w}")
     text = profile_yaml(spec)
-    if output:
-        write_text_atomic(output, text, "--output")
+    if output is not None:
+        write_text_atomic(output, structured_text(output, yaml.safe_load(text), text), "--output")
         err.print(f"wrote {output}: {spec.param_counts()['total'] / 1e9:.2f}B parameters", markup=False, highlight=False)
     else:
         sys.stdout.write(text)

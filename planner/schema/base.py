@@ -86,6 +86,9 @@ class Frozen(BaseModel):
         elif isinstance(v, float) and _wants_int(ann) and not _wants(ann, float):
             # lax mode reads 8.0 as 8 (and 1.31072e5 as 131072): an integer field takes an integer
             raise PydanticCustomError("int_not_float", "must be an integer, not a decimal number")
+        elif _wants(ann, bool) and not isinstance(v, bool):
+            # lax mode reads 'yes', 't', 'on' and 1 as true: a boolean field takes true or false
+            raise PydanticCustomError("bool_not_other", "must be true or false")
         return v
 
 

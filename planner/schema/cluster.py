@@ -152,6 +152,11 @@ class ClusterSpec(Frozen):
     def _name(cls, v: str) -> str:
         return check_name(v, "cluster.name")
 
+    @model_validator(mode="after")
+    def _usable(self) -> "ClusterSpec":
+        check_usable_hbm(self)
+        return self
+
     def assumed_constants(self) -> list[str]:
         """Names of the memory constants still marked ``assumed``."""
         out = []
@@ -163,3 +168,21 @@ class ClusterSpec(Frozen):
             out.append("topology")
         out += [f"curves.{name}" for name, c in self.curves.named() if c.status == "assumed"]
         return out
+
+
+def check_usable_hbm(spec: ClusterSpec) -> None:
+    """The HBM must exceed what lives outside the allocator (CUDA context + NCCL buffers), or every
+    verdict would be against a negative capacity (``--hbm-gib 1`` with the H200 profile).
+
+    Raises:
+        InvalidPlan: naming ``topology.hbm_bytes``, what takes it, and both fixes.
+    """
+    from planner.errors import InvalidPlan
+    from planner.units import GiB
+
+    outside = spec.memory.cuda_context_bytes.value + spec.memory.nccl_buffer_bytes.value
+    if spec.topology.hbm_bytes <= outside:
+        raise InvalidPlan("cluster.topology.hbm_bytes", f"{spec.topology.hbm_bytes / GiB:.3g} GiB",
+                          f"leaves no usable memory: the CUDA context and NCCL buffers alone take {outside / GiB:.3g} GiB",
+                          "give the GPU's HBM (--hbm-gib, in GiB), or lower memory.cuda_context_bytes / "
+                          "memory.nccl_buffer_bytes")

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from planner.errors import InvalidPlan
-from planner.schema.cluster import ClusterSpec, Topology
+from planner.schema.cluster import ClusterSpec, Topology, check_usable_hbm
 from planner.schema.documents import read_structured, validate
 from planner.schema.profiles import _looks_like_path, load_cluster
 from planner.schema.planfile import PlanFile
@@ -70,7 +70,9 @@ def apply_topology(spec: ClusterSpec, topology: dict[str, int] | None) -> Cluste
         raise InvalidPlan(f"cluster.topology.{bad[0]}", topology[bad[0]], "cannot be overridden in a plan file",
                           f"override only {', '.join(TOPOLOGY_FLAGS)}, or write a cluster profile")
     topo = validate(Topology, {**spec.topology.model_dump(), **topology}, "cluster.topology")
-    return spec.model_copy(update={"topology": topo})
+    out = spec.model_copy(update={"topology": topo})
+    check_usable_hbm(out)
+    return out
 
 
 def cluster_checksum(spec: ClusterSpec) -> str:

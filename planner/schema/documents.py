@@ -117,6 +117,8 @@ def validation_error(exc: ValidationError, prefix: str, cls: type[BaseModel] | N
     if kind == "int_not_float":
         return InvalidPlan(field, value, "must be an integer, not a decimal number",
                            "write a plain integer (8, not 8.0; 131072, not 1.31072e5)")
+    if kind == "bool_not_other":
+        return InvalidPlan(field, value, "must be true or false", "write true or false, without quotes")
     if kind == "float_not_bool":
         return InvalidPlan(field, value, "must be a number, not a boolean", "write a number")
     if kind in _TYPE_PROBLEMS:
@@ -141,6 +143,21 @@ def validate(cls: type[BaseModel], data: Any, prefix: str):
         raise
 
 
+JSON_SUFFIX = ".json"
+"""Files read (and written) as JSON; every other suffix is YAML."""
+
+
+def _refuse_json_duplicates(pairs: list) -> dict:
+    """``object_pairs_hook`` of ``json.loads``: a JSON object stating a key twice is refused, as a
+    YAML mapping is (``json`` would silently keep the last)."""
+    out: dict = {}
+    for k, v in pairs:
+        if k in out:
+            raise DuplicateKey.in_json(k)
+        out[k] = v
+    return out
+
+
 def read_structured(path: str | Path) -> Any:
     """Parse a YAML or JSON file. Raises ``InvalidPlan`` if missing, not a regular file, too large,
     too deep, expanding to too many values, holding an oversized integer, malformed, stating a
@@ -153,14 +170,14 @@ def read_structured(path: str | Path) -> Any:
                           "give the plan, model or cluster YAML (or a config.json) itself")
     text = raw.decode("utf-8", errors="replace")
     try:
-        if p.suffix == ".json":
-            data = json.loads(text)
+        if p.suffix == JSON_SUFFIX:
+            data = json.loads(text, object_pairs_hook=_refuse_json_duplicates)
         else:
             _check_yaml_depth(p, text)
             data = yaml.load(text, Loader=_Loader)
     except DuplicateKey as e:
-        raise InvalidPlan(str(p), f"key {e.key!r}",
-                          f"states the key twice (lines {e.first_line} and {e.line}; YAML would keep the last)",
+        where = f"lines {e.first_line} and {e.line}; YAML" if e.line else "JSON"
+        raise InvalidPlan(str(p), f"key {e.key!r}", f"states the key twice ({where} would keep the last)",
                           "keep one of them") from None
     except json.JSONDecodeError as e:
         raise InvalidPlan(str(p), f"line {e.lineno} column {e.colno}", f"is not valid JSON: {e.msg}",

@@ -326,13 +326,25 @@ def import_hf(config: dict, name: str) -> tuple[ModelSpec, list[str]]:
     return validate(ModelSpec, fields, "config"), warnings
 
 
+def default_profile_name(path: str | os.PathLike) -> str:
+    """The name a config file's profile gets when none is given: the folder's name for a
+    ``config.json`` (Hugging Face's layout, ``Qwen3-30B-A3B/config.json``; ``./config.json`` names
+    the current folder), else the file's stem. A name the schema refuses (no folder name, over
+    ``MAX_NAME_CHARS`` characters, a control character) falls back to the stem, then ``model``."""
+    from planner.schema.base import MAX_NAME_CHARS
+
+    p = Path(path)
+    tries = ([Path(os.path.abspath(p)).parent.name] if p.name == "config.json" else []) + [p.stem, "model"]
+    return next(n for n in tries if 1 <= len(n) <= MAX_NAME_CHARS and n.isprintable())
+
+
 def import_hf_file(path: str | os.PathLike, name: str | None = None) -> tuple[ModelSpec, list[str]]:
-    """Read a ``config.json`` file; the profile name defaults to the file's stem."""
+    """Read a ``config.json`` file; the profile name defaults to ``default_profile_name``."""
     p = Path(path)
     config = read_structured(p)          # bounded: size, depth, integer size; one-line errors
     if not isinstance(config, dict):
         raise InvalidPlan("config", str(p), "must hold a JSON object", "pass a config.json")
-    return import_hf(config, name or p.stem)
+    return import_hf(config, name or default_profile_name(p))
 
 
 def profile_yaml(spec: ModelSpec) -> str:

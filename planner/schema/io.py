@@ -11,6 +11,7 @@ Every failure is an ``InvalidPlan`` naming the file or field, the value and the 
 
 from __future__ import annotations
 
+import json
 import os
 import stat
 import tempfile
@@ -19,9 +20,10 @@ from typing import Any
 
 import yaml
 
-from planner.errors import UnwritableOutput
+from planner.errors import InvalidPlan, UnwritableOutput
 from planner.schema.cluster_ref import read_plan_document
 from planner.schema.documents import read_structured, validate, validation_error  # noqa: F401 - re-exported
+from planner.schema.documents import JSON_SUFFIX
 from planner.schema.planfile import PlanFile
 from planner.schema.profiles import (PROFILES_DIR, _looks_like_path, load_cluster, load_model,  # noqa: F401
                                      load_model_noted, shipped)
@@ -87,6 +89,8 @@ def check_writable(path: str | Path, field: str = "output") -> Path:
             ``_target``), its folder is not a directory, or the folder refuses a new file (a
             missing folder: the nearest existing one refuses new folders).
     """
+    if not str(path).strip():                  # Path("") is "."; name what was given
+        raise InvalidPlan(field, str(path), "is an empty path", f"give a file name, e.g. {field} out.yaml")
     p = _target(Path(path), field)
     parent = p.parent
     if parent.exists() and not parent.is_dir():
@@ -183,6 +187,15 @@ def dump_yaml(data: Any) -> str:
     return yaml.dump(data, Dumper=_Dumper, sort_keys=False, allow_unicode=True, width=100)
 
 
+def structured_text(path: str | Path, data: Any, yaml_text: str | None = None) -> str:
+    """``data`` in the format ``path`` is read back in (``read_structured``): JSON for a ``.json``
+    path, else YAML (``yaml_text`` when given, or ``dump_yaml``)."""
+    if Path(path).suffix == JSON_SUFFIX:
+        return json.dumps(data, indent=1, ensure_ascii=False) + "\n"
+    return dump_yaml(data) if yaml_text is None else yaml_text
+
+
 def write_yaml_atomic(path: str | Path, data: Any, field: str = "output") -> Path:
-    """Write ``data`` as YAML atomically (see ``write_bytes_atomic``)."""
-    return write_text_atomic(path, dump_yaml(data), field)
+    """Write ``data`` atomically (see ``write_bytes_atomic``): YAML, or JSON for a ``.json`` path
+    (``structured_text``), so that a profile or plan written there reads back."""
+    return write_text_atomic(path, structured_text(path, data), field)

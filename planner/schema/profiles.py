@@ -20,7 +20,7 @@ from planner.errors import InvalidPlan
 from planner.schema.cluster import ClusterSpec
 from planner.schema.curves import check_devices
 from planner.schema.documents import read_structured, validate
-from planner.schema.hf_import import import_hf
+from planner.schema.hf_import import default_profile_name, import_hf
 from planner.schema.model import ModelSpec
 
 PROFILES_DIR = Path(os.environ.get("MOE_PLANNER_PROFILES") or str(files("planner") / "profiles"))
@@ -44,7 +44,14 @@ def shipped(kind: str) -> list[str]:
 
 
 def _looks_like_path(ref: str) -> bool:
-    return ref.endswith((".yaml", ".yml", ".json")) or os.sep in ref
+    """A file reference rather than a shipped profile name: a YAML/JSON suffix (any case), a
+    folder separator, or an existing file that no shipped profile is named after."""
+    if ref.lower().endswith((".yaml", ".yml", ".json")) or os.sep in ref:
+        return True
+    try:
+        return os.path.lexists(ref) and not any(_is_file(PROFILES_DIR / k / f"{ref}.yaml") for k in ("models", "clusters"))
+    except ValueError:          # a NUL byte: not a file name
+        return False
 
 
 def _is_file(path: Path) -> bool:
@@ -93,8 +100,7 @@ def load_model_noted(ref: str) -> tuple[ModelSpec, list[str]]:
         raise InvalidPlan("MODEL", ref, "is a cluster profile, not a model profile",
                           f"pass it with --cluster {ref} and give a model")
     if isinstance(data, dict) and "num_layers" not in data and "name" not in data:
-        name = Path(ref).parent.name if Path(ref).name == "config.json" else Path(ref).stem
-        return import_hf(data, name=name)
+        return import_hf(data, name=default_profile_name(ref))
     return validate(ModelSpec, data, "model"), []
 
 

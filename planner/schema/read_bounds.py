@@ -25,6 +25,14 @@ class DuplicateKey(yaml.constructor.ConstructorError):
         self.key, self.first_line, self.line = key, first.line + 1, again.line + 1
         super().__init__(None, None, f"found duplicate key {key!r}", again)
 
+    @classmethod
+    def in_json(cls, key: Any) -> "DuplicateKey":
+        """The same refusal for a JSON object (``json`` reports no line: ``line`` is None)."""
+        err = cls.__new__(cls)
+        yaml.constructor.ConstructorError.__init__(err, None, None, f"found duplicate key {key!r}")
+        err.key, err.first_line, err.line = key, None, None
+        return err
+
 
 class _Loader(_BaseLoader):
     """The safe loader, refusing a mapping that states a key twice (``<<`` merge keys may still be
@@ -74,7 +82,9 @@ def _read_bytes(p: Path) -> bytes:
     except OSError as e:
         raise InvalidPlan("file", str(p), f"cannot be read: {e.strerror or e}", "check the path") from None
     if stat.S_ISDIR(st.st_mode):
-        raise InvalidPlan("file", str(p), "is a directory", "pass a YAML or JSON file inside it")
+        inside = p / "config.json"
+        raise InvalidPlan("file", str(p), "is a directory",
+                          f"pass {inside}" if inside.is_file() else "pass a YAML or JSON file inside it")
     if not stat.S_ISREG(st.st_mode):
         raise InvalidPlan("file", str(p), "is not a regular file (a FIFO, device or socket)",
                           "pass a YAML or JSON file")
