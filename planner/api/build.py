@@ -40,6 +40,8 @@ def build(*, model: str | None = None, plan_file: str | None = None, cluster: st
     cov = dict(cluster_overrides or {})
     if model is not None:
         _refuse_folder(model)
+    if plan_file is not None and not plan_file.strip():
+        raise InvalidPlan("--plan", plan_file, "is an empty path", "give the plan file `planner search --out` wrote")
     if plan_file:
         pf, file_ref, file_base = read_plan_document(plan_file)
         m = _model(model, notes) if model else pf.model

@@ -178,9 +178,12 @@ def search(*, model: str, cluster: str | None = None, gpus: int, seq_len: int, g
     for st, found in (("composed", res.top), ("fsdp2", res.baseline)):
         if found:
             continue
-        plan, _, _ = lowest_peak(pf.model, pf.cluster, pf.workload, world_size=gpus, stack=st, routing=routing,
-                                 dispatch_bound=dispatch_bound, dtype=dtype, host_fallback=True,
-                                 min_headroom=headroom)
+        try:     # no candidate of this stack can be evaluated (N past 2^58 B per rank at every D): none to offer
+            plan, _, _ = lowest_peak(pf.model, pf.cluster, pf.workload, world_size=gpus, stack=st, routing=routing,
+                                     dispatch_bound=dispatch_bound, dtype=dtype, host_fallback=True,
+                                     min_headroom=headroom)
+        except PlanError:
+            continue
         try:
             closest[st] = Closest(check_planfile(pf.model_copy(update={"plan": plan})), headroom)
         except PlanError:  # a plan check refuses cannot be offered as the closest (nor written)

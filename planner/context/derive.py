@@ -155,7 +155,8 @@ def _check_magnitude(ctx: Ctx) -> None:
                           f"gives N = {N} tokens per rank, whose per-rank byte counts (estimate "
                           f"{est:.3g} B) exceed what the planner evaluates exactly "
                           f"(2^58 B = 256 PiB, far past any GPU)",
-                          "lower --seq-len / the batch, or raise --seq-parallel")
+                          "lower the sequence length or the batch, or raise the sequence-parallel degree "
+                          "(check: --seq-parallel)")
 
 
 def check_routing(model: ModelSpec, routing: str) -> tuple[str, float, int]:

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from planner.errors import InvalidPlan
-from planner.schema.cluster import ClusterSpec, Topology, check_usable_hbm
+from planner.schema.cluster import MAX_DEVICE_BYTES, MAX_HOST_RAM_BYTES, ClusterSpec, Topology, check_usable_hbm
 from planner.schema.documents import read_structured, validate
 from planner.schema.profiles import _looks_like_path, load_cluster
 from planner.schema.planfile import PlanFile
@@ -33,8 +33,9 @@ REFERENCE_KEYS = ("profile", "sha256", "topology")
 """The keys of a plan file's ``cluster:`` reference."""
 TOPOLOGY_FLAGS = {"hbm_bytes": "--hbm-gib", "host_ram_bytes": "--host-ram-gib", "gpus_per_node": "--gpus-per-node"}
 """Topology fields the command line may override, and their flags."""
-MAX_GIB = 2.0 ** 20
-"""Largest ``--hbm-gib`` / ``--host-ram-gib`` accepted (1 PiB)."""
+_GIB_FLAGS = {"hbm_bytes": ("--hbm-gib", MAX_DEVICE_BYTES, 141), "host_ram_bytes": ("--host-ram-gib", MAX_HOST_RAM_BYTES, 2048)}
+"""Per GiB flag: the flag, its schema bound (``Topology``'s: 1 PiB of HBM, 64 PiB of host RAM) and a
+plausible example value."""
 MAX_GPUS_PER_NODE = 4096
 """Largest ``--gpus-per-node`` accepted."""
 
@@ -47,11 +48,12 @@ def topology_overrides(*, hbm_gib: float | None = None, host_ram_gib: float | No
         InvalidPlan: a size that is not finite and positive, or beyond the bounds.
     """
     out: dict[str, int] = {}
-    for key, flag, gib_ in (("hbm_bytes", "--hbm-gib", hbm_gib), ("host_ram_bytes", "--host-ram-gib", host_ram_gib)):
+    for key, gib_ in (("hbm_bytes", hbm_gib), ("host_ram_bytes", host_ram_gib)):
         if gib_ is None:
             continue
-        if not math.isfinite(gib_) or not 0 < gib_ <= MAX_GIB:
-            raise InvalidPlan(flag, gib_, f"must be > 0 and <= {MAX_GIB:.0f} GiB", f"give GiB, e.g. {flag} 141")
+        flag, top, example = _GIB_FLAGS[key]
+        if not math.isfinite(gib_) or not 0 < gib_ <= top / GiB:
+            raise InvalidPlan(flag, gib_, f"must be > 0 and <= {top / GiB:.0f} GiB", f"give GiB, e.g. {flag} {example}")
         out[key] = int(Decimal(repr(float(gib_))) * GiB)
     if gpus_per_node is not None:
         if not 0 < gpus_per_node <= MAX_GPUS_PER_NODE:

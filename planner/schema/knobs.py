@@ -164,7 +164,7 @@ def stack_overrides(ov: dict, stack: str) -> dict:
         if bad:
             f = flag_of(bad[0])
             raise InvalidPlan(f, ov[bad[0]], "applies to the composed stack, not the FSDP2 baseline",
-                              f"drop {f}, or drop --baseline to evaluate the composed stack")
+                              f"drop {f}, or evaluate the composed stack (no --baseline, or a composed plan file)")
     else:
         bad = sorted(set(ov) & BASELINE_KEYS)
         if bad:
@@ -189,6 +189,10 @@ def check_inert(given: set[str], composed: dict) -> None:
         op, live = cli.live
         choice = composed.get(op) or default(op)
         if choice not in live:
-            f = flag_of(name)
-            raise InvalidPlan(f, composed.get(name), f"does nothing with --{op} {choice}",
+            f, typed = flag_of(name), composed.get(name)
+            if cli.parse == "gib" and isinstance(typed, (int, float)):   # echo the GiB typed, not bytes
+                from planner.units import GiB
+
+                typed = float(typed) / GiB
+            raise InvalidPlan(f, typed, f"does nothing with --{op} {choice}",
                               f"drop {f}, or use --{op} {' / '.join(live)}")

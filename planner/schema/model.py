@@ -137,6 +137,14 @@ class ModelSpec(Frozen):
         if bad:
             raise InvalidPlan("model.dense_layers/local_layers", bad[0],
                               f"must be a layer index in [0, {self.num_layers})", "fix the layer list")
+        for field, layers in (("dense_layers", self.dense_layers), ("local_layers", self.local_layers)):
+            if len(set(layers)) != len(layers):
+                again = next(i for i in layers if layers.count(i) > 1)
+                raise InvalidPlan(f"model.{field}", again, "is listed twice", "list each layer index once")
+        if bool(self.num_shared_experts) != bool(self.shared_expert_ffn):
+            raise InvalidPlan("model.shared_expert_ffn", self.shared_expert_ffn,
+                              f"contradicts model.num_shared_experts ({self.num_shared_experts}): both are 0 or "
+                              "neither is", "set both (the shared experts' total width), or neither")
         if self.dense_layers and self.dense_ffn < 1:
             raise InvalidPlan("model.dense_ffn", self.dense_ffn, "must be >= 1 when dense_layers is set",
                               "set dense_ffn (intermediate_size)")
