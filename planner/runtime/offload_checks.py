@@ -60,9 +60,10 @@ def check_adamw_params(owner: str, params) -> None:
                               f"use torch.optim.AdamW for this parameter, not {owner}")
 
 
-def check_adamw_groups(owner: str, groups) -> None:
-    """No group asks for a ``torch.optim.AdamW`` option of ``UNSUPPORTED_GROUP_OPTIONS``."""
-    for gi, g in enumerate(groups):
+def check_adamw_groups(owner: str, groups, start: int = 0) -> None:
+    """No group asks for a ``torch.optim.AdamW`` option of ``UNSUPPORTED_GROUP_OPTIONS`` (the
+    groups are ``param_groups[start:]``)."""
+    for gi, g in enumerate(groups, start=start):
         for key, honoured in UNSUPPORTED_GROUP_OPTIONS.items():
             if key in g and g[key] is not None and bool(g[key]) != honoured:
                 raise InvalidPlan(f"param_groups[{gi}]['{key}']", g[key],
