@@ -174,8 +174,8 @@ class OffloadStreamAdamW(OffloadStateMixin, torch.optim.Optimizer):
 
         Raises:
             ValueError: the new parameters are on another device, not contiguous or of a dtype
-                other than bf16, fp16 or fp32, or the group asks for ``amsgrad`` (the group is
-                not added).
+                other than bf16, fp16 or fp32, the group asks for ``amsgrad``, or an earlier
+                parameter was swapped to another shape or dtype (the group is not added).
         """
         self._check_open()
         if self._ready:
@@ -186,6 +186,7 @@ class OffloadStreamAdamW(OffloadStateMixin, torch.optim.Optimizer):
             check_adamw_hyper(g["lr"], g["betas"], g["eps"], g["weight_decay"])
             check_adamw_groups("OffloadStreamAdamW", [g], start=len(self.param_groups))
             check_param_groups(self.param_groups, group)
+            self._check_layouts(range(len(self._params)))   # the old state moves by the old layout
             param_group = group
         super().add_param_group(param_group)
         if not self._ready:

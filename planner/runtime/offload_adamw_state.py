@@ -107,9 +107,10 @@ class OffloadStateMixin:
         Raises:
             ValueError: no ``state`` / ``param_groups`` entry, a different number of groups or
                 parameters, a missing or wrongly shaped state entry, a group asking for
-                ``amsgrad`` (nothing is copied then).
+                ``amsgrad``, a parameter swapped to another shape or dtype (nothing is copied then).
         """
         self._check_open()
+        self._check_layouts(range(len(self._params)))
         entries = self._validated(state_dict)
         self.synchronize()
         for i, (p, s) in enumerate(zip(self._params, entries)):

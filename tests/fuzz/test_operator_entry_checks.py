@@ -87,6 +87,7 @@ def test_sco_region_index_must_be_an_int():
 def test_register_without_cuda_is_refused_at_construction():
     from planner.runtime.cpu_offload_adamw import CPUOffloadAdamW
     from planner.runtime.offload_adamw import OffloadStreamAdamW
+    from planner.runtime.pinned import PinnedBuffer
 
     want = r"register \(True\) needs CUDA \(cudaHostRegister\), which is not available here; fix: pass register=None"
     with pytest.raises(InvalidPlan, match=want):
@@ -95,6 +96,8 @@ def test_register_without_cuda_is_refused_at_construction():
         OffloadStreamAdamW([torch.nn.Parameter(torch.zeros(40))], bucket_params=64, register=True)
     with pytest.raises(InvalidPlan, match=want):
         CPUOffloadAdamW([torch.nn.Parameter(torch.zeros(40))], register=True)
+    with pytest.raises(InvalidPlan, match=want):
+        PinnedBuffer(4096, register=True)
 
 
 def test_sco_region_refuses_a_non_tensor_and_a_boundary_on_another_device():

@@ -13,6 +13,7 @@ import torch
 from planner.errors import InvalidPlan
 from planner.runtime.cpu_offload_adamw import CPUOffloadAdamW
 from planner.runtime.offload_adamw import OffloadStreamAdamW
+from planner.runtime.pinned import PinnedBuffer
 
 BETA = 32  # p (40 elements) spans two buckets and shares the second with q
 
@@ -40,16 +41,18 @@ def test_data_swap_to_another_shape_or_dtype_is_refused_naming_the_parameter(swa
     """It overwrote the next parameter's master (grew) or failed deep inside (shrank)."""
     ours, ref, opt, torch_opt = _pair()
     _step([opt, torch_opt], [ours, ref], 0)
-    kept = ours[0].data
+    kept, sd = ours[0].data, opt.state_dict()
     before = [opt.master.clone(), ours[1].detach().clone()]
     ours[0].data = swap
     want = (r"param_groups\[0\]\['params'\]\[0\] \('\(.*\) torch.float\d\d on cpu'\) must keep the shape, dtype and "
             r"device its host state was laid out for \(\(40,\) torch.float32 on cpu\).*fix: build a new "
             r"OffloadStreamAdamW after resizing")
-    for call in (lambda: _step([opt], [ours], 1), opt.reload_params):
+    for call in (lambda: _step([opt], [ours], 1), opt.reload_params, lambda: opt.load_state_dict(sd),
+                 lambda: opt.add_param_group(dict(params=[torch.nn.Parameter(torch.zeros(8))]))):
         with pytest.raises(InvalidPlan, match=want):
             call()
         assert torch.equal(opt.master, before[0]) and torch.equal(ours[1].detach(), before[1])
+    assert len(opt.param_groups) == 1
     ours[0].data = kept.clone()                   # the same shape again: honoured, still exact
     _step([opt, torch_opt], [ours, ref], 2)
     assert all(torch.equal(a, b) for a, b in zip(ours, ref))
@@ -139,10 +142,10 @@ def test_cpu_offload_adamw_threads_are_checked_at_construction(bad):
         CPUOffloadAdamW([torch.nn.Parameter(torch.zeros(8))], threads=bad, register=False)
 
 
-@pytest.mark.parametrize("cls", [OffloadStreamAdamW, CPUOffloadAdamW])
+@pytest.mark.parametrize("cls", [OffloadStreamAdamW, CPUOffloadAdamW, PinnedBuffer])
 def test_register_must_be_a_bool_or_none(cls):
     with pytest.raises(InvalidPlan, match=r"register \('yes'\) must be True, False or None"):
-        cls([torch.nn.Parameter(torch.zeros(8))], register="yes")
+        cls(4096 if cls is PinnedBuffer else [torch.nn.Parameter(torch.zeros(8))], register="yes")
 
 
 def test_cpu_offload_adamw_use_after_close_is_a_clear_error():
