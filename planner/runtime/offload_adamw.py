@@ -221,7 +221,7 @@ class OffloadStreamAdamW(OffloadStateMixin, torch.optim.Optimizer):
         ``min(1, max_norm/(norm + 1e-6))`` inside the slot. Returns the norm (fp32, device).
 
         Raises:
-            ValueError: ``max_norm`` not a number ``> 0`` (``inf`` turns clipping off).
+            ValueError: ``max_norm`` not a number ``>= 0`` (``inf`` turns clipping off).
         """
         self._check_open()
         max_norm = check_max_norm(max_norm)

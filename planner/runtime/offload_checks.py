@@ -72,12 +72,14 @@ def check_adamw_groups(owner: str, groups, start: int = 0) -> None:
 
 
 def check_max_norm(max_norm) -> float:
-    """``max_norm`` is a number ``> 0`` (``inf``: no clipping); returns it as a float."""
+    """``max_norm`` is a number ``>= 0`` (``inf``: no clipping; ``0`` zeroes the gradients, as in
+    ``torch.nn.utils.clip_grad_norm_``); returns it as a float."""
     if isinstance(max_norm, torch.Tensor) and max_norm.numel() == 1 and max_norm.dtype.is_floating_point:
         max_norm = float(max_norm)
     if isinstance(max_norm, bool) or not isinstance(max_norm, numbers.Real) or math.isnan(max_norm) \
-            or max_norm <= 0:
-        raise InvalidPlan("max_norm", max_norm, "must be a number > 0 (inf turns clipping off)",
+            or max_norm < 0:
+        raise InvalidPlan("max_norm", max_norm, "must be a number >= 0 (a negative one flips the update, "
+                          "NaN makes the weights NaN; inf turns clipping off)",
                           "pass the largest global gradient norm to allow, e.g. 1.0")
     return float(max_norm)
 
