@@ -23,7 +23,8 @@ import contextlib
 import torch
 
 from planner.runtime.pinned import PinnedBuffer
-from planner.runtime.validation import check_adamw_hyper, check_not_meta, check_param_groups
+from planner.runtime.offload_checks import check_adamw_params, check_dense_grads, check_register, check_threads
+from planner.runtime.validation import check_adamw_hyper, check_param_groups
 
 
 @contextlib.contextmanager
@@ -45,23 +46,31 @@ class CPUOffloadAdamW(torch.optim.Optimizer):
     Args:
         params: working parameters (contiguous, one device) or param groups.
         lr, betas, eps, weight_decay, maximize: as ``torch.optim.AdamW``.
-        threads: CPU threads for the host update (``torch.set_num_threads`` during the step).
+        threads: CPU threads for the host update (``torch.set_num_threads`` during the step), an
+            integer ``>= 1``; ``None`` keeps torch's.
         register: pin the host buffers with ``cudaHostRegister`` (default: when CUDA is available).
+
+    Raises:
+        ValueError: a bad hyper-parameter, ``threads`` or ``register`` (``True`` where CUDA is not
+            available), parameters on several devices, non-contiguous or of another dtype than
+            bf16, fp16 or fp32 (the fp32 master would round float64 and drop complex parts).
+        RuntimeError: a sparse gradient at ``step``; any use after ``close()``.
     """
 
     def __init__(self, params, lr: float = 1e-3, betas=(0.9, 0.999), eps: float = 1e-8,
                  weight_decay: float = 1e-2, *, maximize: bool = False, threads: int | None = None,
                  register: bool | None = None) -> None:
         check_adamw_hyper(lr, betas, eps, weight_decay)
+        check_threads(threads)
+        check_register(register)
+        self._closed = False
         super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
                                       maximize=maximize))
         check_param_groups(self.param_groups)
         for g in self.param_groups:
             check_adamw_hyper(g["lr"], g["betas"], g["eps"], g["weight_decay"])
         self._params = [p for g in self.param_groups for p in g["params"]]
-        if not all(p.is_contiguous() for p in self._params):
-            raise ValueError("CPUOffloadAdamW needs contiguous parameters")
-        check_not_meta(**{f"params[{i}]": p for i, p in enumerate(self._params)})
+        check_adamw_params("CPUOffloadAdamW", self._params)
         self.threads = threads
         n = sum(p.numel() for p in self._params)
         dt = self._params[0].dtype if self._params else torch.bfloat16
@@ -92,6 +101,8 @@ class CPUOffloadAdamW(torch.optim.Optimizer):
     @torch.no_grad()
     def step(self, closure=None):
         """One step: grads down, fused CPU AdamW on the host, working weights up."""
+        self._check_open()
+        check_dense_grads("CPUOffloadAdamW", self._params)
         loss = None
         if closure is not None:
             with torch.enable_grad():
@@ -119,6 +130,7 @@ class CPUOffloadAdamW(torch.optim.Optimizer):
 
     def state_dict(self):
         """``torch.optim`` layout with per-param ``master``, ``step``, ``exp_avg``, ``exp_avg_sq``."""
+        self._check_open()
         if any(p.is_cuda for p in self._params):
             torch.cuda.current_stream().synchronize()
         self._refresh_state()
@@ -127,6 +139,7 @@ class CPUOffloadAdamW(torch.optim.Optimizer):
     @torch.no_grad()
     def load_state_dict(self, state_dict) -> None:
         """Load a ``state_dict`` of this class; refresh the working weights from the masters."""
+        self._check_open()
         groups = state_dict["param_groups"]
         if len(groups) != len(self.param_groups):
             raise ValueError("loaded state_dict has a different param-group layout than this optimizer")
@@ -140,8 +153,15 @@ class CPUOffloadAdamW(torch.optim.Optimizer):
             mine.update({k: v for k, v in saved.items() if k != "params"})
         self._refresh_state()
 
+    def _check_open(self) -> None:
+        if self._closed:
+            raise RuntimeError("CPUOffloadAdamW is closed (its host state was released by close()); "
+                               "fix: build a new optimizer (and load_state_dict a saved state)")
+
     def close(self) -> None:
-        """Drop the state and unpin the host buffers."""
+        """Drop the state and unpin the host buffers (idempotent; any later use raises RuntimeError)."""
+        if self._closed:
+            return
         if any(p.is_cuda for p in self._params):
             torch.cuda.current_stream().synchronize()
         self.state.clear()
@@ -150,3 +170,4 @@ class CPUOffloadAdamW(torch.optim.Optimizer):
         self.master_flat = self.grad_flat = self.xfer = None
         self.host.release()
         self.xfer_buf.release()
+        self._closed = True

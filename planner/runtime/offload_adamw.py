@@ -41,12 +41,15 @@ Beyond the steady state:
   buffer passed as ``host`` is left to its owner): both are pinned for a moment; the state moves
   through a transient unpinned copy (``12·Θ_r`` bytes).
 - In-place changes of the parameters between steps (``model.load_state_dict``, ``p.copy_`` under
-  ``no_grad``, ``p.data = t``) are honoured: each step compares every parameter's ``_version`` and
-  ``data_ptr`` with those recorded after the previous step (a Python loop over ``#params``, no
+  ``no_grad``, ``p.data = t`` with ``t`` of the same shape, dtype and device) are honoured: each
+  step compares every parameter's ``_version``, ``data_ptr``, shape and dtype with those recorded
+  after the previous step (a Python loop over ``#params``, no
   device work) and re-loads the master of a changed parameter from its current value, so the
   master then equals the working dtype's value, as ``torch.optim.AdamW`` on those parameters
   would see it; ``m``, ``v`` and the step are kept, as torch keeps them. Writes through ``p.data``
-  bypass the version counter: call ``reload_params()`` after them.
+  bypass the version counter: call ``reload_params()`` after them. A ``.data`` swap to another
+  shape, dtype or device raises ``ValueError`` naming the parameter (its host slots are sized and
+  typed at construction): build a new optimizer after resizing a parameter.
 """
 
 from __future__ import annotations
@@ -58,8 +61,10 @@ import torch
 from planner.plans.buckets import partition
 from planner.runtime import shim
 from planner.runtime.offload_adamw_state import OffloadStateMixin
+from planner.runtime.offload_checks import check_adamw_groups, check_adamw_params, check_dense_grads, check_max_norm
+from planner.runtime.offload_checks import check_register
 from planner.runtime.pinned import PinnedBuffer
-from planner.runtime.validation import check_adamw_hyper, check_not_meta, check_offload_knobs, check_param_groups
+from planner.runtime.validation import check_adamw_hyper, check_offload_knobs, check_param_groups
 from planner.schema.knobs import default as knob_default
 
 RACE_SLEEP_CYCLES = {"h2d": 0, "update": 0, "d2h": 0}
@@ -85,7 +90,8 @@ class OffloadStreamAdamW(OffloadStateMixin, torch.optim.Optimizer):
 
     Args:
         params: the working parameters (bf16, fp16 or fp32; contiguous; one device), or groups.
-        lr, betas, eps, weight_decay, maximize: as ``torch.optim.AdamW``.
+        lr, betas, eps, weight_decay, maximize: as ``torch.optim.AdamW`` (a group asking for
+            ``amsgrad`` is refused: there is no ``max_exp_avg_sq``).
         bucket_params: ``β``, parameters per bucket.
         staging_slots: ``s``.
         register: pin the host state with ``cudaHostRegister`` (default: when CUDA is available).
@@ -93,7 +99,10 @@ class OffloadStreamAdamW(OffloadStateMixin, torch.optim.Optimizer):
             (pin once per job and hand it to a rebuilt optimizer); default: pin a new one.
 
     Raises:
-        ValueError: parameters on several devices, non-contiguous, or ``staging_slots < 1``.
+        ValueError: parameters on several devices, non-contiguous, of another dtype than bf16,
+            fp16 or fp32 (float64 would be rounded to the fp32 master, complex lose its imaginary
+            part), a group asking for ``amsgrad``, ``staging_slots < 1``, ``register=True``
+            where CUDA is not available.
         InvalidPlan: ``bucket_params`` below the cut alignment.
         RuntimeError: any use after ``close()``.
     """
@@ -103,10 +112,12 @@ class OffloadStreamAdamW(OffloadStateMixin, torch.optim.Optimizer):
                  staging_slots: int = knob_default("staging_slots"), register: bool | None = None, host: PinnedBuffer | None = None) -> None:
         check_offload_knobs(bucket_params, staging_slots)
         check_adamw_hyper(lr, betas, eps, weight_decay)
+        check_register(register)
         self._ready = self._closed = False
         super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
                                       maximize=maximize))
         check_param_groups(self.param_groups)
+        check_adamw_groups("OffloadStreamAdamW", self.param_groups)
         for g in self.param_groups:
             check_adamw_hyper(g["lr"], g["betas"], g["eps"], g["weight_decay"])
         self.bucket_params, self.staging_slots = int(bucket_params), int(staging_slots)
@@ -117,20 +128,12 @@ class OffloadStreamAdamW(OffloadStateMixin, torch.optim.Optimizer):
         self._streams = [shim.side_stream(self.device) for _ in range(3)]
         self._ready = True
 
-    def _check_params(self, params) -> None:
-        devices = {p.device for p in params}
-        if len(devices) != 1:
-            raise ValueError(f"OffloadStreamAdamW needs parameters on one device, got {sorted(map(str, devices))}")
-        if not all(p.is_contiguous() for p in params):
-            raise ValueError("OffloadStreamAdamW needs contiguous parameters")
-        check_not_meta(**{f"params[{i}]": p for i, p in enumerate(params)})
-
     @torch.no_grad()
     def _lay_out(self, host: PinnedBuffer | None) -> None:
         """(Re-)partition every parameter of ``param_groups`` and place its host state; earlier
         parameters keep their state (``add_param_group`` appends), new ones start like torch's."""
         params = [p for g in self.param_groups for p in g["params"]]
-        self._check_params(params)
+        check_adamw_params("OffloadStreamAdamW", params)
         self.device = params[0].device
         plan = partition([p.numel() for p in params], self.bucket_params)
         n, n_old, k_old = plan.total, (self.plan.total if self._params else 0), len(self._params)
@@ -145,6 +148,7 @@ class OffloadStreamAdamW(OffloadStateMixin, torch.optim.Optimizer):
         self.host = host if host is not None else self.host
         self.plan, self._params = plan, params
         self._group_of = [gi for gi, g in enumerate(self.param_groups) for _ in g["params"]]
+        self._layouts = [(p.shape, p.dtype, p.device) for p in params]
         self.master = self.host.view(0, n, torch.float32)
         self.exp_avg = self.host.view(4 * n, n, torch.float32)
         self.exp_avg_sq = self.host.view(8 * n, n, torch.float32)
@@ -169,8 +173,9 @@ class OffloadStreamAdamW(OffloadStateMixin, torch.optim.Optimizer):
         host state and the buckets are re-partitioned (module docstring: may re-pin).
 
         Raises:
-            ValueError: the new parameters are on another device or not contiguous (the group
-                is not added).
+            ValueError: the new parameters are on another device, not contiguous or of a dtype
+                other than bf16, fp16 or fp32, the group asks for ``amsgrad``, or an earlier
+                parameter was swapped to another shape or dtype (the group is not added).
         """
         self._check_open()
         if self._ready:
@@ -179,7 +184,9 @@ class OffloadStreamAdamW(OffloadStateMixin, torch.optim.Optimizer):
             group["params"] = [ps] if isinstance(ps, torch.Tensor) else list(ps)
             g = {**self.defaults, **group}
             check_adamw_hyper(g["lr"], g["betas"], g["eps"], g["weight_decay"])
+            check_adamw_groups("OffloadStreamAdamW", [g], start=len(self.param_groups))
             check_param_groups(self.param_groups, group)
+            self._check_layouts(range(len(self._params)))   # the old state moves by the old layout
             param_group = group
         super().add_param_group(param_group)
         if not self._ready:
@@ -211,8 +218,14 @@ class OffloadStreamAdamW(OffloadStateMixin, torch.optim.Optimizer):
     @torch.no_grad()
     def clip_grad_norm_(self, max_norm: float) -> torch.Tensor:
         """Global 2-norm of the grads (fp32 accumulation); the next ``step`` scales by
-        ``min(1, max_norm/(norm + 1e-6))`` inside the slot. Returns the norm (fp32, device)."""
+        ``min(1, max_norm/(norm + 1e-6))`` inside the slot. Returns the norm (fp32, device).
+
+        Raises:
+            ValueError: ``max_norm`` not a number ``>= 0`` (``inf`` turns clipping off).
+        """
         self._check_open()
+        max_norm = check_max_norm(max_norm)
+        check_dense_grads("OffloadStreamAdamW", self._params)
         grads = [p.grad for p in self._params if p.grad is not None]
         if not grads:
             return torch.zeros((), device=self.device)
@@ -231,6 +244,7 @@ class OffloadStreamAdamW(OffloadStateMixin, torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
+        check_dense_grads("OffloadStreamAdamW", self._params)
         self._reload_changed()
         live = [i for i, p in enumerate(self._params) if p.grad is not None]
         if not live:

@@ -9,18 +9,37 @@ from __future__ import annotations
 
 import torch
 
+from planner.errors import InvalidPlan
 from planner.runtime import shim
+from planner.runtime.offload_checks import check_adamw_groups
 
 
 class OffloadStateMixin:
-    """Mixed into ``OffloadStreamAdamW``; relies on its ``_params``, ``_offsets``, ``master``,
-    ``steps``, ``state``, ``param_groups``, ``synchronize`` and ``_check_open``."""
+    """Mixed into ``OffloadStreamAdamW``; relies on its ``_params``, ``_offsets``, ``_layouts``,
+    ``_group_of``, ``master``, ``steps``, ``state``, ``param_groups``, ``synchronize`` and
+    ``_check_open``."""
 
     # -- parameters changed outside the optimizer -----------------------------------------------
     @staticmethod
-    def _stamp(p) -> tuple[int, int]:
+    def _stamp(p) -> tuple:
         """What an in-place change or a ``.data`` swap alters (fake tensors have no pointer)."""
-        return p._version, 0 if shim.is_tracing() else p.data_ptr()
+        return p._version, 0 if shim.is_tracing() else p.data_ptr(), p.shape, p.dtype
+
+    def _check_layouts(self, indices) -> None:
+        """The parameters ``indices`` keep the shape, dtype and device their host slots were laid
+        out for (a ``.data`` swap to another would read or write past the slot: into the next
+        parameter's master)."""
+        for i in indices:
+            p, (shape, dtype, device) = self._params[i], self._layouts[i]
+            if (p.shape, p.dtype, p.device) != (shape, dtype, device):
+                gi = self._group_of[i]
+                j = next(k for k, q in enumerate(self.param_groups[gi]["params"]) if q is p)
+                raise InvalidPlan(
+                    f"param_groups[{gi}]['params'][{j}]", f"{tuple(p.shape)} {p.dtype} on {p.device}",
+                    f"must keep the shape, dtype and device its host state was laid out for ({tuple(shape)} "
+                    f"{dtype} on {device}): a p.data swap to another is not honoured",
+                    "build a new OffloadStreamAdamW after resizing a parameter (e.g. after "
+                    "resize_token_embeddings), or copy a tensor of the same shape and dtype into it")
 
     def _record_versions(self) -> None:
         self._seen = [self._stamp(p) for p in self._params]
@@ -32,11 +51,12 @@ class OffloadStateMixin:
         changes are detected at the next ``step``)."""
         self._check_open()
         wanted = None if params is None else {id(p) for p in params}
+        indices = [i for i, p in enumerate(self._params) if wanted is None or id(p) in wanted]
+        self._check_layouts(indices)
         self.synchronize()
-        for i, p in enumerate(self._params):
-            if wanted is None or id(p) in wanted:
-                o = self._offsets[i]
-                self.master[o:o + p.numel()].copy_(p.detach().reshape(-1))
+        for i in indices:
+            p, o = self._params[i], self._offsets[i]
+            self.master[o:o + p.numel()].copy_(p.detach().reshape(-1))
         self._record_versions()
 
     def _reload_changed(self) -> None:
@@ -62,6 +82,7 @@ class OffloadStateMixin:
         if len(groups) != len(self.param_groups) or any(
                 len(a.get("params", ())) != len(b["params"]) for a, b in zip(groups, self.param_groups)):
             raise ValueError("loaded state_dict has a different param-group layout than this optimizer")
+        check_adamw_groups("OffloadStreamAdamW", groups)
         saved_ids = [pid for g in groups for pid in g["params"]]
         out = []
         for p, pid in zip(self._params, saved_ids):
@@ -85,9 +106,11 @@ class OffloadStateMixin:
 
         Raises:
             ValueError: no ``state`` / ``param_groups`` entry, a different number of groups or
-                parameters, a missing or wrongly shaped state entry (nothing is copied then).
+                parameters, a missing or wrongly shaped state entry, a group asking for
+                ``amsgrad``, a parameter swapped to another shape or dtype (nothing is copied then).
         """
         self._check_open()
+        self._check_layouts(range(len(self._params)))
         entries = self._validated(state_dict)
         self.synchronize()
         for i, (p, s) in enumerate(zip(self._params, entries)):

@@ -22,6 +22,7 @@ import threading
 import torch
 
 from planner.runtime import shim
+from planner.runtime.offload_checks import check_register
 from planner.runtime.validation import check_host_bytes, check_int_range
 from planner.units import PAGE_BYTES, round_up
 
@@ -65,6 +66,7 @@ class PinnedBuffer:
 
     def __init__(self, nbytes: int, *, register: bool | None = None) -> None:
         check_int_range("nbytes", nbytes, 0, fix="pass a byte count")
+        check_register(register)
         if PAGE_BYTES % mmap.PAGESIZE:
             raise RuntimeError(f"host page size {mmap.PAGESIZE} does not divide PAGE_BYTES ({PAGE_BYTES}): "
                                "the pinned-byte formula would under-count")

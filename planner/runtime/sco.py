@@ -28,6 +28,14 @@ Backward, when region ``ℓ`` recomputes (the checkpoint unpacks its input):
 The D2H of step t+1 and the H2D of step t use one copy stream, so a slot is never overwritten
 while it is read. On the CPU and in trace mode (``planner.runtime.shim``) copies run in order.
 
+In-place changes: torch checks that a saved tensor was not changed in place before its backward,
+except for tensors that pass through saved-tensor hooks. SCO makes that check at unpack for what it
+keeps (the retained boundary and the region's other tensor arguments: ``_version`` now against the
+one at pack) and raises torch's ``RuntimeError`` ("modified by an inplace operation"), as plain
+checkpointing does. An offloaded boundary changed by its own region's forward raises the same (the
+D2H may have read either value); one changed after its region returned is restored as the forward
+read it, so the gradients stay exact.
+
 Collectives: none. Bytes moved per step: ``n_off·N·H·b`` D2H in forward and as much H2D in
 backward. Live device buffers: retained boundaries ``h_{n_off+1}..``, the region's input and output,
 ≤ 2 restored boundaries, the boundary gradients (``planner/budget/boundaries.py``). Host: one
@@ -50,7 +58,6 @@ backward per forward (accumulate micro-batches in ``.grad``), one index per regi
 from __future__ import annotations
 
 import math
-import numbers
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -59,8 +66,9 @@ import torch.utils.checkpoint as tuc
 
 from planner.plans.sco import offloaded_indices, pinned_bytes_per_boundary
 from planner.runtime import shim
+from planner.runtime.offload_checks import check_region_input, check_register, check_sco_device, check_version
 from planner.runtime.pinned import PinnedBuffer
-from planner.runtime.validation import check_host_bytes, check_not_meta, check_sco, checked_device, floating_dtype
+from planner.runtime.validation import check_host_bytes, check_sco, checked_device, floating_dtype
 
 RACE_SLEEP_CYCLES = {"copy": 0, "compute": 0}
 """Cycles of ``torch.cuda._sleep`` injected before each copy and on the compute stream (race tests)."""
@@ -83,20 +91,31 @@ def checkpoint_region(fn: Callable, h: torch.Tensor, *args, **kwargs):
     return tuc.checkpoint(fn, h, *args, use_reentrant=False, **kwargs)
 
 
+def _what(index: int, boundary: bool) -> str:
+    return f"the boundary h of SCO region {index}" if boundary else f"a tensor argument of SCO region {index}"
+
+
 @dataclass
 class _Kept:
-    """A retained boundary, as the checkpoint saved it."""
+    """A tensor the checkpoint saved and SCO keeps: the retained boundary (``boundary``) or another
+    tensor argument of the region, with its ``_version`` at pack (torch skips its own in-place
+    check for tensors that pass through saved-tensor hooks, so the unpack hook makes it)."""
 
     index: int
     tensor: torch.Tensor
+    version: int
+    boundary: bool
 
 
 @dataclass
 class _Offloaded:
-    """An offloaded boundary: only its index and the slot generation it wrote are saved."""
+    """An offloaded boundary: only its index, the slot generation it wrote and, when the region's
+    own forward changed the boundary in place (the copy may have read either value), the version
+    it had at pack."""
 
     index: int
     generation: int
+    changed_from: int | None = None
 
 
 @dataclass
@@ -123,7 +142,8 @@ class SCO:
         register: pin the pool with ``cudaHostRegister`` (default: when CUDA is available).
 
     Raises:
-        InvalidPlan: a negative budget or an empty boundary.
+        ValueError: a negative or infinite budget, an empty boundary, ``device="meta"`` outside
+            a trace, ``register=True`` where CUDA is not available.
     """
 
     def __init__(self, *, num_boundaries: int, boundary_shape: tuple[int, ...], dtype: torch.dtype,
@@ -131,7 +151,9 @@ class SCO:
                  keep_log: bool = False) -> None:
         dtype = floating_dtype("dtype", dtype)
         device = checked_device("device", device)
+        check_sco_device(device)
         check_sco(num_boundaries, boundary_shape, host_budget_bytes, dtype, device)
+        check_register(register)
         self.num_boundaries = int(num_boundaries)
         self.shape = tuple(int(s) for s in boundary_shape)
         self.dtype = dtype
@@ -180,45 +202,47 @@ class SCO:
         ``torch.utils.checkpoint`` does); ``fn`` may nest a reentrant checkpoint.
 
         Raises:
-            ValueError: ``index`` outside ``1..L_b`` or an offloaded ``h`` of the wrong shape,
-                dtype or layout.
+            ValueError: ``index`` outside ``1..L_b``, ``h`` not a tensor, or an offloaded ``h`` of
+                the wrong shape, dtype, layout or device.
             RuntimeError: after ``close()``; in backward, when the boundary's host slot was
-                overwritten by a later run of the same index (module docstring).
+                overwritten by a later run of the same index, or a saved input was changed in
+                place (module docstring).
         """
         self._check_open()
-        if isinstance(index, bool) or not isinstance(index, numbers.Integral) or not 1 <= index <= self.num_boundaries:
-            raise ValueError(f"region index ({index!r}) must be an integer in 1..{self.num_boundaries}")
-        check_not_meta(h=h)
+        check_region_input(index, h, self.num_boundaries,
+                           (self.shape, self.dtype, self.device) if index in self._slot_of else None)
         if index == 1:
             self._drain()
-        if index in self._slot_of and (tuple(h.shape) != self.shape or h.dtype != self.dtype
-                                       or not h.is_contiguous()):
-            raise ValueError(f"boundary {index} ({tuple(h.shape)}, {h.dtype}) must be a contiguous "
-                             f"{self.shape} {self.dtype} tensor to be offloaded")
         _sleep("compute", None, self.device)
         # The saved tensor keeps these hooks until backward: the pack hook must not keep ``h``
         # alive through its closure, so it reads it from a cell cleared after the first pack.
-        target = [h]
+        target, offloaded = [h], []
 
         def pack(t: torch.Tensor):
             if target[0] is None or t is not target[0]:
-                return t
+                return _Kept(index, t, t._version, False)
             target[0] = None
             if index not in self._slot_of:
-                return _Kept(index, t)
-            return _Offloaded(index, self._offload(index, t))
+                return _Kept(index, t, t._version, True)
+            offloaded.append(_Offloaded(index, self._offload(index, t)))
+            return offloaded[-1]
 
         def unpack(p):
             if isinstance(p, _Kept):
-                self._prefetch(p.index - 1)
+                check_version(p.tensor, p.version, _what(p.index, p.boundary))
+                if p.boundary:
+                    self._prefetch(p.index - 1)
                 return p.tensor
             if isinstance(p, _Offloaded):
-                return self._restore(p.index, p.generation)
+                return self._restore(p)
             return p
 
+        version = h._version
         with torch.autograd.graph.saved_tensors_hooks(pack, unpack):
             out = checkpoint_fn(fn, h, *args, **kwargs)
         target[0] = None
+        if offloaded and h._version != version:  # changed while the D2H may still read it
+            offloaded[0].changed_from = version
         self._finish_offload()
         return out
 
@@ -266,8 +290,9 @@ class SCO:
             self._issue_restore(index)
             assert len(self._restored) <= 1, "SCO holds at most one prefetched boundary"
 
-    def _restore(self, index: int, generation: int) -> torch.Tensor:
+    def _restore(self, saved: _Offloaded) -> torch.Tensor:
         self._check_open()
+        index, generation = saved.index, saved.generation
         if index in self._restored:
             self.stats.prefetch_hits += 1
         else:
@@ -281,6 +306,8 @@ class SCO:
                 "forward before this backward, or the same index used twice in one forward, "
                 "overwrote it, so the gradients would be wrong; fix: call backward after each "
                 "forward (accumulate micro-batches in .grad) and give each region its own index")
+        if saved.changed_from is not None:
+            check_version(buf, saved.changed_from, _what(index, True))
         if self.keep_log:
             self.stats.log.append(("use", index))
         self._prefetch(index - 1)

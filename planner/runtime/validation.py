@@ -158,7 +158,7 @@ def max_boundaries() -> int:
 
 def check_sco(num_boundaries, boundary_shape, host_budget_bytes, dtype=None, device=None) -> None:
     """SCO's construction: ``1 <= L_b <= max_boundaries()`` boundaries of a non-empty shape (a
-    tuple of positive integers) that fits ``device``, a budget ``>= 0``."""
+    tuple of positive integers) that fits ``device``, a finite budget ``>= 0``."""
     check_int_range("num_boundaries", num_boundaries, 1, max_boundaries(),
                     fix="one boundary per checkpointed region, L_b = 2L")
     if isinstance(boundary_shape, (str, bytes)) or not isinstance(boundary_shape, (tuple, list, torch.Size)):
@@ -168,8 +168,12 @@ def check_sco(num_boundaries, boundary_shape, host_budget_bytes, dtype=None, dev
         raise ValueError(f"boundary_shape ({shape!r}) must be positive integers")
     check_alloc(f"boundary_shape ({shape!r})", math.prod(shape), dtype, device)
     if isinstance(host_budget_bytes, bool) or not isinstance(host_budget_bytes, numbers.Real) \
-            or not host_budget_bytes >= 0:
-        raise ValueError(f"host_budget_bytes ({host_budget_bytes!r}) must be a number >= 0")
+            or not host_budget_bytes >= 0 or math.isinf(host_budget_bytes):
+        from planner.units import PAGE_BYTES, round_up
+
+        full = int(num_boundaries) * round_up(math.prod(shape) * (dtype or torch.float32).itemsize, PAGE_BYTES)
+        raise ValueError(f"host_budget_bytes ({host_budget_bytes!r}) must be a finite number >= 0; fix: "
+                         f"{full} bytes (num_boundaries · roundup(N·H·b, 4 KiB)) offload every boundary")
 
 
 def _is_real(v) -> bool:

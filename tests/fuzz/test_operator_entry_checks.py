@@ -4,6 +4,8 @@ planner's ``InvalidPlan`` is a ``ValueError`` too. CPU, one process (``group=Non
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -11,6 +13,7 @@ from planner import cli
 from planner.errors import InvalidPlan, UnwritableOutput
 from planner.runtime.expert_mlp import ExpertShard
 from planner.runtime.llep import LLEP
+from planner.runtime import shim
 from planner.runtime.pipelined_llep import PipelinedLLEP
 from planner.runtime.ring_dtp import RingDTPHead
 from planner.runtime.sco import SCO
@@ -42,6 +45,10 @@ CONSTRUCTORS = {
     "sco_dtype_bool": (lambda: _sco(dtype=torch.bool), "dtype"),
     "sco_device_xyz": (lambda: _sco(device="xyz"), "device"),
     "sco_device_tpu": (lambda: _sco(device="tpu"), "device"),
+    "sco_device_meta": (lambda: _sco(device="meta"), r"device \('meta'\) holds no data.*fix: pass the device"),
+    "sco_budget_inf": (lambda: _sco(host_budget_bytes=math.inf),
+                       r"host_budget_bytes \(inf\) must be a finite number >= 0; fix: 8192 bytes"),
+    "sco_register_str": (lambda: _sco(register="yes"), r"register \('yes'\) must be True, False or None"),
 }
 
 
@@ -73,6 +80,36 @@ def test_sco_region_index_must_be_an_int():
         with pytest.raises(ValueError, match="region index"):
             s.region(bad, lambda t: t * 2, h)
     assert torch.equal(s.region(1, lambda t: t * 2, h), h * 2)
+    s.close()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="register=True pins where CUDA is available")
+def test_register_without_cuda_is_refused_at_construction():
+    from planner.runtime.cpu_offload_adamw import CPUOffloadAdamW
+    from planner.runtime.offload_adamw import OffloadStreamAdamW
+    from planner.runtime.pinned import PinnedBuffer
+
+    want = r"register \(True\) needs CUDA \(cudaHostRegister\), which is not available here; fix: pass register=None"
+    with pytest.raises(InvalidPlan, match=want):
+        _sco(register=True)
+    with pytest.raises(InvalidPlan, match=want):
+        OffloadStreamAdamW([torch.nn.Parameter(torch.zeros(40))], bucket_params=64, register=True)
+    with pytest.raises(InvalidPlan, match=want):
+        CPUOffloadAdamW([torch.nn.Parameter(torch.zeros(40))], register=True)
+    with pytest.raises(InvalidPlan, match=want):
+        PinnedBuffer(4096, register=True)
+
+
+def test_sco_region_refuses_a_non_tensor_and_a_boundary_on_another_device():
+    s = _sco()
+    with pytest.raises(InvalidPlan, match=r"h \(3.0\) must be a torch.Tensor .*; fix: pass the boundary tensor"):
+        s.region(1, lambda t: t, 3.0)
+    s.close()
+    with shim.tracing():                          # the only other device a CPU host has
+        s = _sco(device="meta")
+    with pytest.raises(ValueError, match=r"boundary 1 \(\(4, 4\), torch.float32, cpu\) must be a contiguous "
+                                         r"\(4, 4\) torch.float32 tensor on meta to be offloaded"):
+        s.region(1, lambda t: t * 2, torch.randn(4, 4, requires_grad=True))
     s.close()
 
 

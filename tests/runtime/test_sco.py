@@ -189,3 +189,51 @@ def test_use_after_close_is_a_clear_error():
         loss.backward()
     with pytest.raises(RuntimeError, match="SCO is closed"):
         model(ids, sco.region)
+
+
+def _inplace_step(run, edit_h=False, edit_arg=False, in_region=False):
+    """One region over a non-leaf boundary and a second tensor argument; the caller (or the region
+    itself) then changes one of them in place before the backward."""
+    g = torch.Generator().manual_seed(4)
+    w = torch.randn(H, H, generator=g, requires_grad=True)
+    x0 = torch.randn(BATCH * SEQ, H, generator=g, requires_grad=True)
+    h, s = x0 * 1.0, (x0 * 0.5).detach()
+
+    def fn(t, scale):
+        y = torch.tanh((t * scale) @ w)
+        if in_region:
+            t.mul_(3.0)
+        return y
+
+    out = run(1, fn, h, s)
+    with torch.no_grad():
+        if edit_h:
+            h.mul_(3.0)
+        if edit_arg:
+            s.add_(1.0)
+    (out * h).sum().backward()
+    return w.grad
+
+
+@pytest.mark.parametrize("what", ["edit_h", "edit_arg", "in_region"])
+@pytest.mark.parametrize("n_off", [0, 1])
+def test_a_saved_input_changed_in_place_raises_as_plain_checkpointing_does(what, n_off):
+    """torch skips its in-place check for tensors that pass through saved-tensor hooks: SCO makes
+    it (a kept boundary gave gradients off by ~17, silently). An offloaded boundary changed after
+    its region returned is restored as the forward read it: exact, no error."""
+    kw = {what: True}
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        _inplace_step(lambda i, fn, h, s: checkpoint_region(fn, h, s), **kw)
+    sco = SCO(num_boundaries=1, boundary_shape=(BATCH * SEQ, H), dtype=torch.float32, device="cpu",
+              host_budget_bytes=n_off * SLOT)
+    if what == "edit_h" and n_off:
+        truth = _inplace_step(lambda i, fn, h, s: fn(h.detach().clone(), s), **kw)  # the forward as run
+        assert torch.equal(_inplace_step(sco.region, **kw), truth)
+    else:
+        role = "a tensor argument" if what == "edit_arg" else "the boundary h"
+        with pytest.raises(RuntimeError, match=rf"modified by an inplace operation: {role} of SCO region 1 "
+                                               r"\[torch.float32 \[14, 24\]\] is at version \d+; expected version "
+                                               r"\d+ instead; fix: change it out of place"):
+            _inplace_step(sco.region, **kw)
+    assert torch.equal(_inplace_step(sco.region), _inplace_step(lambda i, fn, h, s: checkpoint_region(fn, h, s)))
+    sco.close()
