@@ -38,6 +38,15 @@ RING_CASES = {
     "act_bf16_mean": (1031, 32, (13, 5, 7, 9), "activations", 2, "mean", "bf16", "some", -100),
     "weights_bf16_sum": (1031, 32, (13, 5, 7, 9), "weights", 3, "sum", "bf16", "some", -100),
 }
+# name: V, H, tokens per rank, mode, B_v, weight range k (w in {-k..k}/4; x in {-3..3}): fp32, mean.
+# Logits exact in fp32 (``_exact_logit_data``), up to |logit| ≈ 60 (k = 26) or ≈ 175 (k = 66). The
+# backward once formed exp(logit - lse) with lse = m + log z rounded at |m|: several times the bound.
+LARGE_LOGIT_CASES = {
+    "logits_60_act": (29, 8, (5, 6, 7, 4), "activations", 2, 26),
+    "logits_60_weights": (29, 8, (5, 6, 7, 4), "weights", 1, 26),
+    "logits_175_act": (29, 8, (5, 6, 7, 4), "activations", 1, 66),
+    "logits_175_weights": (29, 8, (5, 6, 7, 4), "weights", 2, 66),
+}
 # name: V, H, tokens (the same batch on every rank), reduction, dtype
 VP_CASES = {
     "vp_mean": (1031, 24, 29, "mean", "fp32"),
@@ -64,6 +73,18 @@ def _data(seed: int, V: int, H: int, Ns, W: int, ignore: str, ig: int, dtype):
         if ignore == "rank0" and r == 0:
             t[:] = ig
         ts.append(t)
+    return w, xs, ts
+
+
+def _exact_logit_data(seed: int, V: int, H: int, Ns, W: int, k: int):
+    """Large logits that fp32 holds exactly (small integers times quarters), so that whichever order a
+    GEMM sums them in, the operator and torch see the same logits: the errors compared are the
+    softmax's alone (a GEMM's rounding, an ulp of the logit, differs between kernels). 20% ignored."""
+    g = torch.Generator().manual_seed(seed)
+    w = torch.randint(-k, k + 1, (V, H), generator=g).float() / 4
+    xs = [torch.randint(-3, 4, (n, H), generator=g).float() for n in Ns[:W]]
+    ts = [torch.randint(0, V, (n,), generator=g).masked_fill_(torch.rand(n, generator=g) < 0.2, -100)
+          for n in Ns[:W]]
     return w, xs, ts
 
 
@@ -94,9 +115,14 @@ def _ring_case(name, W, rank, group):
     from planner.plans.ring import shard_bounds
     from planner.runtime.ring_dtp import ring_dtp_cross_entropy
 
-    V, H, Ns, mode, B, red, dt, ignore, ig = RING_CASES[name]
+    if name in LARGE_LOGIT_CASES:
+        V, H, Ns, mode, B, k = LARGE_LOGIT_CASES[name]
+        red, dt, ig = "mean", "fp32", -100
+        w, xs, ts = _exact_logit_data(zlib.crc32(name.encode()), V, H, Ns, W, k)
+    else:
+        V, H, Ns, mode, B, red, dt, ignore, ig = RING_CASES[name]
+        w, xs, ts = _data(zlib.crc32(name.encode()), V, H, Ns[:W], W, ignore, ig, DTYPES[dt])
     dtype = DTYPES[dt]
-    w, xs, ts = _data(zlib.crc32(name.encode()), V, H, Ns[:W], W, ignore, ig, dtype)
     lo, hi = shard_bounds(V, W)[rank]
     x = xs[rank].clone().requires_grad_()
     wr = w[lo:hi].clone().requires_grad_()
@@ -178,7 +204,7 @@ def _worker(rank: int, W: int, store_path: str, queue) -> None:
     dist.init_process_group("gloo", store=store, rank=rank, world_size=W)
     out = {}
     try:
-        for name in RING_CASES:
+        for name in (*RING_CASES, *LARGE_LOGIT_CASES):
             out[name] = _ring_case(name, W, rank, None)
         for name in VP_CASES:
             out[name] = _vp_case(name, W, rank, None)
@@ -213,6 +239,19 @@ def _check(world, case: str) -> None:
 @pytest.mark.parametrize("case", list(RING_CASES))
 def test_ring_dtp_matches_float64_reference(world, case):
     _check(world, case)
+
+
+@pytest.mark.dist
+@pytest.mark.parametrize("case", list(LARGE_LOGIT_CASES))
+def test_ring_dtp_gradients_stay_within_the_bound_at_large_logits(world, case):
+    _check(world, case)
+    assert all(out[case]["gx"]["err_torch"] > 0 for out in world[1].values()), "torch's error is 0"
+
+
+@pytest.mark.parametrize("case", list(LARGE_LOGIT_CASES))
+def test_ring_dtp_gradients_stay_within_the_bound_at_large_logits_on_one_rank(case):
+    """P = 1 (``group=None``): the error grew with |logit| even without a ring."""
+    _check((1, {0: {case: _ring_case(case, 1, 0, None)}}), case)
 
 
 @pytest.mark.dist
