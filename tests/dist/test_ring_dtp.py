@@ -175,6 +175,31 @@ def _head_module_case(W, rank, group):
             "gw": _errs(head.weight.grad, gwt[lo:hi], gw64[lo:hi], eps)}
 
 
+def _noncontig_weight_case(W, rank, group):
+    """The weights branch with ``w_VpH`` a non-contiguous view (the shard of a head stored ``H × V``,
+    as a tied embedding is): the shard travels, so it is sent contiguous. Once raised "input tensor
+    has to be contiguous" in ``batch_isend_irecv`` at ``P > 1``. ``{"error": ...}`` if it raises."""
+    from planner.plans.ring import shard_bounds
+    from planner.runtime.ring_dtp import ring_dtp_cross_entropy
+
+    V, H, Ns = 37, 8, (9, 4, 6, 7)[:W]
+    w, xs, ts = _data(11, V, H, Ns, W, "some", -100, torch.float32)
+    lo, hi = shard_bounds(V, W)[rank]
+    w_HV = w.t().contiguous().requires_grad_()
+    x = xs[rank].clone().requires_grad_()
+    try:
+        loss = ring_dtp_cross_entropy(x, ts[rank], w_HV.t()[lo:hi], group=group, vocab_start=lo, vocab_blocks=2,
+                                      mode="weights")
+        loss.backward()
+    except RuntimeError as e:
+        return {"error": str(e).splitlines()[0]}
+    l64, gx64, gw64 = _reference(w, xs, ts, -100, "mean", torch.float64)
+    lt, gxt, gwt = _reference(w, xs, ts, -100, "mean", torch.float32)
+    eps = torch.finfo(torch.float32).eps
+    return {"loss": _errs(loss.detach(), lt[rank], l64[rank], eps), "gx": _errs(x.grad, gxt[rank], gx64[rank], eps),
+            "gw": _errs(w_HV.grad.t()[lo:hi], gwt[lo:hi], gw64[lo:hi], eps)}
+
+
 def _bad_target_case(W, rank, group):
     """The last rank holds one target ``= V``: every rank must raise the same ValueError (the check
     rides on the ``N_max`` all-reduce), none may hang in the ring; the group stays usable."""
@@ -209,6 +234,7 @@ def _worker(rank: int, W: int, store_path: str, queue) -> None:
         for name in VP_CASES:
             out[name] = _vp_case(name, W, rank, None)
         out["head_module"] = _head_module_case(W, rank, None)
+        out["noncontig_weight"] = _noncontig_weight_case(W, rank, None)
         out["bad_target"] = _bad_target_case(W, rank, None)
         queue.put((rank, out, None))
     except Exception:  # noqa: BLE001 - report the traceback to the parent
@@ -263,6 +289,14 @@ def test_vocab_parallel_matches_float64_reference(world, case):
 @pytest.mark.dist
 def test_ring_dtp_head_module_matches_float64_reference(world):
     _check(world, "head_module")
+
+
+@pytest.mark.dist
+def test_weights_branch_takes_a_non_contiguous_weight_shard(world):
+    W, ranks = world
+    errors = {r: out["noncontig_weight"]["error"] for r, out in ranks.items() if "error" in out["noncontig_weight"]}
+    assert not errors, f"W={W}: {errors}"
+    _check(world, "noncontig_weight")
 
 
 @pytest.mark.dist
