@@ -18,10 +18,10 @@ to ``max over sub-steps``.
 
 Ring-DTP (``N`` is the group's ``N_max``; rank 0 holds a ``V_max``-row shard):
 
-    sub-step        tensors (beyond x_NH, t_N, lse_N, scale_N, valid_N)
-    bwd strip       act: k_op·(x N·H·b + t N·8 + lse/scale 2N·4) [+ own lse/scale 2N·4 if P=1],
+    sub-step        tensors (beyond x_NH, t_N, the saved m_N and z_N, valid_N)
+    bwd strip       act: k_op·(x N·H·b + t N·8 + state 3N·4) [+ own state 3N·4 if P=1],
                          k_g·N·H·4 gradients, own-shard gw V_max·H·4
-                    weights: k_op·V_max·H·b shards, k_g·V_max·H·4 gradients, gx N·H·4
+                    weights: k_op·V_max·H·b shards, k_g·V_max·H·4 gradients, gx N·H·4, own state 3N·4
                     + fp32 strip N·V_b·4, its b-byte copy [b<4], target column + mask N·9 B (+ one-hot N·4 [b=4])
     bwd GEMM [b<4]  as bwd strip, but the strip copy N·V_b·b and one GEMM product max(N, V_b)·H·b
     end: gx cast    gx N·H·4 + gx N·H·b [b<4] + gw V_max·H·4
@@ -65,11 +65,12 @@ def ring_substeps(N, H, V, P, B_v, b: int, move: str | None = None) -> dict[str,
     k_op, k_g = np.minimum(2, np.asarray(P) - 1), np.minimum(2, P)
     low = int(b < 4)
     own = [Item("head input x_NH", N * H, b, "N·H"), Item("targets t_N", N, 8, "N"),
-           Item("saved lse_N and per-token scale", 2 * N, 4, "2·N"), Item("valid mask", N, 1, "N")]
+           Item("saved row max m_N and sum z_N", 2 * N, 4, "2·N"), Item("valid mask", N, 1, "N")]
     ring = [
         Item("moving batches x (act)", act * k_op * N * H, b, "[act]·k_op·N·H"),
-        Item("moving targets + lse/scale pairs (act)", act * (k_op + np.maximum(1, k_op)) * N, 8,
-             "[act]·(k_op + max(1, k_op))·N  (int64 t; fp32 lse + scale pair = 8 B)"),
+        Item("moving targets (act)", act * k_op * N, 8, "[act]·k_op·N  (int64)"),
+        Item("backward state (m, scale/z, scale)", (act * np.maximum(1, k_op) + wts) * N, 12,
+             "([act]·max(1, k_op) + [weights])·N  (fp32 triple = 12 B; moves with the batch)"),
         Item("moving weight shards (weights)", wts * k_op * Vm * H, b, "[weights]·k_op·V_max·H"),
     ]
     grads_mid = [

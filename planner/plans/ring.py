@@ -169,7 +169,7 @@ class RingPlan:
         if self.move == "activations":
             n = self.n_max
             return {"fwd_operand": n * H * b + 8 * n, "fwd_state": 3 * 4 * n,
-                    "bwd_operand": n * H * b + 8 * n + 2 * 4 * n, "bwd_grad": 4 * n * H}
+                    "bwd_operand": n * H * b + 8 * n + 3 * 4 * n, "bwd_grad": 4 * n * H}
         v = self.v_max
         return {"fwd_operand": v * H * b, "fwd_state": 0, "bwd_operand": v * H * b,
                 "bwd_grad": 4 * v * H}

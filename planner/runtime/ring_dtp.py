@@ -11,6 +11,7 @@ Legend (DESIGN §1 symbols; shape suffixes on every tensor):
     x_NH     this rank's hidden states            t_N    its targets (int64)
     w_VpH    this rank's weight shard (V_r × H)   lse_N  log-sum-exp of the full logit row
     st_3n    online state (m, z, y_t) per token   p_nb   one fp32 strip of logits / their grads
+    mz_2N    (m, z) saved for backward            ms_3n  backward state (m, scale/z, scale)
     gx_nH    gradient of a batch (fp32)           gw_VH  gradient of a shard (fp32)
 
 Schedule (``planner.plans.ring``): rank ``r`` holds its own batch, targets and the vocabulary
@@ -21,26 +22,27 @@ otherwise the weight shard moves (in a ``V_max``-row buffer).
 
 Collectives per call:
 
-- forward: 1 all-reduce(max) of three int64 (``N_max`` and the targets' max and negated min, the
-  range check; a second all-reduce for ``V`` when ``vocab_size`` is not given); ``P-1`` operand
-  hops; activations branch: ``P`` state hops. One host sync (reading ``N_max`` and the check).
+- forward: 1 all-reduce(max) of 19 int64 (``N_max``, the targets' max and negated min, ``V`` when
+  ``vocab_size`` is not given, and every rank's argument checks and fingerprint, so that every rank
+  raises together: ``ring_dtp_checks``); ``P-1`` operand hops; activations branch: ``P`` state hops.
+  One host sync (reading ``N_max`` and the checks).
 - backward: ``P-1`` operand hops and ``P`` gradient hops (the last returns the gradient home).
 
 Bytes one rank sends per hop (``RingPlan.hop_bytes``):
 
 - activations: forward ``N_max·(H·b + 8)`` then ``12·N_max`` of state; backward
-  ``N_max·(H·b + 8 + 8)`` (batch, targets, lse and scale) then ``4·N_max·H`` of gradient.
+  ``N_max·(H·b + 8 + 12)`` (batch, targets, ``ms_3n``) then ``4·N_max·H`` of gradient.
 - weights: forward ``V_max·H·b``; backward ``V_max·H·b`` then ``4·V_max·H`` of gradient.
 
 Live buffers beyond the inputs (``x_NH``, ``t_N``, ``w_VpH``):
 
 - forward: two moving-operand buffers (one when ``P = 2``, none when ``P = 1``), one fp32 strip
   ``N·V_b`` (plus its ``b``-byte matmul output while upcast), three ``st_3n`` states
-  (accumulating, in flight, arriving), ``lse_N`` saved for backward.
-- backward: the same operand buffers plus ``lse``/scale ``2·N_max`` (moving with the batch), one fp32
-  strip (plus a ``b``-byte downcast), two moving gradient buffers (fp32), and the fp32
-  accumulator of the gradient that stays: ``gw`` of the own shard (activations) or ``gx_NH``
-  (weights).
+  (accumulating, in flight, arriving), ``mz_2N`` saved for backward.
+- backward: the same operand buffers plus ``ms_3n`` ``3·N_max`` (moving with the batch; this rank's
+  ``3·N`` in the weights branch), one fp32 strip (plus a ``b``-byte downcast), two moving gradient
+  buffers (fp32), and the fp32 accumulator of the gradient that stays: ``gw`` of the own shard
+  (activations) or ``gx_NH`` (weights).
 
 Overlap: hops are ``batch_isend_irecv`` works (``shim.send_recv``); under NCCL they run on the
 communicator's stream and the compute stream waits only where it reads (``shim.wait_all``), so the
@@ -52,8 +54,10 @@ not needed (and on the CPU and in trace mode everything runs in order anyway); b
 only after the hop that used them has been awaited.
 
 Exactness: the summation order differs from ``cross_entropy(x @ w.T, t)``, so losses and gradients
-are compared norm-wise with a float64 reference (DESIGN §7). ``torch.autograd.grad`` works (no
-reentrant checkpoint inside).
+are compared norm-wise with a float64 reference (DESIGN §7). The backward forms the softmax as
+``exp(logit − m)·(scale/z)``, not ``exp(logit − lse)``: ``lse = m + log z`` rounded at ``|m|``
+would put an error of ``eps·|m|`` on every probability (6.5x the bound at ``|logit| ≈ 175``).
+``torch.autograd.grad`` works (no reentrant checkpoint inside).
 """
 
 from __future__ import annotations
@@ -64,14 +68,15 @@ from torch import nn
 from planner.errors import InvalidPlan
 from planner.plans.ring import MOVES, ring_plan, shard_bounds
 from planner.runtime import shim
+from planner.runtime import ring_dtp_checks as C
 from planner.runtime import ring_dtp_passes as R
-from planner.runtime.validation import (_int_at_least, check_alloc, check_choice, check_int_range, check_not_meta,
-                                        check_positive_ints, check_targets, checked_device, floating_dtype)
+from planner.runtime import ring_dtp_state as S
+from planner.runtime.validation import (check_alloc, check_choice, check_int_range, check_positive_ints,
+                                        checked_device, floating_dtype)
 from planner.schema.knobs import default as knob_default
 
 FP32 = torch.float32
-REDUCTIONS = ("mean", "sum")
-"""``reduction`` values (``"none"`` would need a per-token loss the ring does not keep)."""
+REDUCTIONS = C.REDUCTIONS
 
 
 class _RingDTPCrossEntropy(torch.autograd.Function):
@@ -87,56 +92,24 @@ class _RingDTPCrossEntropy(torch.autograd.Function):
         n_valid = valid_N.sum()
         if c.reduction == "mean":
             loss = loss / n_valid
-        ctx.save_for_backward(x_NH, w_VpH, t_N, lse_N)
+        ctx.save_for_backward(x_NH, w_VpH, t_N, st_3N[:2].clone())     # m and z, not lse (grad_state)
         ctx.c = c
         return loss
 
     @staticmethod
     def backward(ctx, g):
-        x_NH, w_VpH, t_N, lse_N = ctx.saved_tensors
+        x_NH, w_VpH, t_N, mz_2N = ctx.saved_tensors
         c: R.Cfg = ctx.c
         valid_N = t_N != c.ignore_index
         g = g.to(FP32)
         per_tok = g / valid_N.sum() if c.reduction == "mean" else g
-        scale_N = torch.where(valid_N, per_tok, 0.0)
-        bwd = R.backward_activations if c.plan.move == "activations" else R.backward_weights
-        gx, gw = bwd(c, x_NH, t_N, w_VpH, lse_N, scale_N)
+        act = c.plan.move == "activations"
+        bwd = R.backward_activations if act else R.backward_weights
+        gx, gw = bwd(c, x_NH, t_N, w_VpH,             # the pass frees the state before returning
+                     S.grad_state(mz_2N, valid_N, per_tok, c.plan.n_max if act else x_NH.shape[0]))
         gx = gx.to(x_NH.dtype)                    # low precision: downcast, one at a time
         gw = gw.to(w_VpH.dtype)
         return gx, gw, None, None
-
-
-def _n_max_checking_targets(t_N: torch.Tensor, V: int, ignore_index: int, n_rows: int, group) -> int:
-    """``N_max`` over the group, with the target check folded into the same all-reduce.
-
-    One masked min/max reduction of the targets (``aminmax`` of ``t_N`` with ``ignore_index``
-    entries set to 0) and one all-reduce-max of ``[N, max t, -min t]`` that replaces the plain
-    all-reduce of ``N``: no extra collective and one host sync per call (the one ``N_max`` needs
-    anyway when ``P > 1``). Every rank sees the group's extremes, so every rank raises together and
-    no rank is left waiting in the ring. Never called in trace mode (fake tensors have no values).
-
-    Raises:
-        ValueError: a target outside ``[0, V)`` that is not ``ignore_index`` on some rank.
-    """
-    if n_rows:
-        lo, hi = torch.aminmax(t_N.masked_fill(t_N == ignore_index, 0))
-        n_ = t_N.new_full((), n_rows, dtype=torch.int64)     # a fill kernel, no host copy
-        vals = torch.stack([n_, hi.long(), lo.long().clamp(min=-(1 << 62)).neg()])   # -2**63 negates to itself
-    else:
-        vals = torch.tensor([0, 0, 0], dtype=torch.int64)
-    if shim.group_size(group) > 1 and shim.dist.get_backend(group) == "nccl":
-        vals = vals.to(torch.device("cuda", torch.cuda.current_device()))
-    elif shim.group_size(group) > 1:
-        vals = vals.cpu()
-    shim.all_reduce(vals, "max", group)
-    n, t_max, t_min = vals.tolist()
-    t_min = -t_min
-    if t_min < 0 or t_max >= V:
-        worst = t_min if t_min < 0 else t_max
-        raise ValueError(f"targets_N must lie in [0, {V}) or equal ignore_index ({ignore_index}): a rank "
-                         f"of the group has target {worst}; fix: map "
-                         "out-of-vocabulary ids to ignore_index, as torch's cross_entropy requires")
-    return int(n)
 
 
 def ring_dtp_cross_entropy(x_NH: torch.Tensor, targets_N: torch.Tensor, w_VpH: torch.Tensor, *,
@@ -149,53 +122,48 @@ def ring_dtp_cross_entropy(x_NH: torch.Tensor, targets_N: torch.Tensor, w_VpH: t
     Args:
         x_NH: hidden states (N × H), fp32 or bf16; N may differ across ranks, N = 0 included.
         targets_N: target ids in ``[0, V)`` or ``ignore_index``.
-        w_VpH: this rank's rows ``[vocab_start, vocab_start + V_r)`` of the head, same dtype as x.
+        w_VpH: this rank's rows ``[vocab_start, vocab_start + V_r)`` of the head, same dtype as x
+            (a non-contiguous view is copied once when the weights travel).
         group: the vocabulary process group (``None``: the default group).
         vocab_start: first row of the shard; must equal ``planner.plans.ring.shard_bounds``.
-        vocab_blocks: ``B_v`` strips per shard.
+        vocab_blocks: ``B_v`` strips per shard, at most the plan schema's bound.
         reduction: ``"mean"`` over this rank's non-ignored tokens (NaN when there are none, as
             ``torch.nn.functional.cross_entropy``) or ``"sum"``.
         mode: force ``"activations"`` or ``"weights"``; ``None`` picks by ``N_max <= ceil(V/P)``.
-        vocab_size: ``V`` when the caller knows it (saves one all-reduce; required in trace mode).
+        vocab_size: ``V`` when the caller knows it (else the largest ``vocab_start + V_r``;
+            required in trace mode).
         n_max: the group's largest N, used only in trace mode (``shim.global_max(known=...)``).
 
     Returns:
         This rank's loss, an fp32 scalar. Backward gives ``x_NH`` the gradient of this rank's loss
         and ``w_VpH`` the gradient of the sum of every rank's loss.
 
-    Raises:
-        InvalidPlan: shapes, dtypes, reduction or the shard bounds do not fit the plan.
+    Raises (on every rank of the group together, before the ring: ``ring_dtp_checks.agree``):
+        InvalidPlan: an argument of this rank (shapes, dtypes, reduction, mode, the integers, the
+            shard bounds), an argument refused on another rank (naming it), or mode, H, dtype,
+            vocab_blocks, ignore_index or vocab_size differing between ranks.
         ValueError: a target outside ``[0, V)`` that is not ``ignore_index``, on any rank of the
-            group (every rank raises; checked outside trace mode only, at no extra collective and
-            one host sync, see ``_n_max_checking_targets``).
+            group (checked outside trace mode only, at no extra collective and one host sync).
     """
-    if x_NH.dim() != 2 or w_VpH.dim() != 2 or x_NH.shape[1] != w_VpH.shape[1]:
-        raise InvalidPlan("x_NH/w_VpH", (tuple(x_NH.shape), tuple(w_VpH.shape)),
-                          "must be N×H and V_r×H with the same H", "flatten the batch to N×H")
-    check_targets(targets_N)
-    check_not_meta(x_NH=x_NH, targets_N=targets_N, w_VpH=w_VpH)
-    if n_max is not None:
-        _int_at_least("n_max", n_max, x_NH.shape[0])
-    if targets_N.shape != (x_NH.shape[0],):
-        raise InvalidPlan("targets_N", tuple(targets_N.shape), f"must have shape ({x_NH.shape[0]},)",
-                          "flatten the targets like x_NH")
-    if x_NH.dtype != w_VpH.dtype or x_NH.dtype not in (torch.float32, torch.bfloat16):
-        raise InvalidPlan("dtype", (x_NH.dtype, w_VpH.dtype), "must be the same, fp32 or bf16",
-                          "cast x_NH and w_VpH to one dtype")
-    if reduction not in REDUCTIONS:
-        raise InvalidPlan("reduction", reduction, "must be 'mean' or 'sum'", "pick one")
+    args = dict(vocab_start=vocab_start, vocab_blocks=vocab_blocks, ignore_index=ignore_index, mode=mode,
+                vocab_size=vocab_size)
+    err = C.local_error(x_NH=x_NH, targets_N=targets_N, w_VpH=w_VpH, reduction=reduction, n_max=n_max, **args)
     P, r = shim.group_size(group), shim.group_rank(group)
-    rows = w_VpH.shape[0]
-    V = vocab_size if vocab_size is not None else shim.global_max(vocab_start + rows, group)
-    if shim.is_tracing():                         # fake tensors: no values to check
+    if shim.is_tracing():                         # fake tensors, fake group: no values to exchange
+        if err is not None:
+            raise err
+        V = vocab_size if vocab_size is not None else shim.global_max(vocab_start + w_VpH.shape[0], group)
         n = shim.global_max(x_NH.shape[0], group, known=n_max)
     else:
-        n = _n_max_checking_targets(targets_N, V, ignore_index, x_NH.shape[0], group)
+        V, n = C.agree(err, x_NH, targets_N, w_VpH, group=group, **args)
     plan = ring_plan(P, V, n, vocab_blocks, mode)
-    if plan.shards[r] != (vocab_start, vocab_start + rows):
+    rows = w_VpH.shape[0]
+    if plan.shards[r] != (vocab_start, vocab_start + rows):     # checked by ``agree`` outside trace mode
         raise InvalidPlan("vocab_start", vocab_start,
                           f"with {rows} rows must give the shard {plan.shards[r]} of rank {r} (V={V}, P={P})",
                           "shard the head with planner.plans.ring.shard_bounds(V, P)")
+    if plan.move == "weights" and P > 1 and not w_VpH.is_contiguous():
+        w_VpH = w_VpH.contiguous()                # the shard travels: one V_r×H copy (a tied, transposed view)
     c = R.Cfg(plan, r, group, ignore_index, reduction)
     return _RingDTPCrossEntropy.apply(x_NH, w_VpH, targets_N.long(), c)
 
@@ -209,7 +177,8 @@ class RingDTPHead(nn.Module):
     def __init__(self, hidden_size: int, vocab_size: int, *, group=None, vocab_blocks: int = knob_default("vocab_blocks"),
                  ignore_index: int = -100, reduction: str = "mean", mode: str | None = None,
                  device=None, dtype=None) -> None:
-        check_positive_ints(hidden_size=hidden_size, vocab_size=vocab_size, vocab_blocks=vocab_blocks)
+        check_positive_ints(hidden_size=hidden_size, vocab_size=vocab_size)
+        C.check_vocab_blocks(vocab_blocks)
         check_int_range("ignore_index", ignore_index, -(1 << 63), (1 << 63) - 1, fix="torch's default is -100")
         check_choice("reduction", reduction, REDUCTIONS)
         check_choice("mode", mode, MOVES, allow_none=True)
@@ -228,6 +197,11 @@ class RingDTPHead(nn.Module):
     @torch.no_grad()
     def load_full_weight(self, w_VH: torch.Tensor) -> None:
         """Copy this rank's rows out of the full ``V × H`` head."""
+        want = (self.vocab_size, self.weight.shape[1])
+        if not isinstance(w_VH, torch.Tensor) or tuple(w_VH.shape) != want:
+            raise InvalidPlan("w_VH", tuple(w_VH.shape) if isinstance(w_VH, torch.Tensor) else type(w_VH).__name__,
+                              f"must be the full head of shape {want} (vocab_size × hidden_size)",
+                              "pass the whole V × H weight; each rank keeps its own rows")
         self.weight.copy_(w_VH[self.vocab_start:self.vocab_start + self.weight.shape[0]])
 
     def forward(self, x_NH: torch.Tensor, targets_N: torch.Tensor, n_max: int | None = None):

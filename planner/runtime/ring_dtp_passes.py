@@ -94,21 +94,20 @@ def forward_weights(c: Cfg, x_NH, t_N, w_VpH):
 # ---------------------------------------------------------------------------------------------
 # backward passes: return (gx_NH fp32, gw_VpH fp32)
 # ---------------------------------------------------------------------------------------------
-def backward_activations(c: Cfg, x_NH, t_N, w_VpH, lse_N, scale_N):
-    """Batches travel with their gradient; returns (gx_NH, gw_VpH), fp32."""
+def backward_activations(c: Cfg, x_NH, t_N, w_VpH, ms_3n):
+    """Batches travel with their gradient (and their ``N_max``-row state ``ms_3n``,
+    ``ring_dtp_state.grad_state``); returns (gx_NH, gw_VpH), fp32."""
     plan, r, ig = c.plan, c.rank, c.ignore_index
     ring, (start, stop), n, H = S.Ring(plan, r, c.group), plan.shards[r], plan.n_max, x_NH.shape[1]
     x_nH, t_n = S.padded(x_NH, n), S.padded(t_N, n, ig)
-    ls_2n = x_NH.new_zeros(2, n, dtype=FP32)       # lse and scale travel with the batch
-    ls_2n[0, : x_NH.shape[0]], ls_2n[1, : x_NH.shape[0]] = lse_N, scale_N
     gw_VpH = torch.zeros(stop - start, H, dtype=FP32, device=x_NH.device)
     gx_nH = torch.zeros(n, H, dtype=FP32, device=x_NH.device)
     spare = nxt = g_spare = g_hop = gx_in = None
     for s in range(plan.P):
         op_hop = None
         if plan.operand_hop(s):
-            nxt = spare or (x_NH.new_empty(n, H), t_N.new_empty(n), torch.empty_like(ls_2n))
-            op_hop = ring.hop([x_nH, t_n, ls_2n], list(nxt))
+            nxt = spare or (x_NH.new_empty(n, H), t_N.new_empty(n), torch.empty_like(ms_3n))
+            op_hop = ring.hop([x_nH, t_n, ms_3n], list(nxt))
         if s > 0:                                 # the batch's gradient so far arrives from the left
             pending, g_hop = g_hop, None
         else:
@@ -117,7 +116,7 @@ def backward_activations(c: Cfg, x_NH, t_N, w_VpH, lse_N, scale_N):
             if hi == lo:
                 continue
             w_bH = w_VpH[lo - start:hi - start]
-            p_nb = S.grad_strip(x_nH, w_bH, t_n, lo, hi, ls_2n[0], ls_2n[1], ig)
+            p_nb = S.grad_strip(x_nH, w_bH, t_n, lo, hi, ms_3n, ig)
             S.accumulate(gw_VpH[lo - start:hi - start], p_nb.t(), x_nH)
             if pending is not None:
                 shim.wait_all(pending)
@@ -132,9 +131,9 @@ def backward_activations(c: Cfg, x_NH, t_N, w_VpH, lse_N, scale_N):
             g_hop, g_spare = ring.hop([gx_nH], [gx_in]), gx_nH
         if op_hop is not None:
             shim.wait_all(op_hop)
-            spare = None if x_nH is x_NH else (x_nH, t_n, ls_2n)
-            x_nH, t_n, ls_2n = nxt
-    del x_nH, t_n, ls_2n, spare, nxt
+            spare = None if x_nH is x_NH else (x_nH, t_n, ms_3n)
+            x_nH, t_n, ms_3n = nxt
+    del x_nH, t_n, ms_3n, spare, nxt
     if plan.P > 1:
         shim.wait_all(g_hop)
         del g_spare
@@ -142,8 +141,9 @@ def backward_activations(c: Cfg, x_NH, t_N, w_VpH, lse_N, scale_N):
     return gx_nH[: x_NH.shape[0]], gw_VpH
 
 
-def backward_weights(c: Cfg, x_NH, t_N, w_VpH, lse_N, scale_N):
-    """Shards travel with their gradient; returns (gx_NH, gw_VpH), fp32."""
+def backward_weights(c: Cfg, x_NH, t_N, w_VpH, ms_3N):
+    """Shards travel with their gradient (``ms_3N``: this rank's state, ``grad_state``); returns
+    (gx_NH, gw_VpH), fp32."""
     plan, r, ig = c.plan, c.rank, c.ignore_index
     ring, H = S.Ring(plan, r, c.group), x_NH.shape[1]
     gx_NH = torch.zeros(x_NH.shape[0], H, dtype=FP32, device=x_NH.device)
@@ -162,7 +162,7 @@ def backward_weights(c: Cfg, x_NH, t_N, w_VpH, lse_N, scale_N):
             if hi == lo:
                 continue
             w_bH = w_cur[lo - a:hi - a]
-            p_nb = S.grad_strip(x_NH, w_bH, t_N, lo, hi, lse_N, scale_N, ig)
+            p_nb = S.grad_strip(x_NH, w_bH, t_N, lo, hi, ms_3N, ig)
             S.accumulate(gx_NH, p_nb, w_bH)
             if pending is not None:
                 shim.wait_all(pending)
@@ -180,7 +180,7 @@ def backward_weights(c: Cfg, x_NH, t_N, w_VpH, lse_N, scale_N):
             shim.wait_all(op_hop)
             spare = None if w_cur is w_VpH else w_cur
             w_cur = nxt
-    del w_cur, spare
+    del w_cur, spare, ms_3N
     if plan.P > 1:
         shim.wait_all(g_hop)
         del g_spare

@@ -69,14 +69,28 @@ def fold_strip(st_3n, x_nH, w_bH, t_n, lo: int, hi: int, ignore_index: int) -> N
     merge_lse(st_3n, m_n, z_n, y_n)
 
 
-def grad_strip(x_nH, w_bH, t_n, lo: int, hi: int, lse_n, scale_n, ignore_index: int) -> torch.Tensor:
-    """Gradient of the loss w.r.t. the strip's logits: ``scale·(softmax − onehot)``, in the
-    input dtype (fp32 work strip, downcast at the end for low-precision inputs)."""
+def grad_state(mz_2N: torch.Tensor, valid_N: torch.Tensor, per_tok: torch.Tensor, rows: int) -> torch.Tensor:
+    """Backward state ``ms_3n`` of ``rows >= N`` rows (fp32): the row max ``m``, ``scale/z`` and the
+    per-token ``scale`` (``per_tok`` on valid tokens, else 0); padding rows are 0 (no gradient).
+
+    The softmax is ``exp(logit - m)/z``, never ``exp(logit - lse)``: ``lse = m + log z`` rounded at
+    the magnitude of ``m`` would err by ``eps·|m|`` on every probability (DESIGN §7)."""
+    N = mz_2N.shape[1]
+    ms_3n = mz_2N.new_zeros(3, rows)
+    ms_3n[0, :N] = mz_2N[0]
+    torch.where(valid_N, per_tok, per_tok.new_zeros(()), out=ms_3n[2, :N])
+    torch.div(ms_3n[2, :N], mz_2N[1], out=ms_3n[1, :N])
+    return ms_3n
+
+
+def grad_strip(x_nH, w_bH, t_n, lo: int, hi: int, ms_3n, ignore_index: int) -> torch.Tensor:
+    """Gradient of the loss w.r.t. the strip's logits: ``scale·(softmax − onehot)`` with
+    ``scale·softmax = exp(logit − m)·(scale/z)`` (``ms_3n``, ``grad_state``), in the input dtype
+    (fp32 work strip, downcast at the end for low-precision inputs)."""
     p_nb = strip_logits(x_nH, w_bH)
-    p_nb.sub_(lse_n.unsqueeze(1)).exp_()
+    p_nb.sub_(ms_3n[0].unsqueeze(1)).exp_().mul_(ms_3n[1].unsqueeze(1))
     idx_n1, hit_n = local_targets(t_n, lo, hi, ignore_index)
-    p_nb.scatter_add_(1, idx_n1, hit_n.to(FP32).neg_().unsqueeze(1))
-    p_nb.mul_(scale_n.unsqueeze(1))
+    p_nb.scatter_add_(1, idx_n1, hit_n.to(FP32).mul_(ms_3n[2]).neg_().unsqueeze(1))
     if x_nH.dtype == FP32:
         return p_nb
     g = p_nb.to(x_nH.dtype)

@@ -38,6 +38,15 @@ RING_CASES = {
     "act_bf16_mean": (1031, 32, (13, 5, 7, 9), "activations", 2, "mean", "bf16", "some", -100),
     "weights_bf16_sum": (1031, 32, (13, 5, 7, 9), "weights", 3, "sum", "bf16", "some", -100),
 }
+# name: V, H, tokens per rank, mode, B_v, weight range k (w in {-k..k}/4; x in {-3..3}): fp32, mean.
+# Logits exact in fp32 (``_exact_logit_data``), up to |logit| ≈ 60 (k = 26) or ≈ 175 (k = 66). The
+# backward once formed exp(logit - lse) with lse = m + log z rounded at |m|: several times the bound.
+LARGE_LOGIT_CASES = {
+    "logits_60_act": (29, 8, (5, 6, 7, 4), "activations", 2, 26),
+    "logits_60_weights": (29, 8, (5, 6, 7, 4), "weights", 1, 26),
+    "logits_175_act": (29, 8, (5, 6, 7, 4), "activations", 1, 66),
+    "logits_175_weights": (29, 8, (5, 6, 7, 4), "weights", 2, 66),
+}
 # name: V, H, tokens (the same batch on every rank), reduction, dtype
 VP_CASES = {
     "vp_mean": (1031, 24, 29, "mean", "fp32"),
@@ -64,6 +73,18 @@ def _data(seed: int, V: int, H: int, Ns, W: int, ignore: str, ig: int, dtype):
         if ignore == "rank0" and r == 0:
             t[:] = ig
         ts.append(t)
+    return w, xs, ts
+
+
+def _exact_logit_data(seed: int, V: int, H: int, Ns, W: int, k: int):
+    """Large logits that fp32 holds exactly (small integers times quarters), so that whichever order a
+    GEMM sums them in, the operator and torch see the same logits: the errors compared are the
+    softmax's alone (a GEMM's rounding, an ulp of the logit, differs between kernels). 20% ignored."""
+    g = torch.Generator().manual_seed(seed)
+    w = torch.randint(-k, k + 1, (V, H), generator=g).float() / 4
+    xs = [torch.randint(-3, 4, (n, H), generator=g).float() for n in Ns[:W]]
+    ts = [torch.randint(0, V, (n,), generator=g).masked_fill_(torch.rand(n, generator=g) < 0.2, -100)
+          for n in Ns[:W]]
     return w, xs, ts
 
 
@@ -94,9 +115,14 @@ def _ring_case(name, W, rank, group):
     from planner.plans.ring import shard_bounds
     from planner.runtime.ring_dtp import ring_dtp_cross_entropy
 
-    V, H, Ns, mode, B, red, dt, ignore, ig = RING_CASES[name]
+    if name in LARGE_LOGIT_CASES:
+        V, H, Ns, mode, B, k = LARGE_LOGIT_CASES[name]
+        red, dt, ig = "mean", "fp32", -100
+        w, xs, ts = _exact_logit_data(zlib.crc32(name.encode()), V, H, Ns, W, k)
+    else:
+        V, H, Ns, mode, B, red, dt, ignore, ig = RING_CASES[name]
+        w, xs, ts = _data(zlib.crc32(name.encode()), V, H, Ns[:W], W, ignore, ig, DTYPES[dt])
     dtype = DTYPES[dt]
-    w, xs, ts = _data(zlib.crc32(name.encode()), V, H, Ns[:W], W, ignore, ig, dtype)
     lo, hi = shard_bounds(V, W)[rank]
     x = xs[rank].clone().requires_grad_()
     wr = w[lo:hi].clone().requires_grad_()
@@ -149,6 +175,31 @@ def _head_module_case(W, rank, group):
             "gw": _errs(head.weight.grad, gwt[lo:hi], gw64[lo:hi], eps)}
 
 
+def _noncontig_weight_case(W, rank, group):
+    """The weights branch with ``w_VpH`` a non-contiguous view (the shard of a head stored ``H × V``,
+    as a tied embedding is): the shard travels, so it is sent contiguous. Once raised "input tensor
+    has to be contiguous" in ``batch_isend_irecv`` at ``P > 1``. ``{"error": ...}`` if it raises."""
+    from planner.plans.ring import shard_bounds
+    from planner.runtime.ring_dtp import ring_dtp_cross_entropy
+
+    V, H, Ns = 37, 8, (9, 4, 6, 7)[:W]
+    w, xs, ts = _data(11, V, H, Ns, W, "some", -100, torch.float32)
+    lo, hi = shard_bounds(V, W)[rank]
+    w_HV = w.t().contiguous().requires_grad_()
+    x = xs[rank].clone().requires_grad_()
+    try:
+        loss = ring_dtp_cross_entropy(x, ts[rank], w_HV.t()[lo:hi], group=group, vocab_start=lo, vocab_blocks=2,
+                                      mode="weights")
+        loss.backward()
+    except RuntimeError as e:
+        return {"error": str(e).splitlines()[0]}
+    l64, gx64, gw64 = _reference(w, xs, ts, -100, "mean", torch.float64)
+    lt, gxt, gwt = _reference(w, xs, ts, -100, "mean", torch.float32)
+    eps = torch.finfo(torch.float32).eps
+    return {"loss": _errs(loss.detach(), lt[rank], l64[rank], eps), "gx": _errs(x.grad, gxt[rank], gx64[rank], eps),
+            "gw": _errs(w_HV.grad.t()[lo:hi], gwt[lo:hi], gw64[lo:hi], eps)}
+
+
 def _bad_target_case(W, rank, group):
     """The last rank holds one target ``= V``: every rank must raise the same ValueError (the check
     rides on the ``N_max`` all-reduce), none may hang in the ring; the group stays usable."""
@@ -178,11 +229,12 @@ def _worker(rank: int, W: int, store_path: str, queue) -> None:
     dist.init_process_group("gloo", store=store, rank=rank, world_size=W)
     out = {}
     try:
-        for name in RING_CASES:
+        for name in (*RING_CASES, *LARGE_LOGIT_CASES):
             out[name] = _ring_case(name, W, rank, None)
         for name in VP_CASES:
             out[name] = _vp_case(name, W, rank, None)
         out["head_module"] = _head_module_case(W, rank, None)
+        out["noncontig_weight"] = _noncontig_weight_case(W, rank, None)
         out["bad_target"] = _bad_target_case(W, rank, None)
         queue.put((rank, out, None))
     except Exception:  # noqa: BLE001 - report the traceback to the parent
@@ -216,6 +268,19 @@ def test_ring_dtp_matches_float64_reference(world, case):
 
 
 @pytest.mark.dist
+@pytest.mark.parametrize("case", list(LARGE_LOGIT_CASES))
+def test_ring_dtp_gradients_stay_within_the_bound_at_large_logits(world, case):
+    _check(world, case)
+    assert all(out[case]["gx"]["err_torch"] > 0 for out in world[1].values()), "torch's error is 0"
+
+
+@pytest.mark.parametrize("case", list(LARGE_LOGIT_CASES))
+def test_ring_dtp_gradients_stay_within_the_bound_at_large_logits_on_one_rank(case):
+    """P = 1 (``group=None``): the error grew with |logit| even without a ring."""
+    _check((1, {0: {case: _ring_case(case, 1, 0, None)}}), case)
+
+
+@pytest.mark.dist
 @pytest.mark.parametrize("case", list(VP_CASES))
 def test_vocab_parallel_matches_float64_reference(world, case):
     _check(world, case)
@@ -224,6 +289,14 @@ def test_vocab_parallel_matches_float64_reference(world, case):
 @pytest.mark.dist
 def test_ring_dtp_head_module_matches_float64_reference(world):
     _check(world, "head_module")
+
+
+@pytest.mark.dist
+def test_weights_branch_takes_a_non_contiguous_weight_shard(world):
+    W, ranks = world
+    errors = {r: out["noncontig_weight"]["error"] for r, out in ranks.items() if "error" in out["noncontig_weight"]}
+    assert not errors, f"W={W}: {errors}"
+    _check(world, "noncontig_weight")
 
 
 @pytest.mark.dist

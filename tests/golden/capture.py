@@ -18,7 +18,9 @@ Recaptured after the deliberate result changes of the fidelity work (the default
 dispatch, the per-phase memory terms fixed against the H200 allocator history, the recalibrated time
 model); a refactor keeps them byte-identical. The ``check`` outputs were recaptured alone when its
 ``--json`` gained ``headroom_fraction``, ``min_headroom`` and ``under_min_headroom`` (three added
-lines each, nothing else moved).
+lines each, nothing else moved). The composed ``check`` outputs and two sweeps were recaptured alone
+when Ring-DTP's backward began carrying ``(m, scale/z, scale)`` instead of ``(lse, scale)`` (the
+vocab live set's terms and bytes moved, 12 B per token; no verdict changed).
 """
 
 from __future__ import annotations

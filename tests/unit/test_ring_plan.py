@@ -107,7 +107,7 @@ def test_hop_bytes_count_operand_state_and_gradient():
     H, b = 7168, 4
     act = ring_plan(8, 200000, 16384).hop_bytes(H, b)
     assert act == {"fwd_operand": 16384 * (H * b + 8), "fwd_state": 12 * 16384,
-                   "bwd_operand": 16384 * (H * b + 16), "bwd_grad": 4 * 16384 * H}
+                   "bwd_operand": 16384 * (H * b + 8 + 12), "bwd_grad": 4 * 16384 * H}   # t; m, scale/z, scale
     w = ring_plan(8, 200000, 32768).hop_bytes(H, b)
     assert w == {"fwd_operand": 25000 * H * b, "fwd_state": 0, "bwd_operand": 25000 * H * b,
                  "bwd_grad": 4 * 25000 * H}
