@@ -11,6 +11,25 @@ import os
 import queue as queue_mod
 import tempfile
 import time
+import traceback
+
+
+def serve(rank: int, W: int, store_path: str, queue, cases) -> None:
+    """A worker's body: join the gloo world, fill ``out`` with ``cases(rank, W, out)``, report
+    ``(rank, out, traceback or None)`` once, leave the world."""
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", store=dist.FileStore(store_path, W), rank=rank, world_size=W)
+    out: dict = {}
+    try:
+        cases(rank, W, out)
+        queue.put((rank, out, None))
+    except Exception:  # noqa: BLE001 - report the traceback to the parent
+        queue.put((rank, out, traceback.format_exc()))
+    finally:
+        dist.destroy_process_group()
 
 
 def collect(queue, procs, W: int, timeout_s: float) -> list:

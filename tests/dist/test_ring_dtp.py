@@ -8,11 +8,10 @@ DESIGN §7: error <= max(2·err_torch, 4·eps·‖ref‖).
 
 from __future__ import annotations
 
-import traceback
 import zlib
 
 import pytest
-from gloo_world import world_fixture
+from gloo_world import serve, world_fixture
 import torch
 
 WORLDS = (2, 3, 4)
@@ -221,26 +220,18 @@ def _bad_target_case(W, rank, group):
     return {"msg": msg, "ok_after": ok}
 
 
-def _worker(rank: int, W: int, store_path: str, queue) -> None:
-    import torch.distributed as dist
+def _cases(rank: int, W: int, out: dict) -> None:
+    for name in (*RING_CASES, *LARGE_LOGIT_CASES):
+        out[name] = _ring_case(name, W, rank, None)
+    for name in VP_CASES:
+        out[name] = _vp_case(name, W, rank, None)
+    out["head_module"] = _head_module_case(W, rank, None)
+    out["noncontig_weight"] = _noncontig_weight_case(W, rank, None)
+    out["bad_target"] = _bad_target_case(W, rank, None)
 
-    torch.set_num_threads(1)
-    store = dist.FileStore(store_path, W)
-    dist.init_process_group("gloo", store=store, rank=rank, world_size=W)
-    out = {}
-    try:
-        for name in (*RING_CASES, *LARGE_LOGIT_CASES):
-            out[name] = _ring_case(name, W, rank, None)
-        for name in VP_CASES:
-            out[name] = _vp_case(name, W, rank, None)
-        out["head_module"] = _head_module_case(W, rank, None)
-        out["noncontig_weight"] = _noncontig_weight_case(W, rank, None)
-        out["bad_target"] = _bad_target_case(W, rank, None)
-        queue.put((rank, out, None))
-    except Exception:  # noqa: BLE001 - report the traceback to the parent
-        queue.put((rank, out, traceback.format_exc()))
-    finally:
-        dist.destroy_process_group()
+
+def _worker(rank: int, W: int, store_path: str, queue) -> None:
+    serve(rank, W, store_path, queue, _cases)
 
 
 world = world_fixture(_worker, WORLDS, WORKER_TIMEOUT_S)

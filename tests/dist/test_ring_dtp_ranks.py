@@ -9,10 +9,9 @@ size doesn't match") or left the other ranks waiting in the ring or the all-redu
 
 from __future__ import annotations
 
-import traceback
 
 import pytest
-from gloo_world import world_fixture
+from gloo_world import serve, world_fixture
 import torch
 
 WORLDS = (2, 3)
@@ -73,25 +72,18 @@ def _call(rank: int, W: int, kw: dict):
     return float(loss)
 
 
-def _worker(rank: int, W: int, store_path: str, queue) -> None:
-    import torch.distributed as dist
+def _cases(rank: int, W: int, out: dict) -> None:
+    for name, (args, *_) in {**SAME, **ONE}.items():
+        try:
+            _call(rank, W, args(rank, W))
+            out[name] = None
+        except Exception as e:  # noqa: BLE001 - the error each rank raised is the result
+            out[name] = (type(e).__name__, str(e))
+        out[name + ":after"] = _call(rank, W, {})     # the group still works
 
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", store=dist.FileStore(store_path, W), rank=rank, world_size=W)
-    out = {}
-    try:
-        for name, (args, *_) in {**SAME, **ONE}.items():
-            try:
-                _call(rank, W, args(rank, W))
-                out[name] = None
-            except Exception as e:  # noqa: BLE001 - the error each rank raised is the result
-                out[name] = (type(e).__name__, str(e))
-            out[name + ":after"] = _call(rank, W, {})     # the group still works
-        queue.put((rank, out, None))
-    except Exception:  # noqa: BLE001 - report the traceback to the parent
-        queue.put((rank, out, traceback.format_exc()))
-    finally:
-        dist.destroy_process_group()
+
+def _worker(rank: int, W: int, store_path: str, queue) -> None:
+    serve(rank, W, store_path, queue, _cases)
 
 
 world = world_fixture(_worker, WORLDS, WORKER_TIMEOUT_S)

@@ -123,6 +123,8 @@ def test_files_that_are_not_regular_or_too_large(tmp_path, capsys):
 
 
 # ---- 3a. constants that wrap int64 ---------------------------------------------------------------
+OUTSIDE_ALLOCATOR = ("cuda_context_bytes", "nccl_buffer_bytes")
+"""Constants subtracted from the HBM before any verdict (``planner.budget.peak.outside_allocator_bytes``)."""
 MEMORY_BYTES = ["cuda_context_bytes", "nccl_buffer_bytes", "cublas_workspace_bytes", "cublaslt_workspace_bytes",
                 "host_baseline_bytes_per_rank", "flash_workspace_bytes_per_elem"]
 
@@ -162,6 +164,8 @@ def test_no_evaluated_byte_count_is_negative_or_wrapped():
         c = json.loads(json.dumps(CLUSTER))
         for name in MEMORY_BYTES[:-1]:
             c["memory"][name]["value"] = rng.choice([0, 2 ** 40, 2 ** 50])
+        for name in OUTSIDE_ALLOCATOR:   # at most the HBM between them (more is refused: no capacity)
+            c["memory"][name]["value"] = rng.choice([0, c["topology"]["hbm_bytes"] // 4])
         c["topology"]["host_ram_bytes"] = rng.choice([2 ** 40, 2 ** 56])
         import tempfile
         with tempfile.TemporaryDirectory() as d:

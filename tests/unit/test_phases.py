@@ -19,9 +19,9 @@ EXAMPLES = 150
 def configs(draw):
     L = draw(st.integers(1, 6))
     dense = draw(st.sets(st.integers(0, L - 1), max_size=L - 1))
+    shared = draw(st.integers(0, 1))
     model = tiny_moe(num_layers=L, dense_layers=tuple(sorted(dense)), dense_ffn=512 if dense else 0,
-                     num_shared_experts=draw(st.integers(0, 1)))
-    model = model.model_copy(update={"shared_expert_ffn": 128 * model.num_shared_experts})
+                     num_shared_experts=shared, shared_expert_ffn=128 * shared)
     W = draw(st.sampled_from([1, 2, 4, 8]))
     stack = draw(st.sampled_from(["composed", "fsdp2"]))
     composed = ComposedKnobs(
