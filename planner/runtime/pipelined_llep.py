@@ -152,7 +152,15 @@ class PipelinedLLEP(DispatchOp):
                              f"residue={residue!r})")
         super().__init__(*args, residue=self.residue, **kwargs)
 
+    def _want_chunks(self, n_tokens: int) -> int:
+        return ceil_div(n_tokens, self.knobs["token_budget"])
+
+    def _chunks(self, want_max: int) -> int:
+        """``K = min(max over ranks of ceil(N/c), K_max)``, from the count all-gather's headers."""
+        return max(1, min(want_max, self.knobs["max_chunks"]))
+
     def _num_chunks(self, n_tokens: int) -> int:
+        """``K`` by its own all-reduce (for a ``make_plan`` that replaces the count all-gather)."""
         want = ceil_div(n_tokens, self.knobs["token_budget"])
         return max(1, min(shim.global_max(want, self.group), self.knobs["max_chunks"]))
 
