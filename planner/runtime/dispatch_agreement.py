@@ -148,15 +148,10 @@ def _gathered(payload: torch.Tensor, world: int, group) -> np.ndarray:
     return out.cpu().numpy().reshape(world, -1).astype(np.int64)
 
 
-def _grad_dtype(p: torch.Tensor):
-    """The dtype ``p``'s gradient accumulates in (torch's ``grad_dtype`` where it has one)."""
-    gdt = getattr(p, "grad_dtype", None)
-    return gdt if gdt is not None else p.dtype
-
-
 def call_of(op, x_NH, ids_Nk, weights_Nk) -> Call:
     """The ``Call`` of ``op(x_NH, ids_Nk, weights_Nk)``: its local checks run (recorded, not
     raised) and the fields every rank must agree on, for ``op``'s operator."""
+    from planner.runtime.expert_mlp import grad_dtype
     from planner.runtime.validation import check_dispatch_call_shard, check_dispatch_inputs, check_not_meta
 
     sh, grad = op.shard, torch.is_grad_enabled()
@@ -184,7 +179,7 @@ def call_of(op, x_NH, ids_Nk, weights_Nk) -> Call:
             p = getattr(sh, name)
             f += [(f"{name}.requires_grad", grad and p.requires_grad,
                    f"freeze {name} on every rank or on none"),
-                  (f"{name}.grad_dtype", _grad_dtype(p), f"set {name}.grad_dtype alike on every rank")]
+                  (f"{name}.grad_dtype", grad_dtype(p), f"set {name}.grad_dtype alike on every rank")]
     if op.operator != "ep":
         f += [(k, op.knobs[k], same) for k in ("alpha", "lam", "min_tokens", "max_imports")]
     if op.operator == "pipelined_llep":
