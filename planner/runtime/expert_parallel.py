@@ -8,7 +8,10 @@ Legend:
     xs_QH, o_QH                received rows in slot-major order, and the experts' outputs
     out_NH                     ``Σ_j w_nj · expert_{e_nj}(x_n)``
 
-Per layer and pass: one all-gather of ``E`` route counts (the plan), the dispatch all-to-all of
+Per layer and pass: one all-gather of ``E`` route counts behind a fixed header of the call's
+cross-rank agreement (the plan; ``planner.runtime.dispatch_agreement``: an argument that differs
+between ranks, or fails a local check on one, raises on every rank before any data moves; an
+operator's first call agrees on ``E`` by a header-only all-gather first), the dispatch all-to-all of
 ``k·N`` rows of ``H`` and the combine all-to-all of the same size. Forward live buffers, under
 autograd as a user writes them with a grouped-GEMM MLP (``GroupedMLP``): the sent rows ``R·H``,
 the received ``Q·H``, the slot-major copy ``Q·H`` (saved), ``gu`` ``Q·2I``, ``silu(g)`` and ``h``
@@ -17,7 +20,8 @@ the received ``Q·H``, the slot-major copy ``Q·H`` (saved), ``gu`` ``Q·2I``, `
 
 The plan (``planner.plans.dispatch``) is computed once per layer per step. Inside
 ``torch.utils.checkpoint(..., use_reentrant=False, context_fn=op.plan_reuse)`` the recompute
-reuses the plan of the forward instead of all-gathering again.
+reuses the plan of its own forward instead of all-gathering again (``planner.runtime.plan_reuse``:
+keyed by the checkpoint call, so a forward whose backward never ran leaves nothing behind).
 """
 
 from __future__ import annotations
@@ -28,12 +32,11 @@ import torch
 from planner.plans import dispatch as plans_dispatch
 from planner.plans.chunking import MEMBERSHIPS, STRIDED
 from planner.runtime import plan_reuse, shim
-from planner.runtime.dispatch_agreement import Call, call_of, exchange
+from planner.runtime.dispatch_agreement import Call, call_of, check_given_plan, exchange
 from planner.runtime.exchange import AllToAll, Depend, Permute, send_order
 from planner.runtime.expert_mlp import ExpertShard, GroupedMLP, SlotWeights
 from planner.runtime.routing import local_counts
-from planner.runtime.validation import (check_choice, check_dispatch_knobs, check_dispatch_shard,
-                                        check_given_plan, check_max_imports)
+from planner.runtime.validation import check_choice, check_dispatch_knobs, check_dispatch_shard, check_max_imports
 from planner.schema.knobs import default as knob_default
 
 

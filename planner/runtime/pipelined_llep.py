@@ -13,7 +13,8 @@ Legend:
     y_QH, y_CH                 its weighted expert outputs, before and after the combine
     out_NH                     ``Σ_j w_nj · expert_{e_nj}(x_n)``, accumulated chunk by chunk
 
-Schedule per layer: plan (all-gather of ``E`` counts, all-reduce-max of ``ceil(N/c)``), the LLEP
+Schedule per layer: plan (all-gather of ``E`` counts, with ``ceil(N/c)`` in its header whose
+maximum gives ``K``; ``planner.runtime.dispatch_agreement``), the LLEP
 weight transfer (point-to-point, once), then for each chunk ``i``:
 
 1. dispatch: ``all_to_all_single`` of the chunk's rows (``H`` bf16 each) and of its route weights

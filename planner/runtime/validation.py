@@ -110,44 +110,6 @@ def check_dispatch_shard(shard, num_experts: int, group_size: int, rank: int, sh
     shard.first_expert = first
 
 
-def check_dispatch_call_shard(shard, num_experts: int, group_size: int, rank: int, built_size: int) -> None:
-    """At a dispatch operator's call: a shard is there, holds data, and still fits the group (a
-    group set up after the operator was built has another size, or puts this rank elsewhere)."""
-    from planner.errors import InvalidPlan
-
-    if shard is None:
-        raise InvalidPlan("shard", None, "is needed to run the operator (one without a shard only plans: "
-                          "plan_from_counts)", "build the operator with this rank's ExpertShard")
-    for name in ("w_up_nHJ", "w_down_nIH"):
-        if getattr(shard, name).device.type == "meta":
-            raise InvalidPlan(f"shard.{name}.device", "meta", "holds no data",
-                              "move the shard to a real device first (shard.to_empty(device=...), then "
-                              "initialise or load it)")
-    n, first = shard.num_local, shard.first_expert
-    if num_experts % group_size or n != num_experts // group_size or first != rank * n:
-        per = num_experts // group_size
-        want = (f"num_experts / group size = {num_experts} / {group_size} = {per} experts from expert {rank * per}"
-                if num_experts % group_size == 0 else f"num_experts ({num_experts}) / group size ({group_size}) experts")
-        built = f"; the operator was built for a group of {built_size}" if built_size != group_size else ""
-        raise InvalidPlan("shard", f"{n} experts from expert {first}", f"must hold {want} (rank {rank}){built}",
-                          "build the operator and its shard after init_process_group, for this group")
-
-
-def check_given_plan(plan, group_size: int, num_experts: int, top_k: int) -> None:
-    """A ``plan=`` given to a dispatch operator is a ``DispatchPlan`` of this group and shape."""
-    from planner.errors import InvalidPlan
-    from planner.plans.dispatch import DispatchPlan
-
-    if not isinstance(plan, DispatchPlan):
-        raise InvalidPlan("plan", plan, "must be a planner.plans.dispatch.DispatchPlan",
-                          "pass op.plan_from_counts(counts_WE), or leave plan out to plan from the routes")
-    got = (plan.num_ranks, plan.counts_WE.shape[1], plan.top_k)
-    if got != (group_size, num_experts, top_k):
-        raise InvalidPlan("plan", f"W={got[0]}, E={got[1]}, k={got[2]}",
-                          f"must be planned for this operator's W={group_size}, E={num_experts}, k={top_k}",
-                          "plan with op.plan_from_counts on this group's counts")
-
-
 def check_max_imports(max_imports: int, num_experts: int, group_size: int, default: int) -> int:
     """``max_imports`` at most ``E − E/W``, the experts a rank does not own (``import_bound``, the
     planner's rule, ``planner.plans.llep.resolve_max_imports``): the knob's default is lowered to
