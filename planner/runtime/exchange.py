@@ -35,6 +35,7 @@ import numpy as np
 import torch
 
 from planner.runtime import shim
+from planner.runtime.expert_mlp import grad_dtype
 
 
 fake_fill = None
@@ -195,14 +196,16 @@ class ImportWeights(torch.autograd.Function):
     def backward(ctx, g_up, g_down, g_token):
         shard = ctx.slot_weights.shard
         if ctx.inplace:
-            g_up, g_down = ctx.slot_weights.imp_grads or (None, None)
+            g_up, g_down = ctx.slot_weights.imp_grads or (None, None)   # None: frozen or no route
             ctx.slot_weights.imp_grads = []
+        # in place (PipelinedLLEP) the pieces travel in the owner's gradient dtype (grad_dtype)
+        dt = [grad_dtype(w) if ctx.inplace else w.dtype for w in (shard.w_up_nHJ, shard.w_down_nIH)]
         send = []
         for j, owner in ctx.imports:
-            for g, w in ((g_up, shard.w_up_nHJ), (g_down, shard.w_down_nIH)):
-                send.append((g[j].contiguous() if g is not None else w.new_zeros(w.shape[1:]), owner))
-        pieces = [(sl, shard.w_up_nHJ.new_empty(ctx.shapes[0][1:]),
-                   shard.w_down_nIH.new_empty(ctx.shapes[1][1:]), peer) for sl, peer in ctx.exports]
+            for g, w, d in ((g_up, shard.w_up_nHJ, dt[0]), (g_down, shard.w_down_nIH, dt[1])):
+                send.append((g[j].contiguous() if g is not None else w.new_zeros(w.shape[1:], dtype=d), owner))
+        pieces = [(sl, shard.w_up_nHJ.new_empty(ctx.shapes[0][1:], dtype=dt[0]),
+                   shard.w_down_nIH.new_empty(ctx.shapes[1][1:], dtype=dt[1]), peer) for sl, peer in ctx.exports]
         _transfer(send, [(buf, peer) for _, up, down, peer in pieces for buf in (up, down)], ctx.group)
         del send, g_up, g_down
         sums: dict[int, list[torch.Tensor]] = {}
@@ -217,8 +220,10 @@ class ImportWeights(torch.autograd.Function):
             if sums:
                 gu, gd = shard.ensure_grads()
                 for sl, (up, down) in sums.items():
-                    gu[sl].add_(up)
-                    gd[sl].add_(down)
+                    if gu is not None:
+                        gu[sl].add_(up)
+                    if gd is not None:
+                        gd[sl].add_(down)
             return (None, None, *none)
         if not sums:
             return (None, None, *none)

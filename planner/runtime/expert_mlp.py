@@ -59,12 +59,21 @@ class ExpertShard(torch.nn.Module):
     def expert_ffn(self) -> int:
         return self.w_down_nIH.shape[1]
 
-    def ensure_grads(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """The stacked gradient tensors (allocated as zeros on first use)."""
+    def ensure_grads(self) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """The stacked gradient tensors, allocated as zeros on first use in the dtype torch
+        accumulates them in (``grad_dtype``); ``None`` for a frozen weight (``requires_grad=False``),
+        whose ``.grad`` stays ``None``, as autograd leaves it."""
         for p in (self.w_up_nHJ, self.w_down_nIH):
-            if p.grad is None:
-                p.grad = torch.zeros_like(p)
-        return self.w_up_nHJ.grad, self.w_down_nIH.grad
+            if p.grad is None and p.requires_grad:
+                p.grad = torch.zeros_like(p, dtype=grad_dtype(p))
+        return tuple(p.grad if p.requires_grad else None for p in (self.w_up_nHJ, self.w_down_nIH))
+
+
+def grad_dtype(p: torch.Tensor) -> torch.dtype:
+    """The dtype ``p``'s gradient accumulates in: ``p.grad_dtype`` where torch has it and it is set
+    (torch >= 2.10), else ``p.dtype``."""
+    gdt = getattr(p, "grad_dtype", None)
+    return gdt if gdt is not None else p.dtype
 
 
 def mlp(x_rH: torch.Tensor, w_up_HJ: torch.Tensor, w_down_IH: torch.Tensor) -> torch.Tensor:
@@ -82,7 +91,8 @@ def mlp_backward(x_rH, gu_rJ, act_rI, h_rI, go_rH, w_up, w_down, g_up, g_down):
     """
     i = w_down.shape[0]
     g_rI, u_rI = gu_rJ[:, :i], gu_rJ[:, i:]
-    g_down.add_(torch.mm(h_rI[0].t(), go_rH[0]))
+    if g_down is not None:                      # None: frozen (PipelinedLLEP skips its gradient)
+        g_down.add_(torch.mm(h_rI[0].t(), go_rH[0]))
     gh_rI = torch.mm(go_rH[0], w_down.t())
     h_rI.clear()
     go_rH.clear()
@@ -90,7 +100,8 @@ def mlp_backward(x_rH, gu_rJ, act_rI, h_rI, go_rH, w_up, w_down, g_up, g_down):
     ggu_rJ = torch.cat([gg_rI, gh_rI * act_rI[0]], 1)
     del gg_rI, gh_rI
     act_rI.clear()
-    g_up.add_(torch.mm(x_rH.t(), ggu_rJ))
+    if g_up is not None:
+        g_up.add_(torch.mm(x_rH.t(), ggu_rJ))
     return torch.mm(ggu_rJ, w_up.t())
 
 
@@ -111,14 +122,16 @@ class SlotWeights:
         return self.shard.w_down_nIH[slot] if slot < n else w_down_imp[slot - n]
 
     def grads(self, slot: int, w_up_imp, w_down_imp):
-        """In-place gradient views of ``slot`` (own: ``param.grad``; imported: the buffer)."""
+        """In-place gradient views of ``slot`` (own: ``param.grad``; imported: the buffer, in the
+        owner's gradient dtype); ``None`` for a frozen weight."""
         n = self.shard.num_local
+        own = self.shard.ensure_grads()
         if slot < n:
-            g_up, g_down = self.shard.ensure_grads()
-            return g_up[slot], g_down[slot]
+            return tuple(g[slot] if g is not None else None for g in own)
         if not self.imp_grads:
-            self.imp_grads = [torch.zeros_like(w_up_imp), torch.zeros_like(w_down_imp)]
-        return self.imp_grads[0][slot - n], self.imp_grads[1][slot - n]
+            self.imp_grads = [torch.zeros_like(w, dtype=g.dtype) if g is not None else None
+                              for w, g in zip((w_up_imp, w_down_imp), own)]
+        return tuple(g[slot - n] if g is not None else None for g in self.imp_grads)
 
 
 class GroupedMLP(torch.autograd.Function):

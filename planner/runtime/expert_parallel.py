@@ -8,7 +8,10 @@ Legend:
     xs_QH, o_QH                received rows in slot-major order, and the experts' outputs
     out_NH                     ``Σ_j w_nj · expert_{e_nj}(x_n)``
 
-Per layer and pass: one all-gather of ``E`` route counts (the plan), the dispatch all-to-all of
+Per layer and pass: one all-gather of ``E`` route counts behind a fixed header of the call's
+cross-rank agreement (the plan; ``planner.runtime.dispatch_agreement``: an argument that differs
+between ranks, or fails a local check on one, raises on every rank before any data moves; an
+operator's first call agrees on ``E`` by a header-only all-gather first), the dispatch all-to-all of
 ``k·N`` rows of ``H`` and the combine all-to-all of the same size. Forward live buffers, under
 autograd as a user writes them with a grouped-GEMM MLP (``GroupedMLP``): the sent rows ``R·H``,
 the received ``Q·H``, the slot-major copy ``Q·H`` (saved), ``gu`` ``Q·2I``, ``silu(g)`` and ``h``
@@ -17,25 +20,23 @@ the received ``Q·H``, the slot-major copy ``Q·H`` (saved), ``gu`` ``Q·2I``, `
 
 The plan (``planner.plans.dispatch``) is computed once per layer per step. Inside
 ``torch.utils.checkpoint(..., use_reentrant=False, context_fn=op.plan_reuse)`` the recompute
-reuses the plan of the forward instead of all-gathering again.
+reuses the plan of its own forward instead of all-gathering again (``planner.runtime.plan_reuse``:
+keyed by the checkpoint call, so a forward whose backward never ran leaves nothing behind).
 """
 
 from __future__ import annotations
-
-import collections
-import contextlib
 
 import numpy as np
 import torch
 
 from planner.plans import dispatch as plans_dispatch
 from planner.plans.chunking import MEMBERSHIPS, STRIDED
-from planner.runtime import shim
+from planner.runtime import plan_reuse, shim
+from planner.runtime.dispatch_agreement import Call, call_of, check_given_plan, exchange
 from planner.runtime.exchange import AllToAll, Depend, Permute, send_order
 from planner.runtime.expert_mlp import ExpertShard, GroupedMLP, SlotWeights
-from planner.runtime.routing import gather_counts
-from planner.runtime.validation import (check_choice, check_dispatch_inputs, check_dispatch_knobs,
-                                        check_dispatch_shard, check_max_imports, check_not_meta)
+from planner.runtime.routing import local_counts
+from planner.runtime.validation import check_choice, check_dispatch_knobs, check_dispatch_shard, check_max_imports
 from planner.schema.knobs import default as knob_default
 
 
@@ -63,8 +64,10 @@ class DispatchOp(torch.nn.Module):
         self.knobs = dict(token_budget=token_budget, max_chunks=max_chunks, alpha=alpha,
                           min_tokens=min_tokens, lam=lam, max_imports=max_imports,
                           membership=membership, block_rows=block_rows, residue=residue)
-        self._plans: collections.deque = collections.deque()
-        self._phase: str | None = None
+        self.built_group_size = shim.group_size(group)
+        """The group size at construction (the shard was checked against it)."""
+        self._reuse: list = []          # entered plan_reuse contexts, innermost last
+        self._agreed = False            # the group agreed on num_experts (dispatch_agreement)
         self.plans_computed = 0
         self.last_plan = None
 
@@ -74,36 +77,49 @@ class DispatchOp(torch.nn.Module):
         return plans_dispatch.plan_layer(counts_WE, top_k=self.top_k, operator=self.operator,
                                          num_chunks=num_chunks, **self.knobs)
 
-    def make_plan(self, ids_Nk: torch.Tensor):
-        """All-gather the route counts (and, for PipelinedLLEP, all-reduce ``K``) and plan."""
-        counts = gather_counts(ids_Nk, self.num_experts, self.group)
+    def make_plan(self, ids_Nk: torch.Tensor, call: Call | None = None):
+        """All-gather the route counts (with ``ceil(N/c)`` for PipelinedLLEP and the cross-rank
+        agreement of ``call``, ``dispatch_agreement``) and plan. An instance may replace it with a
+        ``make_plan(ids_Nk)`` of its own (profile or emulated counts under the fake process group)."""
+        call = call if call is not None else Call([], want_chunks=self._want_chunks(ids_Nk.shape[0]))
+        counts_E = call.check("ids_Nk", local_counts, ids_Nk, self.num_experts)
+        if shim.group_size(self.group) == 1:
+            call.raise_local()
+            counts_WE, want = counts_E.cpu().numpy()[None].astype(np.int64), call.want_chunks
+        else:
+            if counts_E is None:
+                counts_E = torch.zeros(self.num_experts, dtype=torch.int64, device=ids_Nk.device)
+            counts_WE, want = exchange(call, counts_E, self.num_experts, self.group, self._agreed)
+            self._agreed = True
         self.plans_computed += 1
-        return self.plan_from_counts(counts, self._num_chunks(ids_Nk.shape[0]))
+        return self.plan_from_counts(counts_WE, self._chunks(want))
+
+    def _want_chunks(self, n_tokens: int) -> int:
+        return 0
+
+    def _chunks(self, want_max: int) -> int | None:
+        return None
 
     def _num_chunks(self, n_tokens: int) -> int | None:
         return None
 
-    def _plan_for(self, ids_Nk, plan):
+    def _plan_for(self, ids_Nk, call: Call):
+        plan = plan_reuse.reused(self)
         if plan is not None:
+            call.raise_local()
             return plan
-        if self._phase == "recompute" and self._plans:
-            return self._plans.popleft()
-        plan = self.make_plan(ids_Nk)
-        if self._phase == "forward" and torch.is_grad_enabled():   # a recompute will follow
-            self._plans.append(plan)
+        if "make_plan" in vars(self):               # replaced: it plans alone, checks stay local
+            call.raise_local()
+            plan = self.make_plan(ids_Nk)
+        else:
+            plan = self.make_plan(ids_Nk, call)
+        plan_reuse.remember(self, plan)
         return plan
 
     def plan_reuse(self):
-        """``context_fn`` for a non-reentrant checkpoint: the recompute reuses the forward's plan."""
-        return self._phase_ctx("forward"), self._phase_ctx("recompute")
-
-    @contextlib.contextmanager
-    def _phase_ctx(self, phase: str):
-        prev, self._phase = self._phase, phase
-        try:
-            yield
-        finally:
-            self._phase = prev
+        """``context_fn`` for a non-reentrant checkpoint: the recompute reuses the plans its own
+        forward computed (``planner.runtime.plan_reuse``)."""
+        return plan_reuse.contexts(self)
 
     @property
     def rank(self) -> int:
@@ -111,17 +127,19 @@ class DispatchOp(torch.nn.Module):
 
     def forward(self, x_NH: torch.Tensor, ids_Nk: torch.Tensor, weights_Nk: torch.Tensor,
                 plan=None) -> torch.Tensor:
-        """``out_NH``. ``plan``: a precomputed ``DispatchPlan`` (required in trace mode)."""
+        """``out_NH``. ``plan``: a precomputed ``DispatchPlan`` (required in trace mode).
+
+        Raises, on every rank of the group alike when the plan is computed here
+        (``dispatch_agreement``): a malformed argument on any rank, or a plan-shaping argument
+        (knob, ``H``, dtype, ``E``, which tensors require grad) that differs between ranks."""
         if plan is None and shim.is_tracing():
             raise ValueError("trace mode needs the plan computed outside fake mode (plan=...)")
-        check_dispatch_inputs(x_NH, ids_Nk, weights_Nk,
-                              hidden_size=x_NH.shape[-1] if self.shard is None else self.shard.w_up_nHJ.shape[1],
-                              num_experts=self.num_experts, top_k=self.top_k)
-        check_not_meta(x_NH=x_NH, ids_Nk=ids_Nk, weights_Nk=weights_Nk)
-        if self.shard is not None and x_NH.dtype != self.shard.w_up_nHJ.dtype and not torch.is_autocast_enabled():
-            raise ValueError(f"x_NH ({x_NH.dtype}) must have the expert weights' dtype ({self.shard.w_up_nHJ.dtype}): "
-                             "cast one of them")
-        self.last_plan = self._plan_for(ids_Nk, plan)
+        if plan is not None:
+            check_given_plan(plan, shim.group_size(self.group), self.num_experts, self.top_k)
+        call = call_of(self, x_NH, ids_Nk, weights_Nk)
+        if plan is not None:
+            call.raise_local()
+        self.last_plan = self._plan_for(ids_Nk, call) if plan is None else plan
         return self._run(x_NH, ids_Nk, weights_Nk, self.last_plan)
 
     def _run(self, x_NH, ids_Nk, weights_Nk, plan):

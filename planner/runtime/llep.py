@@ -6,7 +6,8 @@ experts this rank imports (``X <= n_import_max``).
 The plan (``planner.plans.llep.assign``) caps every rank at ``α·(total routes)/E_p`` and moves the
 excess of hot experts, with their weights, to the least-loaded ranks. Per layer and pass:
 
-- one all-gather of the ``E`` route counts (once per step: the recompute reuses the plan);
+- one all-gather of the ``E`` route counts and the call's agreement header (once per step: the
+  recompute reuses the plan);
 - the weight transfer: each exported expert's ``3·H·I`` weights point-to-point to its importer
   (``batch_isend_irecv``); in backward the importer returns the expert's gradient to its owner,
   exactly once per layer (``ImportWeights``);

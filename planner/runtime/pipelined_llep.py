@@ -13,7 +13,8 @@ Legend:
     y_QH, y_CH                 its weighted expert outputs, before and after the combine
     out_NH                     ``Σ_j w_nj · expert_{e_nj}(x_n)``, accumulated chunk by chunk
 
-Schedule per layer: plan (all-gather of ``E`` counts, all-reduce-max of ``ceil(N/c)``), the LLEP
+Schedule per layer: plan (all-gather of ``E`` counts, with ``ceil(N/c)`` in its header whose
+maximum gives ``K``; ``planner.runtime.dispatch_agreement``), the LLEP
 weight transfer (point-to-point, once), then for each chunk ``i``:
 
 1. dispatch: ``all_to_all_single`` of the chunk's rows (``H`` bf16 each) and of its route weights
@@ -152,7 +153,15 @@ class PipelinedLLEP(DispatchOp):
                              f"residue={residue!r})")
         super().__init__(*args, residue=self.residue, **kwargs)
 
+    def _want_chunks(self, n_tokens: int) -> int:
+        return ceil_div(n_tokens, self.knobs["token_budget"])
+
+    def _chunks(self, want_max: int) -> int:
+        """``K = min(max over ranks of ceil(N/c), K_max)``, from the count all-gather's headers."""
+        return max(1, min(want_max, self.knobs["max_chunks"]))
+
     def _num_chunks(self, n_tokens: int) -> int:
+        """``K`` by its own all-reduce (for a ``make_plan`` that replaces the count all-gather)."""
         want = ceil_div(n_tokens, self.knobs["token_budget"])
         return max(1, min(shim.global_max(want, self.group), self.knobs["max_chunks"]))
 
