@@ -12,10 +12,9 @@
 
 from __future__ import annotations
 
-import traceback
 
 import pytest
-from gloo_world import world_fixture
+from gloo_world import serve, world_fixture
 import torch
 
 W = 2
@@ -145,25 +144,18 @@ def _frozen_and_grad_dtype(op, rank):
     return res
 
 
-def _worker(rank: int, world: int, store_path: str, queue) -> None:
-    import torch.distributed as dist
+def _cases(rank: int, world: int, out: dict) -> None:
+    for case in CASES:
+        out[case] = _mismatch(*case, rank)
+    out["after"] = _mismatch("none", "", "pipelined_llep", rank)
+    for op in OPS:
+        out[("stale", op)] = _stale_plan(op, rank)
+    for op in LLEP_FAMILY:
+        out[("frozen", op)] = _frozen_and_grad_dtype(op, rank)
 
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", store=dist.FileStore(store_path, world), rank=rank, world_size=world)
-    out = {}
-    try:
-        for case in CASES:
-            out[case] = _mismatch(*case, rank)
-        out["after"] = _mismatch("none", "", "pipelined_llep", rank)
-        for op in OPS:
-            out[("stale", op)] = _stale_plan(op, rank)
-        for op in LLEP_FAMILY:
-            out[("frozen", op)] = _frozen_and_grad_dtype(op, rank)
-        queue.put((rank, out, None))
-    except Exception:  # noqa: BLE001 - report the traceback to the parent
-        queue.put((rank, out, traceback.format_exc()))
-    finally:
-        dist.destroy_process_group()
+
+def _worker(rank: int, world: int, store_path: str, queue) -> None:
+    serve(rank, world, store_path, queue, _cases)
 
 
 world = world_fixture(_worker, (W,), WORKER_TIMEOUT_S)

@@ -103,15 +103,21 @@ def test_an_operator_built_before_the_group_is_refused_at_its_call(fake_two_rank
         op(*_batch(7, 0))
 
 
+def _shard(dtype: torch.dtype, *, seed: int) -> ExpertShard:
+    """All ``E`` experts, weights drawn from N(0, 1) under ``seed``."""
+    shard = ExpertShard(E, H, I, dtype=dtype)
+    torch.manual_seed(seed)
+    torch.nn.init.normal_(shard.w_up_nHJ)
+    torch.nn.init.normal_(shard.w_down_nIH)
+    return shard
+
+
 @pytest.mark.parametrize("cls", OPS, ids=lambda c: c.__name__)
 def test_frozen_experts_get_no_grad_and_the_rest_is_unchanged(cls):
     x0, ids, w0 = _batch(9, 3)
     grads = []
     for frozen in (False, True):
-        shard = ExpertShard(E, H, I, dtype=torch.float32)
-        torch.manual_seed(0)
-        torch.nn.init.normal_(shard.w_up_nHJ)
-        torch.nn.init.normal_(shard.w_down_nIH)
+        shard = _shard(torch.float32, seed=0)
         shard.requires_grad_(not frozen)
         x, w = x0.clone().requires_grad_(), w0.clone().requires_grad_()
         cls(shard, E, K, token_budget=3)(x, ids, w).square().sum().backward()
@@ -140,10 +146,7 @@ def test_grad_dtype_is_honoured(cls):
     x0, ids, w0 = _batch(9, 4)
     got = []
     for c in (ExpertParallel, cls):
-        shard = ExpertShard(E, H, I, dtype=torch.bfloat16)
-        torch.manual_seed(1)
-        torch.nn.init.normal_(shard.w_up_nHJ)
-        torch.nn.init.normal_(shard.w_down_nIH)
+        shard = _shard(torch.bfloat16, seed=1)
         for p in shard.parameters():
             p.grad_dtype = torch.float32
         x = x0.bfloat16().requires_grad_()
