@@ -178,11 +178,13 @@ def search(*, model: str, cluster: str | None = None, gpus: int, seq_len: int, g
     for st, found in (("composed", res.top), ("fsdp2", res.baseline)):
         if found:
             continue
-        try:     # no candidate of this stack can be evaluated (N past 2^58 B per rank at every D): none to offer
+        try:
             plan, _, _ = lowest_peak(pf.model, pf.cluster, pf.workload, world_size=gpus, stack=st, routing=routing,
                                      dispatch_bound=dispatch_bound, dtype=dtype, host_fallback=True,
                                      min_headroom=headroom)
-        except PlanError:
+        except InvalidPlan as e:  # N past 2^58 B per rank at every D of this stack: no plan to offer
+            if e.field != "workload.seq_len":
+                raise
             continue
         try:
             closest[st] = Closest(check_planfile(pf.model_copy(update={"plan": plan})), headroom)

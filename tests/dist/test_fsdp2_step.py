@@ -50,7 +50,7 @@ def _spec(name: str):
     if name == "moe":   # a dense first layer and a MoE layer; vocabulary not divisible by 4
         return ModelSpec(name="t-moe", num_layers=2, hidden_size=32, vocab_size=97, num_heads=4,
                          num_kv_heads=2, head_dim=8, num_experts=8, top_k=2, expert_ffn=16,
-                         dense_layers=(0,), dense_ffn=24, shared_expert_ffn=16)
+                         dense_layers=(0,), dense_ffn=24, shared_expert_ffn=16, num_shared_experts=1)
     return ModelSpec(name="t-dense", num_layers=2, hidden_size=32, vocab_size=101, num_heads=4,
                      num_kv_heads=4, head_dim=8, dense_ffn=40, dense_layers=(0, 1), qk_norm=True,
                      attention_sinks=True)

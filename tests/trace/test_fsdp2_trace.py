@@ -36,7 +36,7 @@ SEQ = 512
 
 MOE = dict(name="trace-moe", num_layers=2, hidden_size=128, vocab_size=2048, num_heads=8, num_kv_heads=4,
            head_dim=16, num_experts=16, top_k=2, expert_ffn=64)
-SHARED = {"dense_layers": (0,), "dense_ffn": 96, "shared_expert_ffn": 64}
+SHARED = {"dense_layers": (0,), "dense_ffn": 96, "shared_expert_ffn": 64, "num_shared_experts": 1}
 GPTOSS = dict(model_type="gpt_oss", attention_bias=True, attention_sinks=True, sliding_window=64, local_layers=(0,),
               expert_bias=True, router_bias=True)
 """gpt-oss's layer: biased projections (``addmm``, which SAC always saves) and router, sinks, a sliding-window
