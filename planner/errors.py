@@ -133,14 +133,16 @@ class ProfileGap(PlanError):
 
     def __init__(self, curve: str, value: Any, lo: Any, hi: Any, fix: str = "") -> None:
         self.curve, self.value, self.lo, self.hi = curve, value, lo, hi
-        if value == "any" and lo is None and hi is None:  # the whole curve is absent
-            msg = f"the profile has no {curve} curve"
-        else:
-            msg = (f"profile curve {curve} has no measurement at {_number(value)} "
-                   f"(measured range {_number(lo)} to {_number(hi)})")
-        if fix:
-            msg += f"; fix: {fix}"
-        super().__init__(msg)
+        msg = (f"profile curve {curve} has no measurement at {_number(value)} "
+               f"(measured range {_number(lo)} to {_number(hi)})")
+        super().__init__(msg + (f"; fix: {fix}" if fix else ""))
+
+    @classmethod
+    def missing(cls, curve: str, fix: str) -> "ProfileGap":
+        """The profile has no ``curve`` at all (``value`` "any", no range)."""
+        err = cls.summary(f"the profile has no {curve} curve; fix: {fix}")
+        err.curve, err.value = curve, "any"
+        return err
 
     @classmethod
     def summary(cls, message: str) -> "ProfileGap":

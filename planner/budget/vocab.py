@@ -48,7 +48,7 @@ from planner.budget import fsdp2_vocab
 from planner.context.ctx import Ctx
 from planner.budget.head_substeps import Item, binding_terms, dense_substeps
 from planner.budget.terms import Term
-from planner.plans.ring import max_shard_rows, moves_activations, strip_cols
+from planner.plans.ring import STATE_BYTES, TARGET_BYTES, max_shard_rows, moves_activations, strip_cols
 
 SRC_RING = "tensor inventory of planner/runtime/ring_dtp.py (DESIGN §7 Ring-DTP)"
 SRC_DENSE = "tensor inventory of cross_entropy(x @ w.T, t) (planner/runtime/vocab_baselines.py)"
@@ -64,12 +64,12 @@ def ring_substeps(N, H, V, P, B_v, b: int, move: str | None = None) -> dict[str,
     Vm, Vb = max_shard_rows(V, P), strip_cols(V, P, B_v)
     k_op, k_g = np.minimum(2, np.asarray(P) - 1), np.minimum(2, P)
     low = int(b < 4)
-    own = [Item("head input x_NH", N * H, b, "N·H"), Item("targets t_N", N, 8, "N"),
+    own = [Item("head input x_NH", N * H, b, "N·H"), Item("targets t_N", N, TARGET_BYTES, "N"),
            Item("saved row max m_N and sum z_N", 2 * N, 4, "2·N"), Item("valid mask", N, 1, "N")]
     ring = [
         Item("moving batches x (act)", act * k_op * N * H, b, "[act]·k_op·N·H"),
-        Item("moving targets (act)", act * k_op * N, 8, "[act]·k_op·N  (int64)"),
-        Item("backward state (m, scale/z, scale)", (act * np.maximum(1, k_op) + wts) * N, 12,
+        Item("moving targets (act)", act * k_op * N, TARGET_BYTES, "[act]·k_op·N  (int64)"),
+        Item("backward state (m, scale/z, scale)", (act * np.maximum(1, k_op) + wts) * N, STATE_BYTES,
              "([act]·max(1, k_op) + [weights])·N  (fp32 triple = 12 B; moves with the batch)"),
         Item("moving weight shards (weights)", wts * k_op * Vm * H, b, "[weights]·k_op·V_max·H"),
     ]

@@ -109,9 +109,7 @@ def import_hf(config: Annotated[str, typer.Argument(help="Hugging Face config.js
     from pathlib import Path
 
     from planner.schema.hf_import import import_hf as _imp
-    from planner.schema.hf_import import default_profile_name, profile_yaml
-    import yaml
-
+    from planner.schema.hf_import import default_profile_name, profile_doc, profile_yaml
     from planner.schema.io import check_writable, read_structured, structured_text, write_text_atomic
 
     if output is not None:
@@ -130,7 +128,7 @@ def import_hf(config: Annotated[str, typer.Argument(help="Hugging Face config.js
         err.print(f"[yellow]warning:[/] {w}")
     text = profile_yaml(spec)
     if output is not None:
-        write_text_atomic(output, structured_text(output, yaml.safe_load(text), text), "--output")
+        write_text_atomic(output, structured_text(output, profile_doc(spec), text), "--output")
         err.print(f"wrote {output}: {spec.param_counts()['total'] / 1e9:.2f}B parameters", markup=False, highlight=False)
     else:
         sys.stdout.write(text)

@@ -161,18 +161,29 @@ class RingPlan:
         return self.n_max if self.move == "activations" else self.shard_rows(owner)
 
     def hop_bytes(self, H: int, b: int) -> dict[str, int]:
-        """Bytes one rank sends per hop (``b`` bytes per operand scalar; fp32 accumulators).
+        """Bytes one rank sends per hop (``ring_hop_bytes`` of this plan's branch)."""
+        return {k: int(v) for k, v in ring_hop_bytes(self.move == "activations", self.n_max, self.v_max, H, b).items()}
 
-        Keys: ``fwd_operand``, ``fwd_state``, ``bwd_operand``, ``bwd_grad`` (largest shard for the
-        weights branch).
-        """
-        if self.move == "activations":
-            n = self.n_max
-            return {"fwd_operand": n * H * b + 8 * n, "fwd_state": 3 * 4 * n,
-                    "bwd_operand": n * H * b + 8 * n + 3 * 4 * n, "bwd_grad": 4 * n * H}
-        v = self.v_max
-        return {"fwd_operand": v * H * b, "fwd_state": 0, "bwd_operand": v * H * b,
-                "bwd_grad": 4 * v * H}
+
+TARGET_BYTES = 8
+"""Bytes per token of a moving target (int64)."""
+STATE_BYTES = 3 * 4
+"""Bytes per token of the fp32 triple that rides with a moving batch: ``(m, z, y_t)`` in forward
+(``planner/runtime/ring_dtp_state.py``), ``(m, scale/z, scale)`` in backward."""
+
+
+def ring_hop_bytes(act, n_max, v_max, H: int, b: int) -> dict:
+    """Bytes one rank sends per hop (``b`` bytes per operand scalar; fp32 accumulators and
+    gradients), for scalars or arrays (the time model's candidates); ``act``: the activations branch.
+
+    Keys: ``fwd_operand``, ``fwd_state``, ``bwd_operand``, ``bwd_grad`` (largest shard for the
+    weights branch).
+    """
+    n, v = np.asarray(n_max, dtype=float), np.asarray(v_max, dtype=float)
+    return {"fwd_operand": np.where(act, n * (H * b + TARGET_BYTES), v * H * b),
+            "fwd_state": np.where(act, STATE_BYTES * n, 0.0),
+            "bwd_operand": np.where(act, n * (H * b + TARGET_BYTES + STATE_BYTES), v * H * b),
+            "bwd_grad": np.where(act, 4.0 * n * H, 4.0 * v * H)}
 
 
 def ring_plan(P: int, V: int, n_max: int, vocab_blocks: int = knob_default("vocab_blocks"), mode: Move | None = None) -> RingPlan:

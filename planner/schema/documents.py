@@ -153,7 +153,7 @@ def _refuse_json_duplicates(pairs: list) -> dict:
     out: dict = {}
     for k, v in pairs:
         if k in out:
-            raise DuplicateKey.in_json(k)
+            raise DuplicateKey(k)
         out[k] = v
     return out
 

@@ -347,11 +347,16 @@ def import_hf_file(path: str | os.PathLike, name: str | None = None) -> tuple[Mo
     return import_hf(config, name or default_profile_name(p))
 
 
-def profile_yaml(spec: ModelSpec) -> str:
-    """The profile text of a spec: ``ModelSpec.model_dump(mode="json")`` as YAML."""
-    import yaml
-
+def profile_doc(spec: ModelSpec) -> dict:
+    """The profile document of a spec: ``ModelSpec.model_dump(mode="json")``."""
     doc = spec.model_dump(mode="json")
     if not spec.mtp_layers:
         doc.pop("mtp_trained")  # meaningless without MTP layers
-    return yaml.safe_dump(doc, sort_keys=False, default_flow_style=None, width=100)
+    return doc
+
+
+def profile_yaml(spec: ModelSpec) -> str:
+    """The profile text of a spec: ``profile_doc`` as YAML."""
+    import yaml
+
+    return yaml.safe_dump(profile_doc(spec), sort_keys=False, default_flow_style=None, width=100)

@@ -21,17 +21,11 @@ _MERGE_TAG = "tag:yaml.org,2002:merge"
 class DuplicateKey(yaml.constructor.ConstructorError):
     """A mapping states the same key twice (YAML would silently keep the last)."""
 
-    def __init__(self, key: Any, first: Any, again: Any) -> None:
-        self.key, self.first_line, self.line = key, first.line + 1, again.line + 1
+    def __init__(self, key: Any, first: Any = None, again: Any = None) -> None:
+        """``first``/``again``: the YAML marks of both statements (none for JSON, which reports no line)."""
+        self.key = key
+        self.first_line, self.line = (first.line + 1, again.line + 1) if again is not None else (None, None)
         super().__init__(None, None, f"found duplicate key {key!r}", again)
-
-    @classmethod
-    def in_json(cls, key: Any) -> "DuplicateKey":
-        """The same refusal for a JSON object (``json`` reports no line: ``line`` is None)."""
-        err = cls.__new__(cls)
-        yaml.constructor.ConstructorError.__init__(err, None, None, f"found duplicate key {key!r}")
-        err.key, err.first_line, err.line = key, None, None
-        return err
 
 
 class _Loader(_BaseLoader):

@@ -120,8 +120,7 @@ def gemm_table(lk: Lookups, dtype: str = "bf16"):
             return "gemm_fp32", cv.gemm_fp32
         if cv.gemm is not None and cv.gemm.dtype == "fp32":
             return "gemm", cv.gemm
-        lk.gap(ProfileGap("gemm_fp32", "any", None, None,
-                          "run `python3 -m calibration.compute --fp32-gemm` and merge it"))
+        lk.gap(ProfileGap.missing("gemm_fp32", "run `python3 -m calibration.compute --fp32-gemm` and merge it"))
         return "gemm_fp32", None
     if cv.gemm is not None and cv.gemm.dtype != dtype and lk.topology.gpu_name != "cpu":
         lk.gap(ProfileGap(f"gemm.dtype={cv.gemm.dtype}", dtype, None, None, f"calibrate {dtype} GEMMs"))

@@ -121,7 +121,7 @@ def missing_curve_fix(gpu_name: str | None = None) -> str:
 
 def _require(curve, name: str):
     if curve is None:
-        raise ProfileGap(name, "any", None, None, missing_curve_fix())
+        raise ProfileGap.missing(name, missing_curve_fix())
     return curve
 
 
@@ -144,9 +144,11 @@ def cpu_cast_time_s(curves: Curves, num_params, threads):
 
 HOST_TABLE_FLOOR_PARAMS = 1 << 25
 """Smallest parameter count a host table times at its measured per-parameter cost: 2^25 parameters
-hold 512 MiB of fp32 AdamW state (p, grad, m, v), beyond any host's last-level cache. Measured on
-two H200 hosts, the per-parameter cost at 2^25 (instance ea6203ee: 1.67 / 0.26 s per 10^9 at 1 / 16
-threads) and at 10^9 (09fb451c: 1.76 / 0.22) agree within the spread between instances."""
+hold 512 MiB of fp32 AdamW state (p, grad, m, v), beyond any host's last-level cache. The shipped
+H200 tables at the two counts, measured on two hosts (instance ea6203ee at 2^25: 1.67 / 0.26 s per
+10^9 parameters at 1 / 16 threads; 09fb451c at 10^9: 1.76 / 0.22) differ by 5% and 12%, in opposite
+directions: no systematic change with the count, but a 16-thread shard below 10^9 may run up to
+~12% slower than the table says."""
 
 
 def table_floor_params(table) -> int:

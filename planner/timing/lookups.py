@@ -142,7 +142,7 @@ class Lookups:
 
     def missing(self, name: str) -> None:
         """Record the gap of a curve the profile lacks (its fix names a GPU for a CPU profile)."""
-        self.gap(ProfileGap(name, "any", None, None, C.missing_curve_fix(self.topology.gpu_name)))
+        self.gap(ProfileGap.missing(name, C.missing_curve_fix(self.topology.gpu_name)))
 
     def required(self, name: str):
         """The curve ``name`` of the profile, or a gap (NaN) when it is missing."""

@@ -29,6 +29,7 @@ import numpy as np
 
 from planner.context import derive
 from planner.plans.routing import parse_profile
+from planner.plans.ring import ring_hop_bytes
 from planner.timing.comm import collective_s, ranks_per_node
 from planner.timing.compute import Lookups, elementwise_s, gemm_s
 from planner.timing.dispatch import moe_dispatch_s
@@ -107,11 +108,8 @@ def ring_dtp_s(lk: Lookups, N, H: int, V: int, P, B_v, b: int, *, comm: bool = F
     zero = np.zeros(np.broadcast(N, P, B_v).shape)
     out = {"gemm_fwd": strips * g_f, "gemm_bwd": strips * g_b, "hops_fwd": zero, "hops_bwd": zero}
     if comm and np.any(P > 1):
-        n = N.astype(float)
-        op_f = np.where(act, n * (H * b + 8), V_max * H * b)
-        st_f = np.where(act, 12.0 * n, 0.0)
-        op_b = np.where(act, n * (H * b + 20), V_max * H * b)
-        gr_b = np.where(act, 4.0 * n * H, 4.0 * V_max * H)
+        hb = ring_hop_bytes(act, N, V_max, H, b)
+        op_f, st_f, op_b, gr_b = hb["fwd_operand"], hb["fwd_state"], hb["bwd_operand"], hb["bwd_grad"]
         step_f, step_b = c_f / P, c_b / P
         hop_f, last_f = collective_s(lk, "p2p_ring", P, op_f + st_f), collective_s(lk, "p2p_ring", P, st_f)
         hop_b, last_b = collective_s(lk, "p2p_ring", P, op_b + gr_b), collective_s(lk, "p2p_ring", P, gr_b)
