@@ -42,6 +42,7 @@ if str(ROOT) not in sys.path:
 
 from calibration import attention_long, dispatch_widths, sco_overlap  # noqa: E402
 from calibration.config import HOST_TABLE_PARAMS  # noqa: E402
+from calibration.io import command_line  # noqa: E402
 from calibration.wall_budget import Clock, timed  # noqa: E402
 
 SHARES = {"attention": 0.43, "dispatch_widths": 0.12, "chunk_curves": 0.09, "sco": 0.10, "host": 0.26}
@@ -214,7 +215,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    command = "python3 bench/calibrate_coverage.py " + " ".join(shlex.quote(a) for a in (argv or sys.argv[1:]))
+    command = command_line("python3 bench/calibrate_coverage.py", argv)
     prov = {**provenance(command), "host_instance": host_instance()}
     skipped: list[str] = []
     doc = {"provenance": prov, "command": command, "budget_s": args.budget_s, "dry_run": args.dry_run,

@@ -21,10 +21,10 @@ VARIANTS = {"sliding64": dict(heads=(1, 8), kv_div=8, d=64, dv=64, kind="runtime
 
 FULL = dict(seqs=(65536, 131072, 262144, 524288, 1048576), beyond=(), variants=VARIANTS,
             beyond_variants=(), beyond_heads=())
-BEYOND = dict(beyond=(2097152,), beyond_variants=("flash128", "mla"), beyond_heads=(1,))
-"""Points past the complete grid (2M at one head) that ``bench/calibrate_coverage.py`` adds where time
-is left: a table keeps only the ``S`` measured at every head count, so ``planner calibrate`` does
-not spend its budget on them."""
+BEYOND = dict(beyond=(2097152,), beyond_variants=("flash128", "mla"), beyond_heads=None)
+"""Points past the complete grid (2M, at every head count of the variant: a table keeps only the
+``S`` measured at all of them) that ``bench/calibrate_coverage.py`` adds where time is left;
+``planner calibrate`` does not spend its budget on them."""
 QUICK = dict(seqs=(65536, 131072, 262144), beyond=(), variants=VARIANTS, beyond_variants=(), beyond_heads=())
 SMOKE = dict(seqs=(64, 128), beyond=(256,),
              variants={"flash128": dict(heads=(1, 2), kv_div=1, d=16, dv=16, kind="flash"),
@@ -35,9 +35,12 @@ SMOKE = dict(seqs=(64, 128), beyond=(256,),
 GRIDS = {"full": FULL, "quick": QUICK, "smoke": SMOKE}
 BUDGET_S = {"full": 240.0, "quick": 60.0, "smoke": 60.0}
 """Default wall budget of the section per grid (``planner calibrate --attention-budget-s``; a
-policy). Measured: on an H100 (d700f3ef) 148 s of a 160 s budget reached every variant at 524,288
-and the sliding window at 1,048,576; MLA at 8 heads and 1,048,576 alone took 178 s on an H200
-(``bench/results/calibration/coverage/coverage_1m.json``)."""
+policy). Measured before lengths were grouped by variant (fd1c3a1, which also timed three 1M
+points no table kept): on an H100 (d700f3ef) 148 s of a 160 s budget reached every variant at
+524,288 and the sliding window at 1,048,576; MLA at 8 heads and 1,048,576 alone took about 233 s of
+wall time on an H200 (27 s forward + 151 s backward timed, the rest warm-up;
+``bench/results/calibration/coverage/``). What the default 240 s reaches with the grouping is not
+measured yet."""
 MIN_TIME_S = {"full": 0.02, "quick": 0.02, "smoke": 0.002}
 NOTE = ("causal, batch 1, [1, h, S, d]; fwd_s under no_grad, bwd_s = autograd.grad of the output for q, k, v "
         "(and the sink logits) with a random upstream gradient; causal_flops_* = "
@@ -104,7 +107,8 @@ def plan(cfg: dict) -> list[tuple[int, str, tuple[int, ...]]]:
     last. A table keeps an ``S`` only where every head count of its variant was measured, so a group
     is measured whole or skipped whole."""
     out = [(S, name, tuple(v["heads"])) for S in cfg["seqs"] for name, v in cfg["variants"].items()]
-    return out + [(S, name, tuple(cfg["beyond_heads"])) for S in cfg["beyond"] for name in cfg["beyond_variants"]]
+    return out + [(S, name, tuple(cfg["beyond_heads"] or cfg["variants"][name]["heads"]))
+                  for S in cfg["beyond"] for name in cfg["beyond_variants"]]
 
 
 def _point_guess(last: dict, name: str, h: int, S: int, v: dict) -> float:

@@ -28,13 +28,12 @@ import os
 import statistics
 import sys
 import time
-from pathlib import Path
 
 import torch
 import torch.distributed as dist
 from pydantic import ValidationError
 
-from calibration.io import command_line, write_text_atomic, write_yaml_atomic
+from calibration.io import command_line, summary_path, write_text_atomic, write_yaml_atomic
 from calibration.report import summary_markdown
 from planner.errors import InvalidPlan
 from planner.runtime import shim
@@ -164,7 +163,7 @@ def main(argv: list[str] | None = None) -> int:
                 frag = None
         if dist.get_rank() == 0 and frag is not None:
             path = write_yaml_atomic(args.out, frag)
-            write_text_atomic(Path(args.out).with_name(Path(args.out).stem + ".summary.md"), summary_markdown(
+            write_text_atomic(summary_path(args.out), summary_markdown(
                 f"Collectives at W={dist.get_world_size()} on {prov['device']}", prov,
                 parse_curves(frag["curves"]), frag.get("memory"),
                 {"total": time.perf_counter() - t0}, failed))

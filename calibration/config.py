@@ -207,7 +207,7 @@ FLAG_NAMES = {"only": "--sections", "budget": "--attention-budget-s"}
 long-context attention's budget has a flag)."""
 
 
-def check_request(only, budgets, grid: Grid | None = None, cuda: bool = True, names: dict = API_NAMES) -> None:
+def check_request(only, budgets, grid: Grid, cuda: bool, names: dict = API_NAMES) -> None:
     """Validate ``run``'s ``only`` and ``budgets`` before anything is measured or written.
 
     Args:
@@ -237,13 +237,12 @@ def check_request(only, budgets, grid: Grid | None = None, cuda: bool = True, na
                 near = difflib.get_close_matches(str(s).lower(), GPU_SECTIONS, n=1)
                 raise InvalidPlan(oname, s, "is not a calibration section",
                                   (f"did you mean {near[0]}? " if near else "") + f"use some of {', '.join(GPU_SECTIONS)}")
-        if grid is not None:
-            for s in only:
-                if s not in grid.sections or (not cuda and s in CUDA_ONLY):
-                    here = [x for x in grid.sections if cuda or x not in CUDA_ONLY]
-                    raise InvalidPlan(oname, s, f"is not measured by the {grid.name} grid on this machine"
-                                      + ("" if cuda else " (no CUDA device)"),
-                                      f"use some of {', '.join(here)}" + ("" if cuda else ", or run on a GPU"))
+        for s in only:
+            if s not in grid.sections or (not cuda and s in CUDA_ONLY):
+                here = [x for x in grid.sections if cuda or x not in CUDA_ONLY]
+                raise InvalidPlan(oname, s, f"is not measured by the {grid.name} grid on this machine"
+                                  + ("" if cuda else " (no CUDA device)"),
+                                  f"use some of {', '.join(here)}" + ("" if cuda else ", or run on a GPU"))
     if budgets is None:
         return
     if not isinstance(budgets, dict):

@@ -115,15 +115,12 @@ def output_paths(out_path) -> tuple[Path, Path]:
         planner.errors.InvalidPlan: ``--out`` ends in ``.md`` (the summary's extension), or a path
             cannot be written.
     """
+    check_writable(out_path, "--out")            # a folder (newdir/, .) is refused here
     out = Path(out_path)
-    if not out.name or out.name in (".", "..") or str(out_path).endswith(("/", os.sep)):
-        raise InvalidPlan("--out", str(out_path), "names a folder, not a file",
-                          "give the profile a .yaml file name, e.g. measured.yaml")
     if out.suffix.lower() == ".md":
         raise InvalidPlan("--out", str(out), "ends in .md, the extension of the calibration summary",
                           "give the profile a .yaml name (its summary goes to <stem>.summary.md)")
     summary = summary_path(out)
-    check_writable(out, "--out")
     check_writable(summary, "--out (its summary)")
     return out, summary
 

@@ -278,8 +278,8 @@ def run(out_path, *, quick: bool, progress: bool = True, command: str, smoke: bo
     st = RunState()
     LAST_RUN[:] = [st]
     sections = [s for s in grid.sections if (cuda or s not in CUDA_ONLY) and (only is None or s in only)]
-    st.skipped += [f"{s}: needs CUDA" for s in grid.sections
-                   if s not in sections and s in CUDA_ONLY and not cuda and (only is None or s in only)]
+    st.skipped += [f"{s}: needs CUDA" for s in grid.sections      # a requested one is refused by check_request
+                   if s not in sections and s in CUDA_ONLY and not cuda and only is None]
     t_all = time.perf_counter()
     with _Bar(progress, _units(grid, sections)) as bar:
         for sec in sections:

@@ -74,10 +74,23 @@ def max_batch(*, max_tokens: int = 16 * 2**20, min_headroom: float | None = None
     return _frontier("seqs_per_microbatch", lambda pf, plan: batch_grid(pf, max_tokens), min_headroom, kwargs)
 
 
+NO_STEP_BATCH = ("a rank's memory does not depend on the tokens per optimizer step, and the scan changes the "
+                 "tokens per micro-step it must be a multiple of")
+"""Why both scans refuse ``global_batch_tokens`` (it would be silently ignored)."""
+
+
 def _frontier(axis: str, grid, min_headroom: float | None, build_kwargs: dict) -> FrontierReport:
     """Both scans: build the plan file (``build``), resolve its plan once, lay the grid
-    (``grid(pf, resolved plan)``) and scan it with that plan."""
+    (``grid(pf, resolved plan)``) and scan it with that plan.
+
+    Raises:
+        InvalidPlan: ``global_batch_tokens`` given (``NO_STEP_BATCH``)."""
     from planner.budget.frontier import scan
+
+    if build_kwargs.get("global_batch_tokens") is not None:
+        command = "max-context" if axis == "seq_len" else "max-batch"
+        raise InvalidPlan("workload.global_batch_tokens", build_kwargs["global_batch_tokens"],
+                          f"does not apply to {command}", f"drop it: {NO_STEP_BATCH}")
 
     pf, ref = build(**build_kwargs)
     plan = resolve_plan(pf.model, pf.workload, pf.plan)

@@ -46,10 +46,6 @@ def check(
     raise typer.Exit(0 if rep.fits else 1)
 
 
-NO_STEP_BATCH = ("a rank's memory does not depend on the tokens per optimizer step, and the scan changes the "
-                 "tokens per micro-step it must be a multiple of")
-
-
 def _not_scanned(command: str, flag: str, given, why: str) -> None:
     """Refuse the flag of the quantity ``command`` scans: it would be silently ignored."""
     if given is not None:
@@ -83,7 +79,6 @@ def max_context(
 ) -> None:
     """Largest context length that fits (whole-grid scan; the peak is not monotone in S)."""
     _not_scanned("max-context", "--seq-len", seq_len, "it scans S; bound the scan with --max-seq-len and --seq-step")
-    _not_scanned("max-context", "--global-batch-tokens", global_batch_tokens, NO_STEP_BATCH)
     _frontier("max_context", launch(model=model, plan=plan, cluster=cluster, gpus=gpus, seq_len=seq_len,
                                    global_batch_tokens=global_batch_tokens, seqs_per_microbatch=seqs_per_microbatch,
                                    hbm_gib=hbm_gib, host_ram_gib=host_ram_gib, gpus_per_node=gpus_per_node,
@@ -106,7 +101,6 @@ def max_batch(
     """Largest global batch per micro-step that fits at the given S (whole-grid scan)."""
     _not_scanned("max-batch", "--seqs-per-microbatch", seqs_per_microbatch,
                  "it scans the sequences per micro-batch; bound the scan with --max-tokens")
-    _not_scanned("max-batch", "--global-batch-tokens", global_batch_tokens, NO_STEP_BATCH)
     _frontier("max_batch", launch(model=model, plan=plan, cluster=cluster, gpus=gpus, seq_len=seq_len,
                                  global_batch_tokens=global_batch_tokens, seqs_per_microbatch=seqs_per_microbatch,
                                  hbm_gib=hbm_gib, host_ram_gib=host_ram_gib, gpus_per_node=gpus_per_node,

@@ -22,7 +22,7 @@ def calibrate(
 ) -> None:
     """Measure this machine's curves and constants and write a cluster profile (needs the runtime extra).
 
-    Every curve the time model reads: GEMM and attention tables, long-context attention variants, copies, AdamW (GPU and host), the chunk-count curve, the dispatch kernels at every shipped width, SCO against plain checkpointing, the FSDP2 host rows, and the memory constants. 5.5 minutes on one H100 with --attention-budget-s 160, most of it that budget."""
+    Every curve the time model reads: GEMM and attention tables, long-context attention variants, copies, AdamW (GPU and host), the chunk-count curve, the dispatch kernels at every shipped width, SCO against plain checkpointing, the FSDP2 host rows, and the memory constants. 5.5 minutes on one H100 with --attention-budget-s 160 (measured before lengths were grouped by variant), most of it that budget."""
     import importlib.util
 
     if importlib.util.find_spec("torch") is None:

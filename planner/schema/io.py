@@ -91,6 +91,8 @@ def check_writable(path: str | Path, field: str = "output") -> Path:
     """
     if not str(path).strip():                  # Path("") is "."; name what was given
         raise InvalidPlan(field, str(path), "is an empty path", f"give a file name, e.g. {field} out.yaml")
+    if str(path).endswith(("/", os.sep)) or Path(path).name in ("", ".", ".."):   # newdir/, ., .., /
+        raise InvalidPlan(field, str(path), "names a folder, not a file", f"give a file name, e.g. {field} out.yaml")
     p = _target(Path(path), field)
     parent = p.parent
     if parent.exists() and not parent.is_dir():

@@ -68,3 +68,13 @@ def test_min_headroom_is_a_capacity_fraction(h200, headroom):
     assert s.fits.tolist() == want.tolist() and 0 < MIN_HEADROOM < 0.1
     assert scan(pf, "seqs_per_microbatch", seqs).fits.tolist() == \
         scan(pf, "seqs_per_microbatch", seqs, min_headroom=MIN_HEADROOM).fits.tolist()
+
+
+@pytest.mark.parametrize("scan, kw", [("max_context", {}), ("max_batch", {"seq_len": 32768})])
+def test_the_python_api_refuses_a_step_batch_for_a_scan(scan, kw):
+    """The scans ignore ``global_batch_tokens``: refused in the API, not only on the command line."""
+    from planner import api
+    from planner.errors import InvalidPlan
+
+    with pytest.raises(InvalidPlan, match=r"^workload.global_batch_tokens \(5\) does not apply to max-"):
+        getattr(api, scan)(model="gpt-oss-20b", gpus=8, global_batch_tokens=5, **kw)
