@@ -140,10 +140,12 @@ def test_bad_sections_and_budgets_are_refused_before_measuring(tmp_path, only, b
     assert not list(tmp_path.iterdir())
 
 
-@pytest.mark.parametrize("out", ["", ".", "/", "new_folder/"])
-def test_an_out_that_names_a_folder_is_refused(tmp_path, monkeypatch, out):
+@pytest.mark.parametrize("out, problem", [("", "is an empty path"), (".", "names a folder, not a file"),
+                                          ("/", "names a folder, not a file"),
+                                          ("new_folder/", "names a folder, not a file")])
+def test_an_out_that_names_a_folder_is_refused(tmp_path, monkeypatch, out, problem):
     monkeypatch.chdir(tmp_path)
-    with pytest.raises(InvalidPlan, match="names a folder, not a file"):
+    with pytest.raises(InvalidPlan, match=problem):
         calibration.run(out, quick=False, smoke=True, progress=False, command="pytest", only=("sco",))
     assert not list(tmp_path.iterdir())
 
