@@ -73,7 +73,8 @@ STEMS = ("validate", "validate_w1", "validate_w1_run3", "validate_w1_run4", "val
          "validate_fsdp2_h100_expandable", "validate_w1_h100_cal_expandable", "validate_fsdp2_h100_cal_expandable",
          "validate_w1_h100_si_expandable", "validate_w1_64k_h100_si_expandable", "validate_fsdp2_h100_si_expandable",
          "validate_w1_h200_si_expandable", "validate_fsdp2_h200_si_expandable",
-         "validate_w1_h100_d700f3ef_expandable", "validate_fsdp2_h100_d700f3ef_expandable")
+         "validate_w1_h100_d700f3ef_expandable", "validate_fsdp2_h100_d700f3ef_expandable",
+         "validate_w1_h100_9f4ff8ea_expandable", "validate_fsdp2_h100_9f4ff8ea_expandable")
 """The committed runs: the composed matrix, the composed W = 1 runs at three context lengths (timed
 as the median of steps 2–4), the FSDP2 baseline's cases, and held-out cases of both stacks run
 through the CLI (``validate_heldout``, one process each). The ``*_expandable`` and held-out runs ran

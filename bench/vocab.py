@@ -102,6 +102,14 @@ def measure(kind: str, s, device, group, iters: int) -> dict:
     return row
 
 
+def over_capacity(formula_bytes: int, free_bytes: int) -> str | None:
+    """Why a row cannot run on this GPU (its formula peak above the free memory, as on an H100 for the
+    dense head at N = 32768), or None: such a row is recorded as skipped instead of ending the run."""
+    if formula_bytes <= free_bytes:
+        return None
+    return f"formula peak {formula_bytes / 2**30:.2f} GiB > {free_bytes / 2**30:.2f} GiB free on this GPU"
+
+
 def checks(rows: list[dict]) -> None:
     """Attach the targets to each row (``checks``: name → bool)."""
     dense = {r["N"]: r for r in rows if r["kind"] == "dense"}
@@ -116,7 +124,7 @@ def checks(rows: list[dict]) -> None:
             if key in PAPER_RING_GIB:
                 c["≤ paper peak"] = (m if m is not None else r["trace_bytes"]) <= PAPER_RING_GIB[key] * 2**30
             d0 = dense.get(r["N"])
-            if d0 is not None and m is not None:  # times only mean something on the GPU
+            if d0 is not None and "fwd_s" in d0 and m is not None:  # times only mean something on the GPU
                 r["fwd_vs_dense"] = r["fwd_s"] / d0["fwd_s"]
                 r["fwdbwd_vs_dense"] = r["fwdbwd_s"] / d0["fwdbwd_s"]
                 c["fwd ≤ 1.05·dense"] = r["fwd_vs_dense"] <= FWD_SLACK
@@ -126,9 +134,16 @@ def checks(rows: list[dict]) -> None:
         r["checks"] = c
 
 
+def verdict(row: dict, fails: list[str]) -> str:
+    if "skipped" in row:
+        return f"skipped: {row['skipped']}"
+    return "ok" if not fails else "FAIL: " + ", ".join(fails)
+
+
 def table(rows: list[dict]) -> str:
     gib = lambda v: "—" if v is None else f"{v / 2**30:.3f}"  # noqa: E731
     pct = lambda a, b: "—" if a is None or b is None else f"{(a - b) / b:+.2%}"  # noqa: E731
+    ms = lambda v: "—" if v is None else f"{v * 1e3:.1f}"  # noqa: E731
     head = ("| head | N | P | B_v | move | formula GiB | trace GiB | measured GiB | formula−trace | "
             "measured−trace | formula−measured | reserved GiB | frag GiB | fwd ms | fwd+bwd ms | "
             "fwd/dense | fwd+bwd/dense | checks |\n|" + "---|" * 18)
@@ -141,9 +156,9 @@ def table(rows: list[dict]) -> str:
             f"{gib(r['formula_bytes'])} | {gib(r['trace_bytes'])} | {gib(m)} | "
             f"{pct(r['formula_bytes'], r['trace_bytes'])} | {pct(m, r['trace_bytes'])} | "
             f"{pct(r['formula_bytes'], m)} | {gib(r.get('peak_reserved_bytes'))} | "
-            f"{gib(r.get('fragmentation_bytes'))} | {r['fwd_s'] * 1e3:.1f} | {r['fwdbwd_s'] * 1e3:.1f} | "
+            f"{gib(r.get('fragmentation_bytes'))} | {ms(r.get('fwd_s'))} | {ms(r.get('fwdbwd_s'))} | "
             f"{r.get('fwd_vs_dense', float('nan')):.3f} | {r.get('fwdbwd_vs_dense', float('nan')):.3f} | "
-            f"{'ok' if not fails else 'FAIL: ' + ', '.join(fails)} |")
+            f"{verdict(r, fails)} |")
     return "\n".join(lines)
 
 
@@ -186,6 +201,12 @@ def main(argv: list[str] | None = None) -> int:
         if cuda:
             constants["nccl"] = nccl_buffers()
     for (kind, s), row in zip(plan, rows):
+        why = over_capacity(row["formula_bytes"], torch.cuda.mem_get_info()[0]) if cuda else None
+        if why is not None:  # the same formula on every rank: all skip it together
+            row["skipped"] = why
+            if rank == 0:
+                print(f"{kind} N={s.N} P={s.P} B_v={s.vocab_blocks}: skipped ({why})", flush=True)
+            continue
         if not args.nccl:
             from torch.testing._internal.distributed.fake_pg import FakeStore
             dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=s.P)
