@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from planner.api.build import build
 from planner.context.resolve import resolve_plan
 from planner.errors import InvalidPlan
@@ -40,7 +42,8 @@ class FrontierReport:
                                               else W // deg * best * self.planfile.workload.seq_len)
         out["grid"] = {"values": s.values.tolist(), "tokens_per_rank": s.tokens_per_rank.tolist(),
                        "peak_bytes": s.peak_bytes.tolist(), "host_bytes": s.host_bytes.tolist(),
-                       "fits": s.fits.tolist()}
+                       "fits": s.fits.tolist(),
+                       "peak_exact": (np.ones(len(s.values), bool) if s.exact is None else s.exact).tolist()}
         out["routing"] = routing_basis(self.planfile.model, self.planfile.plan)
         out["plan"] = planfile_doc(self.planfile, self.cluster_ref)
         return out

@@ -222,6 +222,12 @@ KNOBS = ("tokens_per_rank", "expert_parallel", "token_budget", "max_chunks", "ll
 """The ``Ctx`` fields the dispatch terms read per candidate (``K``, ``c_eff`` as derived once, in
 ``planner.context.derive``)."""
 
+
+LEFT_OUT = ("left out: every dispatch buffer at zero, a lower bound of the peak that needs no plan "
+            "(planner.budget.frontier's pre-scan)")
+"""How the terms are sized under ``Ctx.dispatch_left_out``."""
+
+
 def regime(ctx: Ctx) -> str:
     """``checkpointed`` when the MoE region runs inside a non-reentrant checkpoint, else ``saved``."""
     if ctx.stack == "fsdp2":
@@ -344,7 +350,9 @@ def components(ctx: Ctx) -> tuple[str, str, dict, str]:
         op = SOURCE_OP
     reg = regime(ctx)
     bound = ctx.dispatch_bound
-    if op == "ep" and ctx.routing == "worst":
+    if ctx.dispatch_left_out:
+        comps, how = {}, LEFT_OUT
+    elif op == "ep" and ctx.routing == "worst":
         comps, how = _worst_ep(ctx, reg), "worst: E_p·N·min(k, E/E_p) rows to one rank"
     elif bound == "guarantee" and op == SOURCE_OP:
         comps, how = _guarantee_components(ctx, op, reg), (

@@ -8,6 +8,7 @@ evaluated vectorised over the critical phases.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
@@ -15,6 +16,7 @@ import numpy as np
 from planner.budget.build import make_context
 from planner.budget.host import host_budget
 from planner.budget.peak import capacity_bytes, evaluate
+from planner.budget.work_bounds import TooCostly
 from planner.context.resolve import resolve_plan
 from planner.errors import InvalidPlan
 from planner.schema import Plan, PlanFile
@@ -46,6 +48,9 @@ class FrontierScan:
     """Usable host RAM per node."""
     plan: Plan
     """The resolved plan every grid point was evaluated with."""
+    exact: np.ndarray | None = None
+    """Where ``peak_bytes`` is exact; elsewhere it is the lower bound without the dispatch, which
+    already fails there (``scan``'s pre-scan). ``None``: exact everywhere."""
 
     @property
     def best(self) -> int | None:
@@ -83,15 +88,42 @@ def scan(pf: PlanFile, axis: str, values: np.ndarray, min_headroom: float = MIN_
          plan: Plan | None = None) -> FrontierScan:
     """Evaluate ``pf`` at each ``values`` of ``axis`` (``seq_len`` or ``seqs_per_microbatch``); a
     point fits when its peak leaves ``min_headroom`` of the usable capacity free (and the host fits).
-    ``plan`` is ``pf``'s plan already resolved (``resolve_plan``; resolved here when ``None``)."""
+    ``plan`` is ``pf``'s plan already resolved (``resolve_plan``; resolved here when ``None``).
+
+    Where the whole grid's dispatch plans would be too costly (``TooCostly``: the FSDP2 baseline's
+    EP, an expected bound), the grid is first evaluated with the dispatch left out
+    (``Ctx.dispatch_left_out``, a lower bound of the peak): a point that fails on that bound fails,
+    and only the others get their dispatch plan (``FrontierScan.exact``).
+
+    Raises:
+        TooCostly: even the points the lower bound leaves are too many to plan."""
     assert axis in ("seq_len", "seqs_per_microbatch"), axis
     workload = pf.workload.model_copy(update={"global_batch_tokens": None})
     if plan is None:
         plan = resolve_plan(pf.model, workload, pf.plan)
+    values = np.asarray(values, dtype=np.int64)
+    try:
+        return _scan(pf, workload, plan, axis, values, min_headroom)
+    except TooCostly:
+        pass
+    lower = _scan(pf, workload, plan, axis, values, min_headroom, dispatch_left_out=True)
+    maybe = np.nonzero(lower.fits)[0]
+    exact = np.zeros(len(values), dtype=bool)
+    if maybe.size:
+        sub = _scan(pf, workload, plan, axis, values[maybe], min_headroom)
+        lower.peak_bytes[maybe], lower.fits[maybe] = sub.peak_bytes, sub.fits
+        exact[maybe] = True
+    lower.exact = exact
+    return lower
+
+
+def _scan(pf: PlanFile, workload, plan: Plan, axis: str, values: np.ndarray, min_headroom: float, *,
+          dispatch_left_out: bool = False) -> FrontierScan:
+    """``scan``'s evaluation of every point of ``values`` (``dispatch_left_out``: the lower bound)."""
     peaks, hosts, fits, tokens = [], [], [], []
     cap = host_cap = 0
     for lo in range(0, len(values), CHUNK):
-        v = np.asarray(values[lo:lo + CHUNK], dtype=np.int64)
+        v = values[lo:lo + CHUNK]
         try:
             ctx = make_context(pf.model, pf.cluster, workload, plan, resolved=True, overrides={axis: v})
         except InvalidPlan as e:          # the grid's far end is too large to evaluate exactly
@@ -100,6 +132,8 @@ def scan(pf: PlanFile, axis: str, values: np.ndarray, min_headroom: float = MIN_
             flag = "--max-seq-len" if axis == "seq_len" else "--max-tokens"
             raise InvalidPlan(flag, int(v[-1]) if axis == "seq_len" else int(v[-1]) * workload.seq_len,
                               f"reaches a grid point that {e.problem}", f"lower {flag}") from None
+        if dispatch_left_out:
+            ctx = dataclasses.replace(ctx, dispatch_left_out=True)
         ev = evaluate(ctx, critical=True, per_term=False)
         host = host_budget(ctx)
         cap, host_cap = capacity_bytes(ctx), host.capacity_bytes
@@ -109,8 +143,8 @@ def scan(pf: PlanFile, axis: str, values: np.ndarray, min_headroom: float = MIN_
         hosts.append(hb)
         fits.append(within_headroom(peak, cap, min_headroom) & (hb <= host_cap))
         tokens.append(np.broadcast_to(ctx.tokens_per_rank, v.shape))
-    return FrontierScan(np.asarray(values), np.concatenate(tokens), np.concatenate(peaks),
-                        np.concatenate(hosts), np.concatenate(fits), cap, host_cap, plan)
+    return FrontierScan(values, np.concatenate(tokens), np.concatenate(peaks).copy(),
+                        np.concatenate(hosts), np.concatenate(fits).copy(), cap, host_cap, plan)
 
 
 def seq_len_grid(pf: PlanFile, seq_step: int, max_seq_len: int, *, plan: Plan | None = None) -> np.ndarray:

@@ -59,6 +59,7 @@ class Ctx:
     routing_text: str
     dispatch_bound: str            # "guarantee" | "expected"
     dispatch_rank: int | None = None  # expected size on this expert-group rank's plan (planner validate); None: the largest over ranks
+    dispatch_left_out: bool = False  # dispatch working sets at zero: a lower bound of the peak (budget.frontier's pre-scan)
     grad_lifetime: str = knob_default("grad_lifetime")  # "accumulate" (kept across micro-steps) | "freed" (set_to_none)
     # -- plan: composed ------------------------------------------------------------------------
     dispatch: str = knob_default("dispatch")

@@ -173,6 +173,10 @@ def render_frontier(rep, console: Console) -> None:
         console.print(f"scanned {plural(len(s.values), 'batch size', grouped=False)}; {int(s.fits.sum())} fit; first failure at {fail_txt}; "
                       f"usable HBM {fmt_gib(s.capacity_bytes)}; `planner check --seqs-per-microbatch n` shows "
                       f"what binds")
+    if s.exact is not None:
+        console.print(f"the expert dispatch was planned at {plural(int(s.exact.sum()), 'point', grouped=False)}: "
+                      f"the other {int((~s.exact).sum())} fail on their peak without it (a lower bound; their "
+                      "grid peak_bytes are that bound)", markup=False, highlight=False)
     rb = j.get("routing")
     if rb and rep.planfile.model.is_moe:
         console.print(f"routing of the verdicts: {rb['routing']} · {rb['why']}", markup=False, highlight=False)

@@ -109,9 +109,25 @@ SEARCH_S = 5.0
 
 
 def test_baseline_scan_too_costly_to_plan_names_the_routing_not_a_flag_never_given():
-    line = _refused(["max-context", "gpt-oss-20b", "--gpus", "8", "--baseline", "--routing", "balanced"],
-                    "--routing ('balanced')", "FSDP2 baseline", "--routing worst")
-    assert "--dispatch" not in line
+    """Only the grid points the dispatch-free lower bound leaves are planned (628 here, at 256-token
+    steps): still too many, so refused in one line naming the routing."""
+    line = _refused(["max-context", "olmoe-1b-7b", "--gpus", "8", "--baseline", "--routing", "balanced",
+                     "--seq-step", "256"], "--routing ('balanced')", "FSDP2 baseline", "--routing worst")
+    assert "--dispatch" not in line and "628 shape(s)" in line
+
+
+def test_baseline_scan_plans_only_the_points_its_lower_bound_leaves(capsys):
+    """``max-context --baseline`` out of the box (it used to be refused: 4,096 shapes to plan): the
+    pre-scan leaves 157 of 16,384 points, and the verdict is the planned points' (80/16 binds below
+    the lower bound's 160,768)."""
+    import json
+
+    assert cli.main(["max-context", "olmoe-1b-7b", "--gpus", "8", "--baseline", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    g = doc["grid"]
+    assert len(g["values"]) == 16384 and sum(g["peak_exact"]) == 157
+    assert doc["max_seq_len"] == 87040 == max(v for v, ok in zip(g["values"], g["fits"]) if ok)
+    assert not any(ok for ok, ex in zip(g["fits"], g["peak_exact"]) if not ex)
 
 
 @pytest.mark.parametrize("args,flag", [

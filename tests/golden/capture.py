@@ -20,7 +20,9 @@ model); a refactor keeps them byte-identical. The ``check`` outputs were recaptu
 ``--json`` gained ``headroom_fraction``, ``min_headroom`` and ``under_min_headroom`` (three added
 lines each, nothing else moved). The composed ``check`` outputs and two sweeps were recaptured alone
 when Ring-DTP's backward began carrying ``(m, scale/z, scale)`` instead of ``(lse, scale)`` (the
-vocab live set's terms and bytes moved, 12 B per token; no verdict changed).
+vocab live set's terms and bytes moved, 12 B per token; no verdict changed). The nine ``max-context``
+and ``max-batch`` outputs were recaptured alone when their ``--json`` grid gained ``peak_exact`` (the
+FSDP2 baseline's dispatch-free pre-scan; added lines only, nothing else moved).
 """
 
 from __future__ import annotations
