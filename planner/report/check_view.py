@@ -160,8 +160,14 @@ def render_frontier(rep, console: Console) -> None:
         what = (f"max batch {plural(best, 'token')} per micro-step: {plural(n, 'sequence', grouped=False)} of "
                 f"S = {fmt_count(rep.planfile.workload.seq_len)} per sequence group"
                 if best else "no batch fits: not even one sequence per sequence group")
-    stack = "FSDP2 baseline" if rep.planfile.plan.stack == "fsdp2" else "composed stack"
-    console.print(f"[bold]{escape(name)}[/] on {plural(rep.planfile.plan.world_size, 'GPU', grouped=False)} ({stack}, the plan's degrees fixed): {what}")
+    rp = s.plan
+    if rp.stack == "fsdp2":
+        b = rp.baseline
+        stack = f"FSDP2 baseline, tp={b.tp} cp={b.cp} dp_shard={b.dp_shard} ep={b.ep}"
+    else:
+        c = rp.composed
+        stack = f"composed stack, D={c.seq_parallel} E_p={c.expert_parallel} P={c.vocab_parallel}"
+    console.print(f"[bold]{escape(name)}[/] on {plural(rep.planfile.plan.world_size, 'GPU', grouped=False)} ({stack} fixed): {what}")
     fail = s.first_fail
     if rep.axis == "seq_len":
         fail_txt = "none" if fail is None else fmt_count(fail)
@@ -173,6 +179,9 @@ def render_frontier(rep, console: Console) -> None:
         console.print(f"scanned {plural(len(s.values), 'batch size', grouped=False)}; {int(s.fits.sum())} fit; first failure at {fail_txt}; "
                       f"usable HBM {fmt_gib(s.capacity_bytes)}; `planner check --seqs-per-microbatch n` shows "
                       f"what binds")
+    if rp.stack == "fsdp2" and rp.baseline.cp == 1 and rp.world_size > 1 and rep.axis == "seq_len":
+        console.print(f"cp = 1 (resolved at the first length): context parallelism shards no sequence; --cp N shards each "
+                      f"one N ways, as the baseline's long contexts need", markup=False, highlight=False)
     if s.exact is not None:
         console.print(f"the expert dispatch was planned at {plural(int(s.exact.sum()), 'point', grouped=False)}: "
                       f"the other {int((~s.exact).sum())} fail on their peak without it (a lower bound; their "

@@ -95,3 +95,15 @@ def test_dense_head_formula_does_not_reuse_c():
     doc = json.loads(_run("check", MODEL, "--gpus", "8", "--seq-len", "32k", "--baseline", "--json").stdout)
     formulas = [t["formula"] for t in doc["live_sets"]["vocab"]["terms"]]
     assert any("V_c" in f for f in formulas) and not any("N·c" in f for f in formulas)
+
+
+def test_max_context_names_the_degrees_it_holds_fixed_and_when_cp_is_one():
+    """The baseline resolves ``cp`` at the first grid length (1): the header names the degrees and a
+    line names ``--cp``, which raises gpt-oss-20b's baseline frontier 8× (30,720 → 245,760)."""
+    lines = _run("max-context", "gpt-oss-20b", "--gpus", "8", "--baseline").stdout.splitlines()
+    assert lines[0].endswith("(FSDP2 baseline, tp=1 cp=1 dp_shard=8 ep=8 fixed): max context 30k (30,720 tokens)")
+    assert any(ln.startswith("cp = 1 (resolved at the first length)") and "--cp N" in ln for ln in lines)
+    lines = _run("max-context", "gpt-oss-20b", "--gpus", "8", "--baseline", "--cp", "8").stdout.splitlines()
+    assert lines[0].endswith("(FSDP2 baseline, tp=1 cp=8 dp_shard=1 ep=8 fixed): max context 240k (245,760 tokens)")
+    assert not any(ln.startswith("cp = 1") for ln in lines)
+    assert "(composed stack, D=8 E_p=8 P=8 fixed)" in _run("max-context", "gpt-oss-20b", "--gpus", "8").stdout
