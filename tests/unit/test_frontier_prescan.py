@@ -10,6 +10,7 @@ import pytest
 from planner.api.build import build
 from planner.budget import frontier, work_bounds
 from planner.context.resolve import resolve_plan
+from planner.schema.knobs import default as knob_default
 
 CASES = [
     ("gpt-oss-20b", {"stack": "fsdp2", "routing": "80/16", "ac": "full"}),
@@ -59,7 +60,7 @@ def test_the_pre_scan_gives_the_whole_grid_verdicts(model, overrides, monkeypatc
     lower = frontier._scan(pf, workload, plan, "seq_len", values, frontier.MIN_HEADROOM, dispatch_left_out=True)
     planned = int(lower.fits.sum())
     assert 0 < planned < len(values)
-    per_shape = work_bounds.expected_work(8, 1, pf.model.num_experts, 0)
+    per_shape = work_bounds.expected_work(plan.baseline.ep, 1, pf.model.num_experts, knob_default("max_imports"))
     monkeypatch.setattr(work_bounds, "MAX_EXPECTED_WORK", per_shape * (planned + 1))
     pre = frontier.scan(pf, "seq_len", values, plan=plan)
     assert pre.exact is not None and pre.exact.tolist() == lower.fits.tolist()
